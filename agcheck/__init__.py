@@ -1,0 +1,24 @@
+"""agcheck: a gradient checker for every array framework.
+
+``agcheck.gradcheck`` has the semantics of ``torch.autograd.gradcheck`` (every keyword,
+same defaults, same verdicts) on a core that imports no framework; backends supply the
+framework-specific parts.
+"""
+from .backend import Backend, available_backends, get_backend, infer_backend, register_backend
+from .gradcheck import OutputTypeError, gradcheck
+from .options import GradcheckOptions
+from .report import GradcheckError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "gradcheck",
+    "GradcheckError",
+    "GradcheckOptions",
+    "OutputTypeError",
+    "Backend",
+    "available_backends",
+    "get_backend",
+    "infer_backend",
+    "register_backend",
+]

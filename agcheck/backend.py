@@ -1,0 +1,346 @@
+"""The interface between agcheck's core and an array framework, and the registry.
+
+The core (``agcheck.jacobian``, ``agcheck.gradcheck`` and ``agcheck.checks``) never imports
+a framework: everything framework-specific goes through a :class:`Backend`. A backend
+grows from four verbs — *perturb* (evaluate the function with one input moved, restoring
+it exactly), *vjp*, *jvp* and *allclose* — plus inspection of arrays and the little vector
+algebra the core needs. Python's arithmetic operators (``+ - * /``) are used on arrays
+directly; they are the one part of the array API every framework shares.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+__all__ = [
+    "Backend",
+    "Trace",
+    "Perturber",
+    "BackendUnavailableError",
+    "register_backend",
+    "available_backends",
+    "get_backend",
+    "infer_backend",
+]
+
+
+class BackendUnavailableError(ImportError):
+    """The framework behind a backend is not installed."""
+
+
+class Trace:
+    """The outputs of one evaluation of ``fn`` and the reverse-mode derivative at that point.
+
+    Parameters
+    ----------
+    outputs : tuple
+        Everything ``fn`` returned, as a tuple.
+    """
+
+    def __init__(self, outputs: tuple):
+        self.outputs = outputs
+
+    def vjp(self, output_positions: Sequence[int], cotangents: Sequence[Any]) -> list:
+        """Vector-Jacobian product.
+
+        Returns one entry per checked input: the gradient (an array) or ``None`` where
+        the gradient is undefined (the input is unused).
+        """
+        raise NotImplementedError
+
+    def vjp_batched(self, output_position: int, stacked_cotangents) -> list:
+        """Many VJPs at once: ``stacked_cotangents`` has a leading batch dimension."""
+        raise NotImplementedError
+
+
+class Perturber:
+    """Moves one input in place and evaluates ``fn``; the input is restored bitwise.
+
+    Obtained from :meth:`Backend.perturber`; the backend guarantees restoration also
+    when ``fn`` raises, and after the ``with`` block that created it.
+    """
+
+    numel: int
+    shape: tuple
+
+    def index(self, flat: int) -> tuple:
+        """The multi-index of the flat element ``flat`` (for messages)."""
+        raise NotImplementedError
+
+    def evaluate_element(self, fn: Callable, flat: int, delta) -> tuple:
+        """Outputs of ``fn`` with element ``flat`` moved by the scalar ``delta``."""
+        raise NotImplementedError
+
+    def evaluate_direction(self, fn: Callable, delta) -> tuple:
+        """Outputs of ``fn`` with the whole input moved by the array ``delta``."""
+        raise NotImplementedError
+
+
+class Backend:
+    """What the core asks of an array framework.
+
+    Subclasses implement the abstract methods; the defaults of the others are written
+    against the array API (through ``array_api_compat``) and may be overridden for speed.
+    """
+
+    name: str = "abstract"
+    #: the checks this backend can run; a check it cannot run is reported, never passed
+    capabilities: frozenset = frozenset()
+
+    # -- inspection -------------------------------------------------------------------
+    def owns(self, x) -> bool:
+        """Is ``x`` an array of this backend's framework?"""
+        raise NotImplementedError
+
+    def is_array(self, x) -> bool:
+        return self.owns(x)
+
+    def is_checked(self, x) -> bool:
+        """Does ``x`` take part in the check (an input to differentiate with respect to)?"""
+        raise NotImplementedError
+
+    def is_complex(self, x) -> bool:
+        raise NotImplementedError
+
+    def is_floating_or_complex(self, x) -> bool:
+        raise NotImplementedError
+
+    def is_double_precision(self, x) -> bool:
+        raise NotImplementedError
+
+    def is_differentiable_output(self, x) -> bool:
+        raise NotImplementedError
+
+    def numel(self, x) -> int:
+        n = 1
+        for s in x.shape:
+            n *= int(s)
+        return n
+
+    def dtype_name(self, x) -> str:
+        return str(x.dtype)
+
+    # -- validation -------------------------------------------------------------------
+    def validate_inputs(self, args: tuple) -> None:
+        """Framework-specific checks of the inputs (warn / raise as the reference does)."""
+
+    def validate_outputs(self, outputs: Sequence) -> None:
+        """Framework-specific checks of the differentiable outputs."""
+
+    @contextmanager
+    def preserve_state(self, args: tuple) -> Iterator[None]:
+        """Restore what the caller owns (RNG states, accumulated grads) on exit."""
+        yield
+
+    # -- evaluation -------------------------------------------------------------------
+    def as_tuple(self, out) -> tuple:
+        if isinstance(out, tuple):
+            return out
+        if isinstance(out, list):
+            return tuple(out)
+        return (out,)
+
+    def trace(self, fn: Callable, args: tuple, checked: Sequence[int]) -> Trace:
+        """Evaluate ``fn(*args)`` ready for reverse mode with respect to ``args[checked]``."""
+        raise NotImplementedError
+
+    def perturber(self, args: tuple, position: int):
+        """A context manager yielding a :class:`Perturber` for ``args[position]``."""
+        raise NotImplementedError
+
+    def jvp(self, fn: Callable, args: tuple, checked: Sequence[int], tangents: Sequence) -> list:
+        """Forward mode: evaluate ``fn`` with ``tangents`` on ``args[checked]``.
+
+        A tangent of ``None`` passes the input as a plain array (an undefined tangent).
+        Returns ``(primal, tangent_or_None)`` for each floating or complex output.
+        """
+        raise NotImplementedError
+
+    def jvp_batched(self, fn: Callable, args: tuple, position: int, stacked_tangents) -> tuple:
+        """Many JVPs with respect to ``args[position]`` at once (leading batch dimension)."""
+        raise NotImplementedError
+
+    def vjp_with_undefined_outputs(self, fn: Callable, args: tuple, checked, undefined) -> list:
+        """Evaluate ``fn`` afresh and back-propagate zero cotangents, with the output
+        gradients at the positions in ``undefined`` (indices among the differentiable
+        outputs) marked undefined rather than zero."""
+        raise NotImplementedError
+
+    # -- array algebra ----------------------------------------------------------------
+    def xp(self, x):
+        import array_api_compat
+
+        return array_api_compat.array_namespace(x)
+
+    def flatten(self, x):
+        return self.xp(x).reshape(x, (-1,))
+
+    def reshape(self, x, shape):
+        return self.xp(x).reshape(x, tuple(shape))
+
+    def clone(self, x):
+        return self.xp(x).asarray(x, copy=True)
+
+    def real(self, x):
+        return self.xp(x).real(x)
+
+    def imag(self, x):
+        return self.xp(x).imag(x)
+
+    def conj(self, x):
+        return self.xp(x).conj(x)
+
+    def stack(self, arrays: Sequence, axis: int = 0):
+        return self.xp(arrays[0]).stack(list(arrays), axis=axis)
+
+    def zeros_like(self, x):
+        return self.xp(x).zeros_like(x)
+
+    def zeros(self, shape, like, dtype=None):
+        xp = self.xp(like)
+        return xp.zeros(tuple(shape), dtype=dtype or like.dtype, device=getattr(like, "device", None))
+
+    def astype(self, x, dtype):
+        return self.xp(x).astype(x, dtype)
+
+    def real_dtype_of(self, x):
+        raise NotImplementedError
+
+    def one_hot(self, like, flat: int):
+        """An array shaped like ``like`` with a one at flat position ``flat``."""
+        raise NotImplementedError
+
+    def sum_as_float(self, x) -> float:
+        return float(self.xp(x).sum(x))
+
+    def dot(self, u, v):
+        return self.xp(u).sum(u * v)
+
+    def max_abs(self, x):
+        xp = self.xp(x)
+        return xp.max(xp.abs(x))
+
+    def all_zero(self, x) -> bool:
+        return bool(self.xp(x).all(x == 0))
+
+    def count_nonzero(self, x) -> int:
+        xp = self.xp(x)
+        return int(xp.sum(xp.astype(x != 0, xp.int64)))
+
+    def allclose(self, a, b, rtol: float, atol: float) -> bool:
+        """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails."""
+        raise NotImplementedError
+
+    def same_device(self, a, b) -> bool:
+        return getattr(a, "device", None) == getattr(b, "device", None)
+
+    def to_device_of(self, x, like):
+        return x
+
+    def to_numpy(self, x):
+        import numpy as np
+
+        return np.asarray(x)
+
+    # -- randomness -------------------------------------------------------------------
+    def generator(self, like, seed: int):
+        """A private random generator on ``like``'s device (the global state is untouched)."""
+        raise NotImplementedError
+
+    def uniform_unit_vector(self, like, generator, real: bool):
+        """A flat random vector of ``like``'s size with non-negative entries and norm one,
+        in ``like``'s dtype (its real counterpart if ``real``)."""
+        raise NotImplementedError
+
+    def normal_like(self, like, generator):
+        """Standard normal samples shaped like ``like``, from ``generator``."""
+        raise NotImplementedError
+
+
+# -- registry ---------------------------------------------------------------------------
+
+_REGISTRY: dict[str, tuple[str, str, str]] = {}
+_INSTANCES: dict[str, Backend] = {}
+
+
+def register_backend(name: str, module: str, framework: str, extra: str) -> None:
+    """Register a backend by the module that defines it (imported lazily).
+
+    The module must define ``BACKEND_CLASS`` (a :class:`Backend` subclass) and
+    ``owns(x) -> bool`` that answers without importing the framework when possible.
+    """
+    _REGISTRY[name] = (module, framework, extra)
+
+
+register_backend("torch", "agcheck.backends.torch_backend", "torch", "torch")
+
+
+def _installed(framework: str) -> bool:
+    return importlib.util.find_spec(framework) is not None
+
+
+def available_backends() -> dict[str, bool]:
+    """Every registered backend and whether its framework is installed."""
+    return {name: _installed(fw) for name, (_, fw, _) in _REGISTRY.items()}
+
+
+def get_backend(name) -> Backend:
+    """The backend called ``name`` (or ``name`` itself if it is a :class:`Backend`)."""
+    if isinstance(name, Backend):
+        return name
+    if not isinstance(name, str) or name not in _REGISTRY:
+        known = ", ".join(
+            f"{n} ({'installed' if ok else 'not installed'})" for n, ok in available_backends().items()
+        )
+        raise ValueError(f"unknown backend {name!r}; known backends: {known}")
+    if name not in _INSTANCES:
+        module, framework, extra = _REGISTRY[name]
+        if not _installed(framework):
+            raise BackendUnavailableError(
+                f"the {name!r} backend needs {framework}, which is not installed; "
+                f"install it with: pip install 'agcheck[{extra}]'"
+            )
+        _INSTANCES[name] = importlib.import_module(module).BACKEND_CLASS()
+    return _INSTANCES[name]
+
+
+def _leaves(x) -> Iterator:
+    if isinstance(x, (tuple, list)):
+        for item in x:
+            yield from _leaves(item)
+    elif isinstance(x, dict):
+        for item in x.values():
+            yield from _leaves(item)
+    else:
+        yield x
+
+
+def infer_backend(inputs) -> Backend:
+    """The backend whose framework made the arrays in ``inputs``.
+
+    Only frameworks that are already imported are asked, so inference never imports one.
+    """
+    import sys
+
+    found: dict[str, Backend] = {}
+    for leaf in _leaves(inputs):
+        for name, (module, framework, _) in _REGISTRY.items():
+            if framework not in sys.modules:
+                continue
+            backend = get_backend(name)
+            if backend.owns(leaf):
+                found[name] = backend
+    if len(found) > 1:
+        raise TypeError(
+            "inputs mix arrays of several frameworks ("
+            + ", ".join(sorted(found))
+            + "); pass arrays of one framework, or choose one with backend=..."
+        )
+    if not found:
+        raise TypeError(
+            "could not infer the backend: no input is an array of a known framework "
+            f"({', '.join(_REGISTRY)}); pass backend=... or array inputs"
+        )
+    return next(iter(found.values()))

@@ -1,0 +1,1 @@
+"""The checks that accompany the Jacobian comparison, one module each."""

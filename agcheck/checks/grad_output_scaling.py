@@ -1,0 +1,28 @@
+"""The backward must be multiplied by grad_output: zero cotangents give zero gradients."""
+from __future__ import annotations
+
+from ..report import GradcheckError
+
+
+def check(be, trace, diff_positions, inputs, masked) -> None:
+    outs = [trace.outputs[p] for p in diff_positions]
+    grads = trace.vjp(diff_positions, [be.zeros_like(o) for o in outs])
+    for g, x in zip(grads, inputs):
+        if g is None:
+            continue
+        problem = be.gradient_layout_problem(g, x)
+        if problem:
+            raise GradcheckError(problem, check="grad_layout")
+        g, x = be.to_dense(g), be.to_dense(x)
+        if masked:
+            scaled = be.allclose(g, be.zeros_like(g), rtol=1e-5, atol=1e-8)
+        else:
+            scaled = be.all_zero(g)
+        if not scaled:
+            raise GradcheckError("backward not multiplied by grad_output", check="grad_output_scaling")
+        if g.dtype != x.dtype:
+            raise GradcheckError("grad is incorrect type", check="grad_output_scaling")
+        if not be.same_device(g, x):
+            raise GradcheckError("grad is incorrect device", check="grad_output_scaling")
+        if tuple(g.shape) != tuple(x.shape):
+            raise GradcheckError("grad is incorrect size", check="grad_output_scaling")

@@ -1,0 +1,64 @@
+"""Undefined output gradients (or tangents) must act as zeros."""
+from __future__ import annotations
+
+import warnings
+
+from ..jacobian import random_vectors
+from ..report import UNDEFINED_GRAD_HINT, GradcheckError
+
+_OPT_OUT = (
+    "gradcheck checks by default that undefined output gradients are supported "
+    "(check_undefined_grad=True); callers that do not need this can pass "
+    "check_undefined_grad=False."
+)
+
+
+def check_backward(be, fn, args, checked, n_outputs) -> None:
+    """Back-propagate with all output gradients undefined, then (with several outputs)
+    with one undefined at a time: the backward must not fail and must give zeros."""
+    cases = ["all"]
+    if n_outputs > 1:
+        cases += [{k} for k in range(n_outputs)]
+    for undefined in cases:
+        try:
+            grads = be.vjp_with_undefined_outputs(fn, args, checked, undefined)
+        except RuntimeError as e:
+            warnings.warn(_OPT_OUT, stacklevel=4)
+            raise GradcheckError(
+                "Expected backward function to handle undefined output grads. " + UNDEFINED_GRAD_HINT,
+                check="undefined_grad",
+            ) from e
+        for g in grads:
+            if g is not None and not be.all_zero(be.to_dense(g)):
+                warnings.warn(_OPT_OUT, stacklevel=4)
+                raise GradcheckError(
+                    "Expected all input grads to be undefined or zero when all output grads "
+                    "are undefined or zero. " + UNDEFINED_GRAD_HINT,
+                    check="undefined_grad",
+                )
+
+
+def check_forward(be, fn, args, checked) -> None:
+    """An undefined input tangent must give the same output tangents as a zero one."""
+    inputs = [args[p] for p in checked]
+    _, all_u = random_vectors(be, inputs, None)
+    tangents = []
+    for x, u in zip(inputs, all_u):
+        t = be.reshape(u, x.shape)
+        tangents.append(t if t.dtype == x.dtype else be.astype(t, x.dtype))
+    for i, x in enumerate(inputs):
+        with_zero = list(tangents)
+        with_zero[i] = be.zeros_like(x)
+        without = list(tangents)
+        without[i] = None
+        zero_results = be.jvp(fn, args, checked, with_zero)
+        none_results = be.jvp(fn, args, checked, without)
+        for k, ((_, t1), (_, t2)) in enumerate(zip(zero_results, none_results)):
+            if t1 is None or t2 is None:
+                continue
+            if not be.allclose(t1, t2, rtol=1e-5, atol=1e-8):
+                raise GradcheckError(
+                    f"Mismatch in tangent values for output with index: {k} when input {checked[i]} "
+                    f"has an undefined tangent value. Got: {t1} but expected: {t2}",
+                    check="undefined_tangent",
+                )

@@ -1,0 +1,333 @@
+"""``agcheck.gradcheck``: which checks run, in which order, on which pieces of ``fn``."""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Callable
+
+from . import jacobian as jac
+from .backend import get_backend, infer_backend
+from .checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
+from .options import GradcheckOptions
+from .report import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
+from .wirtinger import input_part, output_part, split_inputs
+
+__all__ = ["gradcheck", "OutputTypeError"]
+
+
+class OutputTypeError(TypeError, AttributeError):
+    """``fn`` returned something that is not an array (or a tuple/list of arrays).
+
+    Also an ``AttributeError``, the type torch raises in this case.
+    """
+
+
+def gradcheck(
+    fn: Callable,
+    inputs,
+    *,
+    backend=None,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    raise_exception: bool = True,
+    nondet_tol: float = 0.0,
+    check_undefined_grad: bool = True,
+    check_grad_dtypes: bool = False,
+    check_batched_grad: bool = False,
+    check_batched_forward_grad: bool = False,
+    check_forward_ad: bool = False,
+    check_backward_ad: bool = True,
+    fast_mode: bool = False,
+    masked: bool | None = None,
+) -> bool:
+    """Check analytical derivatives of ``fn`` against finite differences.
+
+    Same keywords, defaults, verdicts and messages as ``torch.autograd.gradcheck``.
+
+    Parameters
+    ----------
+    fn : callable
+        Takes the members of ``inputs`` as positional arguments and returns an array or
+        a tuple (or list) of arrays.
+    inputs : array or tuple
+        The arguments of ``fn``. Arrays that take part in the check are those the backend
+        marks (torch: floating or complex tensors with ``requires_grad=True``); other
+        members are passed through unchanged.
+    backend : str or Backend, optional
+        ``"torch"``, ... By default inferred from the arrays in ``inputs``.
+    eps : float
+        Finite-difference step.
+    atol, rtol : float
+        Tolerances: ``|analytical - numerical| <= atol + rtol * |numerical|``.
+    raise_exception : bool
+        Raise :class:`GradcheckError` on a failed check (else return ``False``).
+    nondet_tol : float
+        Tolerance for run-to-run differences of the backward (reentrancy).
+    check_undefined_grad : bool
+        Check that undefined output gradients (and input tangents) act as zeros.
+    check_grad_dtypes : bool
+        Check the dtypes of the computed gradients.
+    check_batched_grad, check_batched_forward_grad : bool
+        Check vmapped (batched) reverse / forward derivatives against unbatched ones.
+    check_forward_ad, check_backward_ad : bool
+        Check forward-mode / reverse-mode derivatives.
+    fast_mode : bool
+        Compare random projections ``v^T J u`` instead of full Jacobians.
+    masked : bool or None
+        For sparse inputs: compare only the specified elements.
+
+    Returns
+    -------
+    bool
+        ``True`` when every check passed; ``False`` on a failure with
+        ``raise_exception=False``.
+
+    Raises
+    ------
+    GradcheckError
+        A check failed (a ``RuntimeError``).
+    AssertionError, ValueError, RuntimeError, TypeError
+        Invalid keyword combinations or inputs, as torch raises them.
+    """
+    opts = GradcheckOptions(
+        eps=eps, atol=atol, rtol=rtol, raise_exception=raise_exception, nondet_tol=nondet_tol,
+        check_undefined_grad=check_undefined_grad, check_grad_dtypes=check_grad_dtypes,
+        check_batched_grad=check_batched_grad, check_batched_forward_grad=check_batched_forward_grad,
+        check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
+        fast_mode=fast_mode, masked=masked,
+    )
+    return run_gradcheck(fn, inputs, opts, backend)
+
+
+def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None) -> bool:
+    """:func:`gradcheck` with its keywords already gathered in ``opts``."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    be = get_backend(backend) if backend is not None else infer_backend(inputs)
+    args = be.as_tuple(inputs)
+    try:
+        with be.preserve_state(args), _numpy_rng_preserved():
+            _Run(fn, args, be, opts).all_checks()
+    except GradcheckError as e:
+        if opts.raise_exception:
+            raise
+        return False
+    return True
+
+
+@contextmanager
+def _numpy_rng_preserved():
+    import numpy as np
+
+    state = np.random.get_state()
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+class _Run:
+    """One gradcheck: the function, its inputs, the backend and the options."""
+
+    def __init__(self, fn, args, be, opts: GradcheckOptions):
+        self.fn, self.args, self.be, self.opts = fn, args, be, opts
+
+    # -- the order of the checks is torch's ---------------------------------------------
+    def all_checks(self) -> None:
+        be, opts = self.be, self.opts
+        self.checked = self._validate_inputs()
+        trace = be.trace(self.fn, self.args, self.checked)
+        diff = self._differentiable(trace.outputs)
+        be.validate_outputs([trace.outputs[k] for k in diff])
+
+        if opts.check_backward_ad:
+            self._reverse_mode(trace, diff)
+        if opts.check_forward_ad:
+            self._forward_mode(trace)
+        if opts.check_batched_forward_grad:
+            batched.check_forward(be, self.fn, self.args, self.checked)
+        if not opts.check_backward_ad:
+            return
+        inputs = [self.args[p] for p in self.checked]
+        if opts.check_batched_grad:
+            for i, k in enumerate(diff):
+                batched.check_backward(be, trace, k, i, inputs)
+        grad_output_scaling.check(be, trace, diff, inputs, opts.masked)
+        if opts.check_undefined_grad:
+            undefined_grads.check_backward(be, self.fn, self.args, self.checked, len(diff))
+
+    def _validate_inputs(self) -> list:
+        be = self.be
+        checked = []
+        for idx, x in enumerate(self.args):
+            if not (be.is_array(x) and be.is_checked(x)):
+                continue
+            if not be.is_double_precision(x):
+                warnings.warn(
+                    f"Input #{idx} requires gradient and is not a double precision floating point "
+                    "or complex. Finite differences in lower precision are rarely accurate enough "
+                    "for the default tolerances; this check will likely fail.",
+                    stacklevel=5,
+                )
+            be.validate_input(idx, x)
+            checked.append(idx)
+        if not checked:
+            raise ValueError(be.no_checked_inputs_message)
+        return checked
+
+    def _differentiable(self, outputs) -> list:
+        be = self.be
+        for k, o in enumerate(outputs):
+            if not be.is_array(o):
+                raise OutputTypeError(
+                    f"fn must return an array or a tuple of arrays, but output {k} is "
+                    f"{type(o).__name__}: {o!r:.80}"
+                )
+        return [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
+
+    # -- reverse and forward mode, with the complex split -------------------------------
+    def _reverse_mode(self, trace, diff) -> None:
+        be = self.be
+        outputs = trace.outputs
+        complex_outputs = [i for i, k in enumerate(diff) if be.is_complex(outputs[k])]
+        if not any(be.is_complex(o) for o in outputs):
+            self._compare(self.fn, trace, self.args, self.checked, None, False, forward=False)
+            return
+        for part in ("imag", "real"):
+            piece = output_part(be, self.fn, part)
+            piece_trace = be.trace(piece, self.args, self.checked)
+            self._compare(piece, piece_trace, self.args, self.checked, complex_outputs,
+                          part == "imag", forward=False)
+
+    def _forward_mode(self, trace) -> None:
+        be = self.be
+        complex_inputs = [k for k, a in enumerate(self.args) if be.is_array(a) and be.is_complex(a)]
+        if not complex_inputs:
+            self._compare(self.fn, trace, self.args, self.checked, None, False, forward=True)
+            if self.opts.check_undefined_grad:
+                undefined_grads.check_forward(be, self.fn, self.args, self.checked)
+            return
+        pieces = []
+        for part in ("imag", "real"):
+            piece = input_part(be, self.fn, complex_inputs, self.args, part)
+            piece_args = split_inputs(be, self.args, complex_inputs, part)
+            checked = [k for k, a in enumerate(piece_args) if be.is_array(a) and be.is_checked(a)]
+            trace = be.trace(piece, piece_args, checked)
+            self._compare(piece, trace, piece_args, checked, complex_inputs, part == "imag", forward=True)
+            pieces.append((piece, piece_args, checked))
+        if self.opts.check_undefined_grad:
+            for piece, piece_args, checked in pieces:
+                undefined_grads.check_forward(be, piece, piece_args, checked)
+
+    def _compare(self, fn, trace, args, checked, complex_indices, test_imag, *, forward) -> None:
+        if self.opts.fast_mode:
+            self._compare_fast(fn, trace, args, checked, complex_indices, test_imag, forward)
+        else:
+            self._compare_slow(fn, trace, args, checked, complex_indices, test_imag, forward)
+
+    # -- slow mode: full Jacobians ------------------------------------------------------
+    def _compare_slow(self, fn, trace, args, checked, complex_indices, test_imag, forward) -> None:
+        be, opts = self.be, self.opts
+        outputs = trace.outputs
+        diff = [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
+        if not diff:
+            no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, opts.eps)
+            return
+        numerical = [jac.numerical_jacobians(be, fn, args, p, outputs, opts.eps) for p in checked]
+        inputs = [args[p] for p in checked]
+        if forward:
+            analytical = jac.analytical_jacobians_forward(
+                be, fn, args, checked, check_grad_dtypes=opts.check_grad_dtypes
+            )
+            for i, k in enumerate(diff):
+                for j in range(len(checked)):
+                    # torch pairs the i-th differentiable output with the i-th floating one
+                    self._assert_close(analytical[j][i], numerical[j][k], i, j, complex_indices,
+                                       test_imag, forward, opts.atol)
+            return
+        for i, k in enumerate(diff):
+            analytical = jac.analytical_jacobians_reverse(
+                be, trace, k, inputs, nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes
+            )
+            for j, a in enumerate(analytical):
+                self._assert_close(a, numerical[j][k], i, j, complex_indices, test_imag, forward, opts.atol)
+
+    def _assert_close(self, a, n, out_idx, in_idx, complex_indices, test_imag, forward, atol,
+                      explain: Callable | None = None) -> None:
+        be = self.be
+        n = be.to_device_of(n, a)
+        if be.allclose(a, n, self.opts.rtol, atol):
+            return
+        message = jacobian_mismatch_message(a, n, out_idx, in_idx, complex_indices, test_imag, forward)
+        if explain is not None:
+            message += explain()
+        raise GradcheckError(
+            message,
+            check="jacobian_forward" if forward else "jacobian",
+            details={"output": out_idx, "input": in_idx, "imaginary_part": bool(test_imag)},
+        )
+
+    # -- fast mode: random projections --------------------------------------------------
+    def _compare_fast(self, fn, trace, args, checked, complex_indices, test_imag, forward) -> None:
+        be, opts = self.be, self.opts
+        outputs = trace.outputs
+        diff = [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
+        floats = [k for k, o in enumerate(outputs) if be.is_floating_or_complex(o)]
+        inputs = [args[p] for p in checked]
+        all_v, all_u = jac.random_vectors(be, inputs, None if forward else [outputs[k] for k in diff])
+
+        numerical = []
+        for p, u in zip(checked, all_u):
+            jus = jac.numerical_directional(be, fn, args, p, u, opts.eps)
+            float_jus = [jus[k] for k in floats]
+            if forward:
+                numerical.append(float_jus)
+            else:
+                # torch pairs the probes of the differentiable outputs with the floating
+                # outputs in order; kept for parity
+                numerical.append([be.dot(v, ju) for v, ju in zip(all_v, float_jus)])
+
+        if forward:
+            analytical = jac.analytical_jvps(be, fn, args, checked, all_u, check_grad_dtypes=opts.check_grad_dtypes)
+        else:
+            if not diff:
+                no_differentiable_outputs.check_fast(be, fn, args, checked, all_u, opts.eps, opts.nondet_tol)
+            analytical = []
+            for k, v in zip(diff, all_v):
+                vjs = jac.analytical_vjps(be, trace, k, v, inputs, nondet_tol=opts.nondet_tol,
+                                          check_grad_dtypes=opts.check_grad_dtypes)
+                analytical.append([jac.project_reverse(be, vj, u) for vj, u in zip(vjs, all_u)])
+
+        for i, per_input in enumerate(numerical):
+            for j, n in enumerate(per_input):
+                a = analytical[i][j] if forward else analytical[j][i]
+                atol = jac.adjusted_atol(be, opts.atol, all_u[i], None if forward else all_v[j])
+                output_position = floats[j] if forward else diff[j]
+
+                def explain(i=i, output_position=output_position):
+                    return self._slow_explanation(fn, trace, args, checked, i, output_position, forward)
+
+                self._assert_close(a, n, j, i, complex_indices, test_imag, forward, atol, explain)
+
+    def _slow_explanation(self, fn, trace, args, checked, input_index, output_position, forward) -> str:
+        """The full Jacobians of one failing pair, recomputed for the fast-mode message."""
+        be, opts = self.be, self.opts
+        pos = checked[input_index]
+        numerical = jac.numerical_jacobians(be, fn, args, pos, trace.outputs, opts.eps)[output_position]
+        if forward:
+            floats = [k for k, o in enumerate(trace.outputs) if be.is_floating_or_complex(o)]
+            analytical = jac.analytical_jacobians_forward(be, fn, args, [pos])[0][floats.index(output_position)]
+        else:
+            inputs = [args[p] for p in checked]
+            analytical = jac.analytical_jacobians_reverse(be, trace, output_position, inputs, checks=False)[input_index]
+        numerical = be.to_device_of(numerical, analytical)
+        max_diff = be.max_abs(numerical - analytical) if be.numel(analytical) else 0.0
+        text = (
+            FAST_MODE_NOTE
+            + f"Numerical:\n {numerical}\nAnalytical:\n{analytical}\n\n"
+            + f"The max per-element difference (slow mode) is: {max_diff}.\n"
+        )
+        if be.allclose(analytical, numerical, opts.rtol, opts.atol):
+            text += FAST_FAIL_SLOW_OK
+        return text

@@ -1,0 +1,310 @@
+"""Numerical and analytical Jacobians, and their random projections (fast mode).
+
+Everything here is written against :class:`agcheck.backend.Backend`. Jacobians are laid
+out as torch lays them out: one matrix per (input, output) pair, of shape
+``(input.numel, output.numel)``, so that row ``k`` is the derivative of the flattened
+output with respect to element ``k`` of the input.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .report import GradcheckError
+
+__all__ = [
+    "central_difference",
+    "numerical_jacobians",
+    "numerical_directional",
+    "analytical_jacobians_reverse",
+    "analytical_vjps",
+    "analytical_jacobians_forward",
+    "analytical_jvps",
+    "random_vectors",
+    "project_reverse",
+    "GradientShape",
+]
+
+#: torch.Generator's default seed: fast mode draws the same vectors as torch on the CPU.
+PROBE_SEED = 67280421310721
+
+
+def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
+    where = f"on index {index} " if index is not None else ""
+    if tuple(before.shape) != tuple(after.shape):
+        raise AssertionError(
+            f"Expected `func` to return outputs with the same shape when inputs are perturbed "
+            f"{where}by {eps}, but got: shapes {tuple(before.shape)} and {tuple(after.shape)}."
+        )
+    if before.dtype != after.dtype:
+        raise AssertionError(
+            f"Expected `func` to return outputs with the same dtype when inputs are perturbed "
+            f"{where}by {eps}, but got: dtypes {before.dtype} and {after.dtype}."
+        )
+
+
+def central_difference(be, minus: tuple, plus: tuple, eps: float, index=None) -> list:
+    """``(f(x + h) - f(x - h)) / 2eps`` for every array output, flattened (None otherwise)."""
+    result = []
+    for a, b in zip(minus, plus):
+        if not be.is_array(a):
+            result.append(None)
+            continue
+        _check_same_shape_and_dtype(be, a, b, eps, index)
+        if be.is_bool(a):
+            a, b = be.as_int(a), be.as_int(b)
+        result.append(be.flatten((b - a) / (2 * eps)))
+    return result
+
+
+def _columns_for_element(be, perturber, fn, flat, eps, complex_input):
+    index = perturber.index(flat)
+    minus = perturber.evaluate_element(fn, flat, eps, -1)
+    plus = perturber.evaluate_element(fn, flat, eps, +1)
+    d_real = central_difference(be, minus, plus, eps, index)
+    if not complex_input:
+        return d_real
+    minus = perturber.evaluate_element(fn, flat, eps * 1j, -1)
+    plus = perturber.evaluate_element(fn, flat, eps * 1j, +1)
+    d_imag = central_difference(be, minus, plus, eps, index)
+    # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
+    return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
+
+
+def _stack_rows(be, rows: list, n_cols: int, like, dtype):
+    if not rows:
+        return be.zeros((0, n_cols), like=like, dtype=dtype)
+    stacked = be.stack(rows, axis=0)
+    return stacked if stacked.dtype == dtype else be.astype(stacked, dtype)
+
+
+def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float) -> dict:
+    """Finite-difference Jacobians of every floating/complex output w.r.t. ``args[position]``.
+
+    Returns ``{output_position: matrix (input.numel, output.numel)}``. The input is moved
+    in place one element at a time (so closures that read it see the move) and restored.
+    """
+    x = args[position]
+    complex_input = be.is_complex(x)
+    float_positions = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
+    rows: dict[int, list] = {k: [] for k in float_positions}
+    with be.perturber(args, position) as perturber:
+        for flat in range(perturber.numel):
+            cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input)
+            for k in float_positions:
+                rows[k].append(cols[k])
+    result = {}
+    for k in float_positions:
+        out = outputs[k]
+        dtype = x.dtype if complex_input else out.dtype
+        result[k] = _stack_rows(be, rows[k], be.numel(out), out, dtype)
+    return result
+
+
+def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float) -> list:
+    """Finite-difference ``J u`` for every array output, moving ``args[position]`` along ``u``.
+
+    ``u`` is a flat vector, or a pair ``(u_re, u_im)`` for a complex input (the
+    derivative is then ``J_x u_re + i J_y u_im``).
+    """
+    x = args[position]
+    with be.perturber(args, position) as perturber:
+        if isinstance(u, tuple):
+            step_re = be.reshape(u[0], x.shape) * eps
+            step_im = be.reshape(u[1], x.shape) * eps * 1j
+            d_real = central_difference(
+                be, perturber.evaluate_direction(fn, step_re, -1), perturber.evaluate_direction(fn, step_re, +1), eps
+            )
+            d_imag = central_difference(
+                be, perturber.evaluate_direction(fn, step_im, -1), perturber.evaluate_direction(fn, step_im, +1), eps
+            )
+            return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
+        step = be.reshape(u, x.shape) * eps
+        return central_difference(
+            be, perturber.evaluate_direction(fn, step, -1), perturber.evaluate_direction(fn, step, +1), eps
+        )
+
+
+class GradientShape:
+    """What went wrong with the gradients' shapes or dtypes while stacking them."""
+
+    def __init__(self):
+        self.sizes_ok = True
+        self.dtypes_ok = True
+
+
+def _stack_gradients(be, grads_per_cotangent: list, inputs: Sequence, shape_report: GradientShape) -> list:
+    """Lay out VJPs as Jacobians: entry ``[i]`` is ``(inputs[i].numel, n_cotangents)``."""
+    jacobians = []
+    n_cots = len(grads_per_cotangent)
+    for i, x in enumerate(inputs):
+        cols = []
+        for grads in grads_per_cotangent:
+            g = grads[i]
+            if g is None:
+                cols.append(be.zeros((be.numel(x),), like=x))
+                continue
+            if tuple(g.shape) != tuple(x.shape):
+                shape_report.sizes_ok = False
+            elif g.dtype != x.dtype:
+                shape_report.dtypes_ok = False
+            flat = be.flatten(be.to_dense(g))
+            if be.numel(flat) != be.numel(x):
+                raise AssertionError(
+                    f"a gradient has {be.numel(flat)} elements but its input has {be.numel(x)}"
+                )
+            cols.append(flat if flat.dtype == x.dtype else be.astype(flat, x.dtype))
+        if cols:
+            jacobians.append(be.stack(cols, axis=1))
+        else:
+            jacobians.append(be.zeros((be.numel(x), n_cots), like=x))
+    return jacobians
+
+
+def _max_difference(be, pairs) -> float | None:
+    worst = None
+    for a, b in pairs:
+        if be.numel(a) == 0:
+            continue
+        d = be.max_abs(a - b)
+        worst = d if worst is None else max(worst, d)
+    return worst
+
+
+def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dtypes):
+    """Compute the gradients twice, check their shapes, dtypes and reentrancy."""
+    report = GradientShape()
+    first = _stack_gradients(be, compute(), inputs, report)
+    second = _stack_gradients(be, compute(), inputs, GradientShape())
+    # torch swaps its two flags here: a size problem reports as a dtype mismatch (and only
+    # with check_grad_dtypes), a dtype problem as an incorrect size. Kept for parity.
+    if not report.sizes_ok and check_grad_dtypes:
+        raise GradcheckError("Gradient has dtype mismatch", check="grad_dtype")
+    if not report.dtypes_ok:
+        raise GradcheckError("Analytical gradient has incorrect size", check="grad_size")
+    from .report import not_reentrant_message
+
+    for a, b in zip(first, second):
+        if be.numel(a) == 0:
+            continue
+        diff = be.max_abs(a - b)
+        if diff > nondet_tol:
+            raise GradcheckError(
+                not_reentrant_message(nondet_tol, float(diff)),
+                check="reentrant",
+                details={"max_run_to_run_difference": float(diff), "nondet_tol": nondet_tol},
+            )
+    return first
+
+
+def analytical_jacobians_reverse(be, trace, output_position: int, inputs: Sequence, *, nondet_tol=0.0,
+                                 check_grad_dtypes=False, checks=True) -> list:
+    """Reverse-mode Jacobians of one output, one VJP per output element (run twice to
+    check reentrancy). Returns one ``(input.numel, output.numel)`` matrix per input."""
+    out = trace.outputs[output_position]
+    n = be.numel(out)
+
+    def rows():
+        return [trace.vjp([output_position], [be.one_hot(out, j)]) for j in range(n)]
+
+    if not checks:
+        return _stack_gradients(be, rows(), inputs, GradientShape())
+    return _checked_gradients(be, rows, inputs, nondet_tol, check_grad_dtypes)
+
+
+def analytical_vjps(be, trace, output_position: int, v, inputs: Sequence, *, nondet_tol, check_grad_dtypes) -> list:
+    """``v^T J`` for one output and every input, flat (checked like the full Jacobian)."""
+    out = trace.outputs[output_position]
+    cot = be.reshape(v, out.shape)
+    stacked = _checked_gradients(be, lambda: [trace.vjp([output_position], [cot])], inputs,
+                                 nondet_tol, check_grad_dtypes)
+    return [be.flatten(j) for j in stacked]
+
+
+def project_reverse(be, vJ, u):
+    """``(v^T J) u`` for a real input, and the real/imaginary split for a complex one."""
+    if isinstance(u, tuple):
+        return be.dot(be.real(vJ), u[0]) + be.dot(be.imag(vJ), u[1]) * 1j
+    return be.dot(vJ, u)
+
+
+def _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes):
+    results = be.jvp(fn, args, checked, tangents)
+    if check_grad_dtypes:
+        for primal, tangent in results:
+            if tangent is not None and be.is_complex(primal) != be.is_complex(tangent):
+                raise GradcheckError("Forward AD gradient has dtype mismatch.", check="grad_dtype")
+    return results
+
+
+def _flat_tangent(be, primal, tangent):
+    if tangent is None:
+        return be.zeros((be.numel(primal),), like=primal)
+    flat = be.flatten(tangent)
+    return flat if flat.dtype == primal.dtype else be.astype(flat, primal.dtype)
+
+
+def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False) -> list:
+    """Forward-mode Jacobians: ``[input][float output]`` matrices ``(input.numel, output.numel)``,
+    one JVP per input element (the other inputs carry zero tangents)."""
+    zero_tangents = [be.zeros_like(args[p]) for p in checked]
+    jacobians = []
+    for i, pos in enumerate(checked):
+        x = args[pos]
+        rows_per_output: list[list] = []
+        primals = None
+        for flat in range(be.numel(x)):
+            tangents = list(zero_tangents)
+            tangents[i] = be.one_hot(x, flat)
+            results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
+            if primals is None:
+                primals = [p for p, _ in results]
+                rows_per_output = [[] for _ in results]
+            for k, (primal, tangent) in enumerate(results):
+                rows_per_output[k].append(_flat_tangent(be, primal, tangent))
+        if primals is None:  # an empty input: evaluate once for the outputs' shapes
+            primals = [p for p, _ in be.jvp(fn, args, checked, zero_tangents)]
+            rows_per_output = [[] for _ in primals]
+        jacobians.append([
+            _stack_rows(be, rows, be.numel(p), p, p.dtype) for rows, p in zip(rows_per_output, primals)
+        ])
+    return jacobians
+
+
+def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:
+    """Forward-mode ``J u``: ``[input][float output]`` flat vectors, one JVP per input."""
+    zero_tangents = [be.zeros_like(args[p]) for p in checked]
+    result = []
+    for i, (pos, u) in enumerate(zip(checked, all_u)):
+        x = args[pos]
+        tangents = list(zero_tangents)
+        t = be.reshape(u, x.shape)
+        tangents[i] = t if t.dtype == x.dtype else be.astype(t, x.dtype)
+        results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
+        result.append([_flat_tangent(be, p, t) for p, t in results])
+    return result
+
+
+def random_vectors(be, inputs: Sequence, outputs: Sequence | None):
+    """The probe vectors of fast mode, drawn from a private generator.
+
+    Returns ``(all_v, all_u)``: one flat unit vector per output (``None`` when ``outputs``
+    is ``None``, as in forward mode) and one per input (a pair for a complex input).
+    """
+    gen = be.generator(inputs[0] if inputs else None, PROBE_SEED)
+    all_u = []
+    for x in inputs:
+        u_re = be.uniform_unit_vector(x, gen, real=True)
+        if be.is_complex(x):
+            all_u.append((u_re, be.uniform_unit_vector(x, gen, real=True)))
+        else:
+            all_u.append(u_re)
+    all_v = None if outputs is None else [be.uniform_unit_vector(o, gen, real=False) for o in outputs]
+    return all_v, all_u
+
+
+def adjusted_atol(be, atol: float, u, v) -> float:
+    """The elementwise ``atol`` carried over to ``v^T (A - B) u``: scaled by sum(u) sum(v)."""
+    sum_v = 1.0 if v is None else be.sum_as_float(v)
+    if isinstance(u, tuple):
+        return atol * (be.sum_as_float(u[0]) + be.sum_as_float(u[1])) * sum_v
+    return atol * be.sum_as_float(u) * sum_v

@@ -1,0 +1,88 @@
+"""The keywords of a check, as one frozen and validated object."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+__all__ = ["GradcheckOptions", "GradgradcheckOptions"]
+
+
+def _check_number(name: str, value, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be a real number, got {value!r}") from None
+    value = float(value)
+    if math.isnan(value) or (positive and not math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    if not positive and value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class GradcheckOptions:
+    """Every keyword of ``torch.autograd.gradcheck``, with torch's defaults."""
+
+    eps: float = 1e-6
+    atol: float = 1e-5
+    rtol: float = 1e-3
+    raise_exception: bool = True
+    nondet_tol: float = 0.0
+    check_undefined_grad: bool = True
+    check_grad_dtypes: bool = False
+    check_batched_grad: bool = False
+    check_batched_forward_grad: bool = False
+    check_forward_ad: bool = False
+    check_backward_ad: bool = True
+    fast_mode: bool = False
+    masked: bool | None = None
+
+    def __post_init__(self):
+        # The impossible combinations raise AssertionError, as in torch.
+        if not (self.check_forward_ad or self.check_backward_ad):
+            raise AssertionError(
+                "Expected at least one of check_forward_ad or check_backward_ad to be True"
+            )
+        if self.check_batched_grad and not self.check_backward_ad:
+            raise AssertionError(
+                "Setting check_batched_grad=True requires check_backward_ad to be True"
+            )
+        if self.check_batched_forward_grad and not self.check_forward_ad:
+            raise AssertionError(
+                "Setting check_batched_forward_grad=True requires check_forward_ad to be True"
+            )
+        object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True))
+        for name in ("atol", "rtol", "nondet_tol"):
+            object.__setattr__(self, name, _check_number(name, getattr(self, name), positive=False))
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class GradgradcheckOptions:
+    """The keywords specific to ``gradgradcheck``, validated as torch does."""
+
+    gen_non_contig_grad_outputs: bool = False
+    check_fwd_over_rev: bool = False
+    check_rev_over_rev: bool = True
+    check_undefined_grad: bool = True
+    check_batched_grad: bool = False
+
+    def __post_init__(self):
+        if not (self.check_fwd_over_rev or self.check_rev_over_rev):
+            raise AssertionError(
+                "Expected at least one of check_fwd_over_rev or check_rev_over_rev to be True"
+            )
+        if self.check_undefined_grad and not self.check_rev_over_rev:
+            raise AssertionError(
+                "Setting check_undefined_grad=True requires check_rev_over_rev to be True"
+            )
+        if self.check_batched_grad and not self.check_rev_over_rev:
+            raise AssertionError(
+                "Setting check_batched_grad=True requires check_rev_over_rev to be True"
+            )

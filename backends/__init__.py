@@ -1,0 +1,1 @@
+"""agcheck's backends: one module per array framework, imported only when used."""

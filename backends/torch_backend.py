@@ -1,0 +1,353 @@
+"""The torch backend: dense real and complex tensors on any device."""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from agcheck.backend import Backend, Perturber, Trace
+
+__all__ = ["TorchBackend", "BACKEND_CLASS"]
+
+
+def owns(x) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _is_sparse(x) -> bool:
+    return x.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+class TorchTrace(Trace):
+    """Outputs carrying torch's autograd graph, differentiated with ``autograd.grad``."""
+
+    def __init__(self, outputs: tuple, inputs: list):
+        super().__init__(outputs)
+        self.inputs = inputs
+
+    def vjp(self, output_positions, cotangents) -> list:
+        outs = [self.outputs[p] for p in output_positions]
+        return list(torch.autograd.grad(outs, self.inputs, list(cotangents), retain_graph=True, allow_unused=True))
+
+    def vjp_batched(self, output_position, stacked_cotangents) -> list:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            return list(torch.autograd.grad(
+                self.outputs[output_position], self.inputs, stacked_cotangents,
+                retain_graph=True, allow_unused=True, is_grads_batched=True,
+            ))
+
+
+class TorchPerturber(Perturber):
+    """Moves ``x.data`` in place: closures over ``x`` see the move, autograd graphs that
+    saved ``x`` stay valid (the version counter of ``.data`` is separate)."""
+
+    def __init__(self, x: torch.Tensor, as_tuple):
+        self.data = x.data
+        self.shape = tuple(x.shape)
+        self.numel = x.numel()
+        self._flat = self.data.view(-1) if self.data.is_contiguous() else None
+        self._as_tuple = as_tuple
+        self.args = None
+
+    def index(self, flat: int) -> tuple:
+        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
+
+    def _entry(self, flat: int) -> torch.Tensor:
+        if self._flat is not None:
+            return self._flat[flat]
+        return self.data[self.index(flat)]
+
+    def _call(self, fn) -> tuple:
+        outs = self._as_tuple(fn(*self.args))
+        return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs)
+
+    def _evaluate_moved(self, target: torch.Tensor, fn, step, sign) -> tuple:
+        original = target.clone()
+        try:
+            target.copy_(original - step if sign < 0 else original + step)
+            return self._call(fn)
+        finally:
+            target.copy_(original)
+
+    def evaluate_element(self, fn, flat, step, sign) -> tuple:
+        return self._evaluate_moved(self._entry(flat), fn, step, sign)
+
+    def evaluate_direction(self, fn, step, sign) -> tuple:
+        return self._evaluate_moved(self.data, fn, step, sign)
+
+
+class TorchBackend(Backend):
+    """Dense real and complex torch tensors, on any device (CPU, CUDA, ...)."""
+
+    name = "torch"
+    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad"})
+    no_checked_inputs_message = (
+        "gradcheck expects at least one input tensor to require gradient, "
+        "but none of them have requires_grad=True."
+    )
+
+    # -- inspection -------------------------------------------------------------------
+    def owns(self, x) -> bool:
+        return owns(x)
+
+    def is_checked(self, x) -> bool:
+        return isinstance(x, torch.Tensor) and x.requires_grad
+
+    def is_complex(self, x) -> bool:
+        return isinstance(x, torch.Tensor) and x.is_complex()
+
+    def is_floating_or_complex(self, x) -> bool:
+        return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+    def is_double_precision(self, x) -> bool:
+        return x.dtype in (torch.float64, torch.complex128)
+
+    def is_differentiable_output(self, x) -> bool:
+        return isinstance(x, torch.Tensor) and x.requires_grad
+
+    def is_bool(self, x) -> bool:
+        return x.dtype == torch.bool
+
+    def as_int(self, x):
+        return x.to(torch.int8)
+
+    def numel(self, x) -> int:
+        return x.numel()
+
+    # -- validation -------------------------------------------------------------------
+    def validate_input(self, idx: int, x) -> None:
+        if x.layout != torch.strided:
+            raise NotImplementedError(
+                f"input {idx} has layout {x.layout}; agcheck's torch backend checks dense "
+                "(strided) tensors for now"
+            )
+        if any(st == 0 and sz > 1 for st, sz in zip(x.stride(), x.shape)):
+            raise RuntimeError(
+                f"The {idx}th input has a dimension with stride 0. Finite differences need "
+                "every element to have its own memory (an expanded tensor moves many elements "
+                "at once); call .contiguous() on the input before checking it."
+            )
+
+    def validate_outputs(self, outputs) -> None:
+        for o in outputs:
+            if _is_sparse(o):
+                raise ValueError(
+                    "Sparse output is not supported at gradcheck yet. "
+                    "Please call to_dense(masked_grad=...) on the output of fn for gradcheck."
+                )
+            if o.layout == torch._mkldnn:
+                raise ValueError(
+                    "MKLDNN output is not supported at gradcheck yet. "
+                    "Please call to_dense(masked_grad=...) on the output of fn for gradcheck."
+                )
+
+    @contextmanager
+    def preserve_state(self, args):
+        cpu_state = torch.get_rng_state()
+        cuda_devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
+        cuda_states = [(d, torch.cuda.get_rng_state(d)) for d in cuda_devices]
+        leaves = [a for a in args if isinstance(a, torch.Tensor) and a.is_leaf]
+        saved = [(a, a.requires_grad, a.grad, None if a.grad is None else a.grad.clone()) for a in leaves]
+        try:
+            yield
+        finally:
+            torch.set_rng_state(cpu_state)
+            for d, state in cuda_states:
+                torch.cuda.set_rng_state(state, d)
+            for a, requires_grad, grad, grad_value in saved:
+                if a.requires_grad != requires_grad:
+                    a.requires_grad_(requires_grad)
+                if a.grad is not grad:
+                    a.grad = grad
+                if grad is not None and not torch.equal(grad, grad_value):
+                    with torch.no_grad():
+                        grad.copy_(grad_value)
+
+    # -- evaluation -------------------------------------------------------------------
+    def trace(self, fn, args, checked) -> TorchTrace:
+        return TorchTrace(self.as_tuple(fn(*args)), [args[p] for p in checked])
+
+    @contextmanager
+    def perturber(self, args, position):
+        x = args[position]
+        original = x.data.clone()
+        perturber = TorchPerturber(x, self.as_tuple)
+        perturber.args = args
+        try:
+            yield perturber
+        finally:
+            if not _bitwise_equal(x.data, original):
+                x.data.copy_(original)
+
+    def _dual_args(self, args, tangents_by_position, detach_others=False):
+        new = list(args)
+        for k, a in enumerate(args):
+            if k in tangents_by_position:
+                if a.layout == torch._mkldnn:
+                    raise ValueError("MKLDNN inputs are not support for forward AD gradcheck.")
+                t = tangents_by_position[k]
+                new[k] = a.detach() if t is None else fwAD.make_dual(a.detach(), t)
+            elif detach_others and isinstance(a, torch.Tensor):
+                new[k] = a.detach()
+        return new
+
+    def jvp(self, fn, args, checked, tangents) -> list:
+        with fwAD.dual_level():
+            outs = self.as_tuple(fn(*self._dual_args(args, dict(zip(checked, tangents)))))
+            result = []
+            for o in outs:
+                if self.is_floating_or_complex(o):
+                    primal, tangent = fwAD.unpack_dual(o)
+                    result.append((primal.detach(), None if tangent is None else tangent.clone()))
+            return result
+
+    def jvp_wrt(self, fn, args, position, tangent) -> tuple:
+        with fwAD.dual_level():
+            outs = self.as_tuple(fn(*self._dual_args(args, {position: tangent}, detach_others=True)))
+            result = []
+            for o in outs:
+                if o is None:
+                    continue
+                primal, t = fwAD.unpack_dual(o)
+                if t is None:
+                    t = torch.zeros([], dtype=primal.dtype, device=primal.device).expand(primal.shape)
+                result.append(t)
+            return tuple(result)
+
+    def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
+        from torch._vmap_internals import _vmap
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            return _vmap(lambda t: self.jvp_wrt(fn, args, position, t))(stacked_tangents)
+
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined) -> list:
+        outs = [o for o in self.as_tuple(fn(*args)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        make_undefined = torch._C._functions.UndefinedGrad()
+        marked = [make_undefined(o) if undefined == "all" or k in undefined else o for k, o in enumerate(outs)]
+        zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format) for o in marked]
+        return list(torch.autograd.grad(marked, [args[p] for p in checked], zeros, allow_unused=True))
+
+    # -- array algebra ----------------------------------------------------------------
+    def flatten(self, x):
+        return x.reshape(-1)
+
+    def reshape(self, x, shape):
+        return x.reshape(tuple(shape))
+
+    def clone(self, x):
+        return x.clone()
+
+    def real(self, x):
+        return torch.real(x)
+
+    def imag(self, x):
+        return torch.imag(x)
+
+    def conj(self, x):
+        return x.conj()
+
+    def part_as_input(self, x, part):
+        piece = x.real if part == "real" else x.imag
+        return piece.detach().clone().requires_grad_(x.requires_grad)
+
+    def stack(self, arrays, axis=0):
+        return torch.stack(list(arrays), dim=axis)
+
+    def zeros_like(self, x):
+        return torch.zeros_like(x, memory_format=torch.legacy_contiguous_format)
+
+    def zeros(self, shape, like, dtype=None):
+        return torch.zeros(tuple(shape), dtype=dtype or like.dtype, device=like.device)
+
+    def astype(self, x, dtype):
+        return x.to(dtype)
+
+    def one_hot(self, like, flat):
+        z = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+        z.view(-1)[flat] = 1
+        return z
+
+    def sum_as_float(self, x) -> float:
+        return float(x.sum())
+
+    def dot(self, u, v):
+        return (u * v).sum()
+
+    def max_abs(self, x):
+        return x.abs().max()
+
+    def all_zero(self, x) -> bool:
+        return bool(x.eq(0).all())
+
+    def count_nonzero(self, x) -> int:
+        return int(torch.ne(x, 0).sum())
+
+    def allclose(self, a, b, rtol, atol) -> bool:
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        return bool(torch.allclose(a.to(dtype), b.to(dtype), rtol, atol))
+
+    def same_device(self, a, b) -> bool:
+        return a.device == b.device
+
+    def to_device_of(self, x, like):
+        return x.to(like.device)
+
+    def to_dense(self, x):
+        return x if x.layout == torch.strided else x.to_dense()
+
+    def gradient_layout_problem(self, g, x):
+        if g.layout == torch.strided:
+            return None
+        if g.layout != x.layout:
+            return f"grad is incorrect layout ({g.layout} is not {x.layout})"
+        if _is_sparse(g):
+            kind = str(g.layout).replace("torch.", "").replace("_coo", "")
+            if g.sparse_dim() != x.sparse_dim():
+                return f"grad is {kind} tensor, but has incorrect sparse_dim {g.sparse_dim()}, expected {x.sparse_dim()}"
+            if g.dense_dim() != x.dense_dim():
+                return f"grad is {kind} tensor, but has incorrect dense_dim {g.dense_dim()}, expected {x.dense_dim()}"
+        return None
+
+    def to_numpy(self, x):
+        x = self.to_dense(x).detach()
+        if x.is_conj():
+            x = x.resolve_conj()
+        return x.cpu().numpy()
+
+    # -- randomness -------------------------------------------------------------------
+    def generator(self, like, seed):
+        device = like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        return gen
+
+    def uniform_unit_vector(self, like, generator, real):
+        dtype = like.dtype
+        if real and dtype.is_complex:
+            dtype = like.real.dtype if like.numel() else torch.empty((), dtype=dtype).real.dtype
+        vec = torch.rand(like.numel(), generator=generator, device=generator.device)
+        vec = vec.to(dtype=dtype, device=like.device)
+        vec /= vec.norm()
+        return vec
+
+    def normal_like(self, like, generator):
+        sample = torch.randn(tuple(like.shape), generator=generator, device=generator.device, dtype=like.dtype)
+        return sample.to(like.device)
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.dtype.is_floating_point:
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+        if bits is not None:
+            return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+    return torch.equal(a, b)
+
+
+BACKEND_CLASS = TorchBackend
