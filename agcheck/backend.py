@@ -101,6 +101,13 @@ class Backend:
         """Does ``x`` take part in the check (an input to differentiate with respect to)?"""
         raise NotImplementedError
 
+    def checked_positions(self, args: tuple) -> list:
+        """The positions in ``args`` of the inputs that take part in the check."""
+        return [k for k, a in enumerate(args) if self.is_array(a) and self.is_checked(a)]
+
+    #: the ValueError raised when no input takes part in the check
+    no_checked_inputs_message = "gradcheck expects at least one input array to differentiate with respect to."
+
     def is_complex(self, x) -> bool:
         raise NotImplementedError
 
@@ -122,9 +129,20 @@ class Backend:
     def dtype_name(self, x) -> str:
         return str(x.dtype)
 
+    # -- configuration ----------------------------------------------------------------
+    def with_options(self, **options) -> "Backend":
+        """This backend configured by the extra keywords of one call (e.g. ``wrt=``)."""
+        if options:
+            raise TypeError(f"the {self.name!r} backend takes no extra keywords, got {sorted(options)}")
+        return self
+
+    def prepare(self, fn: Callable, inputs) -> tuple[Callable, tuple]:
+        """``fn`` and its inputs as the core sees them: a callable of a flat tuple of arguments."""
+        return fn, self.as_tuple(inputs)
+
     # -- validation -------------------------------------------------------------------
-    def validate_inputs(self, args: tuple) -> None:
-        """Framework-specific checks of the inputs (warn / raise as the reference does)."""
+    def validate_input(self, idx: int, x) -> None:
+        """Framework-specific checks of one checked input (raise as the reference does)."""
 
     def validate_outputs(self, outputs: Sequence) -> None:
         """Framework-specific checks of the differentiable outputs."""
@@ -263,6 +281,8 @@ class Backend:
 
 _REGISTRY: dict[str, tuple[str, str, str]] = {}
 _INSTANCES: dict[str, Backend] = {}
+#: chosen by inference only when no other framework's arrays are among the inputs
+_FALLBACK = "numpy"
 
 
 def register_backend(name: str, module: str, framework: str, extra: str) -> None:
@@ -275,6 +295,8 @@ def register_backend(name: str, module: str, framework: str, extra: str) -> None
 
 
 register_backend("torch", "agcheck.backends.torch_backend", "torch", "torch")
+register_backend("jax", "agcheck.backends.jax_backend", "jax", "jax")
+register_backend("numpy", "agcheck.backends.numpy_backend", "numpy", "numpy")
 
 
 def _installed(framework: str) -> bool:
@@ -286,10 +308,11 @@ def available_backends() -> dict[str, bool]:
     return {name: _installed(fw) for name, (_, fw, _) in _REGISTRY.items()}
 
 
-def get_backend(name) -> Backend:
-    """The backend called ``name`` (or ``name`` itself if it is a :class:`Backend`)."""
+def get_backend(name, **options) -> Backend:
+    """The backend called ``name`` (or ``name`` itself if it is a :class:`Backend`),
+    configured with ``options`` (the backend-specific keywords of one call)."""
     if isinstance(name, Backend):
-        return name
+        return name.with_options(**options)
     if not isinstance(name, str) or name not in _REGISTRY:
         known = ", ".join(
             f"{n} ({'installed' if ok else 'not installed'})" for n, ok in available_backends().items()
@@ -302,8 +325,13 @@ def get_backend(name) -> Backend:
                 f"the {name!r} backend needs {framework}, which is not installed; "
                 f"install it with: pip install 'agcheck[{extra}]'"
             )
-        _INSTANCES[name] = importlib.import_module(module).BACKEND_CLASS()
-    return _INSTANCES[name]
+        try:
+            _INSTANCES[name] = importlib.import_module(module).BACKEND_CLASS()
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("agcheck.backends"):
+                raise BackendUnavailableError(f"the {name!r} backend is not part of this agcheck version") from e
+            raise
+    return _INSTANCES[name].with_options(**options)
 
 
 def _leaves(x) -> Iterator:
@@ -317,7 +345,7 @@ def _leaves(x) -> Iterator:
         yield x
 
 
-def infer_backend(inputs) -> Backend:
+def infer_backend(inputs, **options) -> Backend:
     """The backend whose framework made the arrays in ``inputs``.
 
     Only frameworks that are already imported are asked, so inference never imports one.
@@ -327,11 +355,17 @@ def infer_backend(inputs) -> Backend:
     found: dict[str, Backend] = {}
     for leaf in _leaves(inputs):
         for name, (module, framework, _) in _REGISTRY.items():
-            if framework not in sys.modules:
+            if framework not in sys.modules or name in found:
                 continue
-            backend = get_backend(name)
+            try:
+                backend = get_backend(name)
+            except BackendUnavailableError:
+                continue
             if backend.owns(leaf):
                 found[name] = backend
+    if len(found) > 1 and _FALLBACK in found:
+        # NumPy arrays beside another framework's arrays are pass-through arguments
+        del found[_FALLBACK]
     if len(found) > 1:
         raise TypeError(
             "inputs mix arrays of several frameworks ("
@@ -343,4 +377,4 @@ def infer_backend(inputs) -> Backend:
             "could not infer the backend: no input is an array of a known framework "
             f"({', '.join(_REGISTRY)}); pass backend=... or array inputs"
         )
-    return next(iter(found.values()))
+    return next(iter(found.values())).with_options(**options)

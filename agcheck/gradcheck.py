@@ -40,6 +40,7 @@ def gradcheck(
     check_backward_ad: bool = True,
     fast_mode: bool = False,
     masked: bool | None = None,
+    **backend_options,
 ) -> bool:
     """Check analytical derivatives of ``fn`` against finite differences.
 
@@ -76,6 +77,9 @@ def gradcheck(
         Compare random projections ``v^T J u`` instead of full Jacobians.
     masked : bool or None
         For sparse inputs: compare only the specified elements.
+    **backend_options
+        Keywords of the chosen backend (e.g. ``wrt=`` for JAX, ``vjp=``/``jvp=`` for
+        NumPy); the torch backend takes none.
 
     Returns
     -------
@@ -97,15 +101,18 @@ def gradcheck(
         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
         fast_mode=fast_mode, masked=masked,
     )
-    return run_gradcheck(fn, inputs, opts, backend)
+    return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
 
-def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None) -> bool:
+def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> bool:
     """:func:`gradcheck` with its keywords already gathered in ``opts``."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    be = get_backend(backend) if backend is not None else infer_backend(inputs)
-    args = be.as_tuple(inputs)
+    if backend is not None:
+        be = get_backend(backend, **backend_options)
+    else:
+        be = infer_backend(inputs, **backend_options)
+    fn, args = be.prepare(fn, inputs)
     try:
         with be.preserve_state(args), _numpy_rng_preserved():
             _Run(fn, args, be, opts).all_checks()
@@ -159,10 +166,9 @@ class _Run:
 
     def _validate_inputs(self) -> list:
         be = self.be
-        checked = []
-        for idx, x in enumerate(self.args):
-            if not (be.is_array(x) and be.is_checked(x)):
-                continue
+        checked = be.checked_positions(self.args)
+        for idx in checked:
+            x = self.args[idx]
             if not be.is_double_precision(x):
                 warnings.warn(
                     f"Input #{idx} requires gradient and is not a double precision floating point "
@@ -171,7 +177,6 @@ class _Run:
                     stacklevel=5,
                 )
             be.validate_input(idx, x)
-            checked.append(idx)
         if not checked:
             raise ValueError(be.no_checked_inputs_message)
         return checked
@@ -212,7 +217,7 @@ class _Run:
         for part in ("imag", "real"):
             piece = input_part(be, self.fn, complex_inputs, self.args, part)
             piece_args = split_inputs(be, self.args, complex_inputs, part)
-            checked = [k for k, a in enumerate(piece_args) if be.is_array(a) and be.is_checked(a)]
+            checked = self.checked
             trace = be.trace(piece, piece_args, checked)
             self._compare(piece, trace, piece_args, checked, complex_inputs, part == "imag", forward=True)
             pieces.append((piece, piece_args, checked))
