@@ -6,6 +6,7 @@ framework-specific parts.
 """
 from .backend import Backend, available_backends, get_backend, infer_backend, register_backend
 from .gradcheck import OutputTypeError, gradcheck
+from .gradgradcheck import gradgradcheck
 from .options import GradcheckOptions
 from .report import GradcheckError
 
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "gradcheck",
+    "gradgradcheck",
     "GradcheckError",
     "GradcheckOptions",
     "OutputTypeError",

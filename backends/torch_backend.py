@@ -232,6 +232,39 @@ class TorchBackend(Backend):
         zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format) for o in marked]
         return list(torch.autograd.grad(marked, [args[p] for p in checked], zeros, allow_unused=True))
 
+    # -- second order -----------------------------------------------------------------
+    def random_cotangent(self, like, generator, noncontiguous):
+        """Uniform values in [-1, 1) shaped like ``like`` (doubles for non-floating outputs)."""
+        dtype = like.dtype if (like.is_floating_point() or like.is_complex()) else torch.float64
+        shape = tuple(like.shape)
+        spread = noncontiguous and like.numel() > 1
+        draw_shape = (*shape[:-1], 2 * shape[-1]) if spread else shape
+        values = torch.rand(draw_shape, generator=generator, device=generator.device, dtype=dtype)
+        values = (values * 2 - 1).to(like.device)
+        if spread:
+            values = values[..., ::2]
+        return values.requires_grad_(True)
+
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions):
+        """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)``, built with
+        ``create_graph=True`` so that it can be differentiated again."""
+        inputs_set, cotangents_set = set(input_positions), set(cotangent_positions)
+        ordered = sorted(inputs_set)
+
+        def vjp_of_fn(*args):
+            primals = tuple(
+                x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs])
+            )
+            outputs = [o for o in self.as_tuple(fn(*primals)) if isinstance(o, torch.Tensor) and o.requires_grad]
+            cotangents = tuple(
+                c.requires_grad_() if k in cotangents_set else c for k, c in enumerate(args[n_inputs:])
+            )
+            grads = torch.autograd.grad(outputs, [primals[k] for k in ordered], cotangents,
+                                        create_graph=True, allow_unused=True)
+            return tuple(g for g in grads if g is not None)
+
+        return vjp_of_fn
+
     # -- array algebra ----------------------------------------------------------------
     def flatten(self, x):
         return x.reshape(-1)
@@ -351,3 +384,4 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 BACKEND_CLASS = TorchBackend
+

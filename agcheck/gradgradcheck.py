@@ -1,0 +1,112 @@
+"""``agcheck.gradgradcheck``: check second (and higher) derivatives.
+
+The backend builds "the VJP of ``fn``" as a differentiable function of the inputs and the
+output cotangents; that function is then checked by the ordinary gradcheck machinery.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .backend import get_backend, infer_backend
+from .gradcheck import run_gradcheck
+from .options import GradcheckOptions, GradgradcheckOptions
+
+__all__ = ["gradgradcheck"]
+
+#: seed of the private generator that draws random grad_outputs
+GRAD_OUTPUTS_SEED = 11235
+
+
+def gradgradcheck(
+    fn: Callable,
+    inputs,
+    grad_outputs=None,
+    *,
+    backend=None,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    gen_non_contig_grad_outputs: bool = False,
+    raise_exception: bool = True,
+    nondet_tol: float = 0.0,
+    check_undefined_grad: bool = True,
+    check_grad_dtypes: bool = False,
+    check_batched_grad: bool = False,
+    check_fwd_over_rev: bool = False,
+    check_rev_over_rev: bool = True,
+    fast_mode: bool = False,
+    masked: bool = False,
+    order: int = 2,
+    **backend_options,
+) -> bool:
+    """Check second derivatives of ``fn`` (gradients of its VJP) by finite differences.
+
+    Same keywords, defaults, verdicts and messages as
+    ``torch.autograd.gradgradcheck``, plus ``order`` for higher derivatives.
+
+    Parameters
+    ----------
+    fn, inputs, backend, eps, atol, rtol, raise_exception, nondet_tol, check_undefined_grad, check_grad_dtypes, check_batched_grad, fast_mode, masked
+        As in :func:`agcheck.gradcheck` (``masked`` defaults to ``False`` here, as in torch).
+    grad_outputs : array or tuple, optional
+        The cotangents of ``fn``'s differentiable outputs. Those that take part in the
+        check (torch: ``requires_grad=True``) are differentiated with respect to as well.
+        By default random values in [-1, 1) drawn from a private generator (the caller's
+        global RNG state is not touched), requiring grad.
+    gen_non_contig_grad_outputs : bool
+        Make the random ``grad_outputs`` non-contiguous.
+    check_fwd_over_rev, check_rev_over_rev : bool
+        Check the derivatives of the VJP in forward mode / reverse mode.
+    order : int
+        The order of the derivative checked: 2 (the default) checks the derivatives of
+        the VJP of ``fn``; ``order=N`` applies the construction ``N - 1`` times, with
+        random cotangents at every level (``grad_outputs`` give the first level's).
+        ``order=1`` is :func:`agcheck.gradcheck`.
+
+    Returns
+    -------
+    bool
+        ``True`` when every check passed, ``False`` on a failure with
+        ``raise_exception=False``.
+    """
+    GradgradcheckOptions(
+        gen_non_contig_grad_outputs=gen_non_contig_grad_outputs, check_fwd_over_rev=check_fwd_over_rev,
+        check_rev_over_rev=check_rev_over_rev, check_undefined_grad=check_undefined_grad,
+        check_batched_grad=check_batched_grad,
+    )
+    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+        raise ValueError(f"order must be an integer >= 1, got {order!r}")
+    opts = GradcheckOptions(
+        eps=eps, atol=atol, rtol=rtol, raise_exception=raise_exception, nondet_tol=nondet_tol,
+        check_undefined_grad=check_undefined_grad, check_grad_dtypes=check_grad_dtypes,
+        check_batched_grad=check_batched_grad, check_forward_ad=check_fwd_over_rev,
+        check_backward_ad=check_rev_over_rev, fast_mode=fast_mode, masked=masked,
+    )
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if backend is not None:
+        be = get_backend(backend, **backend_options)
+    else:
+        be = infer_backend(inputs, **backend_options)
+    fn, args = be.prepare(fn, inputs)
+
+    for level in range(order - 1):
+        given = grad_outputs if level == 0 else None
+        fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level)
+    return run_gradcheck(fn, args, opts, be)
+
+
+def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level):
+    """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments."""
+    if grad_outputs is None:
+        with be.preserve_state(args):
+            outputs = be.as_tuple(fn(*args))
+        differentiable = [o for o in outputs if be.is_array(o) and be.is_differentiable_output(o)]
+        gen = be.generator(differentiable[0] if differentiable else None, GRAD_OUTPUTS_SEED + level)
+        cotangents = tuple(be.random_cotangent(o, gen, noncontiguous) for o in differentiable)
+    else:
+        cotangents = be.as_tuple(grad_outputs)
+    input_positions = be.checked_positions(args)
+    cotangent_positions = be.checked_positions(cotangents)
+    vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions)
+    return vjp_fn, tuple(args) + tuple(cotangents)
