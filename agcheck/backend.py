@@ -223,6 +223,9 @@ class Backend:
     def astype(self, x, dtype):
         return self.xp(x).astype(x, dtype)
 
+    def transpose(self, x):
+        return self.xp(x).permute_dims(x, (1, 0))
+
     def real_dtype_of(self, x):
         raise NotImplementedError
 

@@ -5,6 +5,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Callable
 
+from . import engine
 from . import jacobian as jac
 from .backend import get_backend, infer_backend
 from .checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
@@ -40,6 +41,8 @@ def gradcheck(
     check_backward_ad: bool = True,
     fast_mode: bool = False,
     masked: bool | None = None,
+    engine: str = "auto",
+    memory_budget: int | None = None,
     **backend_options,
 ) -> bool:
     """Check analytical derivatives of ``fn`` against finite differences.
@@ -77,6 +80,14 @@ def gradcheck(
         Compare random projections ``v^T J u`` instead of full Jacobians.
     masked : bool or None
         For sparse inputs: compare only the specified elements.
+    engine : {"auto", "reference"}
+        Beyond torch. ``"auto"`` computes slow-mode Jacobians in batches (many
+        evaluations per call, compared chunk by chunk) wherever that pays and hands any
+        failure to the reference engine, so verdicts and messages are the reference's;
+        ``"reference"`` runs torch's element-by-element algorithm only.
+    memory_budget : int, optional
+        Beyond torch. Bytes the batched engine may hold in Jacobians and batches
+        (default 1 GiB); it recomputes rather than exceed it.
     **backend_options
         Keywords of the chosen backend (e.g. ``wrt=`` for JAX, ``vjp=``/``jvp=`` for
         NumPy); the torch backend takes none.
@@ -99,7 +110,7 @@ def gradcheck(
         check_undefined_grad=check_undefined_grad, check_grad_dtypes=check_grad_dtypes,
         check_batched_grad=check_batched_grad, check_batched_forward_grad=check_batched_forward_grad,
         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-        fast_mode=fast_mode, masked=masked,
+        fast_mode=fast_mode, masked=masked, engine=engine, memory_budget=memory_budget,
     )
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
@@ -139,6 +150,10 @@ class _Run:
 
     def __init__(self, fn, args, be, opts: GradcheckOptions):
         self.fn, self.args, self.be, self.opts = fn, args, be, opts
+        #: what the batched engine did: (input position, how it was moved) entries, and
+        #: the reasons it handed checks back to the reference engine
+        self.engine_log: list[tuple] = []
+        self.engine_fallbacks: list[str] = []
 
     # -- the order of the checks is torch's ---------------------------------------------
     def all_checks(self) -> None:
@@ -239,6 +254,13 @@ class _Run:
         if not diff:
             no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, opts.eps)
             return
+        if opts.engine == "auto":
+            batched = engine.compare_slow_forward if forward else engine.compare_slow_reverse
+            try:
+                batched(self, fn, trace, args, checked, diff)
+                return
+            except Exception as reason:  # the reference engine decides, and explains
+                self.engine_fallbacks.append(f"{type(reason).__name__}: {reason}")
         numerical = [jac.numerical_jacobians(be, fn, args, p, outputs, opts.eps) for p in checked]
         inputs = [args[p] for p in checked]
         if forward:

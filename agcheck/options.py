@@ -40,6 +40,10 @@ class GradcheckOptions:
     check_backward_ad: bool = True
     fast_mode: bool = False
     masked: bool | None = None
+    #: beyond torch: "auto" (batched where it pays) or "reference" (torch's algorithm)
+    engine: str = "auto"
+    #: beyond torch: bytes the batched engine may use for Jacobians and batches
+    memory_budget: int | None = None
 
     def __post_init__(self):
         # The impossible combinations raise AssertionError, as in torch.
@@ -55,6 +59,12 @@ class GradcheckOptions:
             raise AssertionError(
                 "Setting check_batched_forward_grad=True requires check_forward_ad to be True"
             )
+        if self.engine not in ("auto", "reference"):
+            raise ValueError(f"engine must be 'auto' or 'reference', got {self.engine!r}")
+        if self.memory_budget is not None and (
+            isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int) or self.memory_budget <= 0
+        ):
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {self.memory_budget!r}")
         object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True))
         for name in ("atol", "rtol", "nondet_tol"):
             object.__setattr__(self, name, _check_number(name, getattr(self, name), positive=False))

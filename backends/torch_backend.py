@@ -232,6 +232,56 @@ class TorchBackend(Backend):
         zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format) for o in marked]
         return list(torch.autograd.grad(marked, [args[p] for p in checked], zeros, allow_unused=True))
 
+    # -- batched forms (the batched engine) ---------------------------------------------
+    def evaluate_batch(self, fn, args, position, stacked):
+        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (vmapped)."""
+
+        def at(value):
+            moved = list(args)
+            moved[position] = value
+            return self.as_tuple(fn(*moved))
+
+        return tuple(o.detach() for o in torch.func.vmap(at)(stacked))
+
+    def element_moves(self, x, flat, step, sign):
+        """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,
+        computed as the in-place perturbation computes it (``x[k] - step``)."""
+        base = x.detach().reshape(-1)
+        index = torch.tensor(flat, device=x.device, dtype=torch.long)
+        entries = base[index]
+        moved_entries = entries - step if sign < 0 else entries + step
+        moved = base.unsqueeze(0).repeat(len(flat), 1)
+        moved[torch.arange(len(flat), device=x.device), index] = moved_entries
+        return moved.reshape(len(flat), *x.shape)
+
+    def one_hots(self, like, flat):
+        z = torch.zeros((len(flat), like.numel()), dtype=like.dtype, device=like.device)
+        z[torch.arange(len(flat), device=like.device), torch.tensor(flat, device=like.device, dtype=torch.long)] = 1
+        return z.reshape(len(flat), *like.shape)
+
+    def jvp_rows(self, fn, args, checked, j, flat):
+        """Forward-mode Jacobian rows ``flat`` of input ``checked[j]``: one batched JVP.
+
+        Returns, per floating output, a ``(len(flat), output.numel)`` array."""
+        from torch._vmap_internals import _vmap
+
+        zero = [torch.zeros_like(args[q]) for q in checked]
+
+        def single(t):
+            tangents = list(zero)
+            tangents[j] = t
+            return tuple(
+                torch.zeros_like(p) if d is None else d for p, d in self.jvp(fn, args, checked, tangents)
+            )
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            rows = _vmap(single)(self.one_hots(args[checked[j]], flat))
+        return [r.reshape(len(flat), -1) for r in self.as_tuple(rows)]
+
+    def transpose(self, x):
+        return x.transpose(0, 1)
+
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):
         """Uniform values in [-1, 1) shaped like ``like`` (doubles for non-floating outputs)."""

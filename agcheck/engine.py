@@ -1,0 +1,212 @@
+"""The batched slow-mode engine: full Jacobians in chunks, many evaluations per call.
+
+The reference engine (``agcheck.jacobian``) moves one input element at a time and runs
+one backward per output element, as torch does. This engine reaches the same verdicts
+faster and in bounded memory:
+
+* numerical rows come from evaluating ``fn`` on a batch of moved copies of an input at
+  once (the backend vmaps ``fn``), central differences on the batch;
+* analytical columns come from batched VJPs (many one-hot cotangents at once), forward
+  rows from batched JVPs;
+* the two sides are compared chunk by chunk; what is kept whole at most is one side's
+  Jacobian, and only when it fits the memory budget (else it is recomputed per block of
+  output columns).
+
+It is optimistic: anything it cannot do, or any disagreement it finds, hands the check
+back to the reference engine, which then decides the verdict and writes the message. So a
+failure is always the reference engine's failure, and the batched engine only ever
+shortens the passing path. Before batching an input it probes that a batched evaluation
+sees the input move (a function reading its input through a closure would not) and falls
+back for that input if not.
+"""
+from __future__ import annotations
+
+from . import jacobian as jac
+
+__all__ = ["EngineFallback", "compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
+
+#: default bytes that Jacobian storage and batch working sets may take
+DEFAULT_MEMORY_BUDGET = 1 << 30
+#: below this many elements an input is perturbed element by element (a loop is cheaper)
+MIN_BATCHED_NUMEL = 16
+#: working memory of one batched call, as a fraction of the budget
+_CHUNK_SHARE = 8
+#: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
+_INTERMEDIATES = 8
+PROBE_SEED = 5113
+
+
+class EngineFallback(Exception):
+    """The batched engine cannot decide this check; the reference engine will."""
+
+
+def _rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
+    per_call = max(budget // _CHUNK_SHARE, 1)
+    return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
+
+
+class _Problem:
+    """One piece of ``fn`` (after the complex split) and what the engine learned of it."""
+
+    def __init__(self, run, fn, trace, args, checked):
+        self.run = run
+        self.be, self.opts = run.be, run.opts
+        self.fn, self.trace, self.args, self.checked = fn, trace, args, checked
+        self.outputs = trace.outputs
+        self.floats = [k for k, o in enumerate(self.outputs) if self.be.is_floating_or_complex(o)]
+        self.budget = run.opts.memory_budget or DEFAULT_MEMORY_BUDGET
+        self.itemsize = 16  # bytes of the widest element (complex128); a safe estimate
+        self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
+        self._batched = {}
+
+    # -- numerical side -----------------------------------------------------------------
+    def batched_ok(self, pos) -> bool:
+        """Can ``args[pos]`` be moved in batches? (vmappable, and seen by fn)"""
+        if pos not in self._batched:
+            self._batched[pos] = self._probe(pos)
+            self.run.engine_log.append((pos, "batched" if self._batched[pos] else "element by element"))
+        return self._batched[pos]
+
+    def _probe(self, pos) -> bool:
+        be, x = self.be, self.args[pos]
+        if be.numel(x) < MIN_BATCHED_NUMEL or not hasattr(be, "evaluate_batch"):
+            return False
+        gen = be.generator(x, PROBE_SEED)
+        u = be.uniform_unit_vector(x, gen, real=True)
+        try:
+            sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, self.opts.eps)
+            step = be.reshape(u, x.shape) * self.opts.eps
+            moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
+            batched = be.evaluate_batch(self.fn, self.args, pos, moved)
+        except Exception:
+            return False
+        for k in self.floats:
+            minus, plus = batched[k][0], batched[k][1]
+            est = be.flatten((plus - minus) / (2 * self.opts.eps))
+            ref = sequential[k]
+            if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
+                est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
+            ):
+                return False
+        return True
+
+    def numerical_row_chunks(self, pos):
+        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input."""
+        be, x, eps = self.be, self.args[pos], self.opts.eps
+        n = be.numel(x)
+        if not self.batched_ok(pos):
+            rows = jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps)
+            yield 0, n, rows
+            return
+        complex_input = be.is_complex(x)
+        per_row = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * (4 if complex_input else 2)
+        chunk = _rows_per_chunk(per_row, self.budget, n)
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            flat = list(range(start, stop))
+            rows = self._difference_rows(pos, flat, eps)
+            if complex_input:
+                imag = self._difference_rows(pos, flat, eps * 1j)
+                rows = {k: rows[k] + imag[k] * 1j for k in rows}
+                rows = {k: be.astype(r, x.dtype) for k, r in rows.items()}
+            yield start, stop, rows
+
+    def _difference_rows(self, pos, flat, step):
+        be, x, eps = self.be, self.args[pos], self.opts.eps
+        b = len(flat)
+        moved = be.stack([be.element_moves(x, flat, step, -1), be.element_moves(x, flat, step, +1)], axis=0)
+        moved = be.reshape(moved, (2 * b, *x.shape))
+        outs = be.evaluate_batch(self.fn, self.args, pos, moved)
+        rows = {}
+        for k in self.floats:
+            o = outs[k]
+            m = be.numel(self.outputs[k])
+            o = be.reshape(o, (2, b, m))
+            rows[k] = (o[1] - o[0]) / (2 * eps)
+        return rows
+
+
+def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
+    """Slow-mode reverse check of one piece, batched; raises EngineFallback if undecided."""
+    be, opts = run.be, run.opts
+    p = _Problem(run, fn, trace, args, checked)
+    inputs = [args[q] for q in checked]
+    n_in = sum(be.numel(x) for x in inputs)
+    full = sum(be.numel(x) for x in inputs) * p.out_numel * p.itemsize
+    if full <= p.budget // 2:
+        numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
+        for k in diff:
+            m = be.numel(trace.outputs[k])
+            for c0, c1 in _column_blocks(p, m, n_in):
+                _compare_columns(p, k, c0, c1, inputs, numerical)
+        return
+    for k in diff:
+        m = be.numel(trace.outputs[k])
+        block = max(1, (p.budget // 2) // max(n_in * p.itemsize, 1))
+        for b0 in range(0, m, block):
+            b1 = min(m, b0 + block)
+            numerical = {q: _keep_columns(be, p.numerical_row_chunks(q), k, b0, b1) for q in checked}
+            for c0, c1 in _column_blocks(p, b1 - b0, n_in):
+                _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
+
+
+def _keep_columns(be, chunks, k, b0, b1):
+    return [(s, e, {k: rows[k][:, b0:b1]}) for s, e, rows in chunks]
+
+
+def _column_blocks(p, m, n_in):
+    per_col = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
+    chunk = _rows_per_chunk(per_col, p.budget, m)
+    return [(c0, min(m, c0 + chunk)) for c0 in range(0, m, chunk)]
+
+
+def _analytical_columns(p, k, c0, c1, inputs):
+    """``J[:, c0:c1]`` for every input, by one batched VJP of one-hot cotangents."""
+    be = p.be
+    out = p.outputs[k]
+    cotangents = be.one_hots(out, list(range(c0, c1)))
+    grads = p.trace.vjp_batched(k, cotangents)
+    cols = []
+    for g, x in zip(grads, inputs):
+        if g is None:
+            cols.append(be.zeros((be.numel(x), c1 - c0), like=x))
+            continue
+        if tuple(g.shape) != (c1 - c0, *x.shape) or g.dtype != x.dtype:
+            raise EngineFallback("gradient of unexpected shape or dtype")
+        cols.append(be.transpose(be.reshape(be.to_dense(g), (c1 - c0, be.numel(x)))))
+    return cols
+
+
+def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
+    be, opts = p.be, p.opts
+    first = _analytical_columns(p, k, c0, c1, inputs)
+    second = _analytical_columns(p, k, c0, c1, inputs)
+    for a1, a2 in zip(first, second):
+        if be.numel(a1) and be.max_abs(a1 - a2) > opts.nondet_tol:
+            raise EngineFallback("backward not reentrant")
+    for q, a in zip(p.checked, first):
+        for s, e, rows in numerical[q]:
+            n_block = rows[k][:, c0 - offset:c1 - offset]
+            n_block = be.to_device_of(n_block, a)
+            if not be.allclose(a[s:e], n_block, opts.rtol, opts.atol):
+                raise EngineFallback("Jacobian mismatch")
+
+
+def compare_slow_forward(run, fn, trace, args, checked, diff) -> None:
+    """Slow-mode forward check of one piece, batched by input rows."""
+    be, opts = run.be, run.opts
+    p = _Problem(run, fn, trace, args, checked)
+    if not hasattr(be, "jvp_rows"):
+        raise EngineFallback("no batched JVP")
+    for j, q in enumerate(checked):
+        for s, e, rows in p.numerical_row_chunks(q):
+            analytical = be.jvp_rows(fn, args, checked, j, list(range(s, e)))
+            if len(analytical) != len(p.floats):
+                raise EngineFallback("outputs changed")
+            for i, k in enumerate(diff):
+                a = analytical[i]  # torch pairs the i-th differentiable output with the i-th floating one
+                if a is None:
+                    a = be.zeros(tuple(rows[k].shape), like=rows[k])
+                n_rows = be.to_device_of(rows[k], a)
+                if tuple(a.shape) != tuple(n_rows.shape) or not be.allclose(a, n_rows, opts.rtol, opts.atol):
+                    raise EngineFallback("Jacobian mismatch")
