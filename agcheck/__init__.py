@@ -5,6 +5,7 @@ same defaults, same verdicts) on a core that imports no framework; backends supp
 framework-specific parts.
 """
 from .backend import Backend, available_backends, get_backend, infer_backend, register_backend
+from .crosscheck import CrosscheckResult, crosscheck
 from .gradcheck import OutputTypeError, gradcheck
 from .gradgradcheck import gradgradcheck
 from .options import GradcheckOptions
@@ -15,6 +16,8 @@ __version__ = "0.1.0"
 __all__ = [
     "gradcheck",
     "gradgradcheck",
+    "crosscheck",
+    "CrosscheckResult",
     "GradcheckError",
     "GradcheckOptions",
     "OutputTypeError",

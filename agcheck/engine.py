@@ -203,6 +203,9 @@ def compare_slow_forward(run, fn, trace, args, checked, diff) -> None:
             analytical = be.jvp_rows(fn, args, checked, j, list(range(s, e)))
             if len(analytical) != len(p.floats):
                 raise EngineFallback("outputs changed")
+            for a, k in zip(analytical, p.floats):
+                if opts.check_grad_dtypes and be.is_complex(a) != be.is_complex(p.outputs[k]):
+                    raise EngineFallback("forward gradient dtype differs from its output's")
             for i, k in enumerate(diff):
                 a = analytical[i]  # torch pairs the i-th differentiable output with the i-th floating one
                 if a is None:

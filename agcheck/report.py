@@ -45,12 +45,14 @@ FAST_FAIL_SLOW_OK = (
 )
 
 BATCHED_HINT = (
+    "gradcheck or gradgradcheck failed while testing batched gradient computation. "
     "Batched gradients are computed by vmapping the backward computation; an operation "
     "in the backward that vmap cannot batch makes this check fail. Pass "
     "check_batched_grad=False to skip it."
 )
 
 BATCHED_FWD_HINT = (
+    "gradcheck failed while testing batched gradient computation with forward-mode AD. "
     "Batched forward gradients are computed by vmapping the forward-mode computation; "
     "pass check_batched_forward_grad=False to skip this check."
 )

@@ -1,0 +1,51 @@
+"""Small shared helpers of agcheck's tests: inputs from private generators, snapshots."""
+import torch
+
+
+def make(*shape, dtype=torch.float64, seed=0, requires_grad=True, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tuple(shape), dtype=dtype, generator=gen).to(device)
+    return x.requires_grad_(requires_grad)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a dense tensor, so that equality is bitwise (NaN payloads, -0.0)."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(width).clone()
+
+
+class Snapshot:
+    """What the caller owns: input bits, requires_grad, .grad, the global RNG state."""
+
+    def __init__(self, inputs):
+        self.inputs = [x for x in inputs if isinstance(x, torch.Tensor)]
+        self.bits = [bits(x) for x in self.inputs]
+        self.requires_grad = [x.requires_grad for x in self.inputs]
+        self.grads = [x.grad for x in self.inputs]
+        self.rng = torch.get_rng_state()
+
+    def assert_unchanged(self):
+        for x, b, rg, g in zip(self.inputs, self.bits, self.requires_grad, self.grads):
+            assert torch.equal(bits(x), b), "input values changed"
+            assert x.requires_grad == rg, "requires_grad changed"
+            assert x.grad is g, ".grad changed"
+        assert torch.equal(torch.get_rng_state(), self.rng), "global RNG state changed"
+
+
+class ScaledSin(torch.autograd.Function):
+    """sin with a backward scaled by ``ScaledSin.factor`` (1.0 is correct)."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x.cos() * ScaledSin.factor

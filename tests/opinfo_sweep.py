@@ -1,0 +1,982 @@
+"""The OpInfo sweep: agcheck's verdict against torch's on PyTorch's operator database.
+
+For every op of ``torch.testing._internal.common_methods_invocations.op_db`` that supports
+autograd, every dtype of ``float64`` / ``complex128`` that the op supports for backward on
+the CPU, and every sample of ``op.sample_inputs("cpu", dtype, requires_grad=True)``, the
+function under test is built the way PyTorch's own ``TestGradients._check_helper``
+(``torch/testing/_internal/common_utils.py``) builds it:
+
+- the gradcheck inputs are the tensors that require grad among ``sample.input`` (or its
+  members when it is a list of tensors), ``sample.args`` and ``sample.kwargs.values()``;
+- the function puts them back in place, calls ``op.gradcheck_wrapper(op.get_op(), ...)``
+  and passes the result through ``sample.output_process_fn_grad``;
+- conjugated samples are included for complex dtypes when ``op.test_conjugated_samples``.
+
+Both checkers get the op's own settings -- ``nondet_tol=op.gradcheck_nondet_tol``,
+``check_batched_grad=op.check_batched_grad``, ``check_forward_ad=op.supports_forward_ad``,
+``check_batched_forward_grad=op.check_batched_forward_grad`` (only with forward AD),
+``check_grad_dtypes=True`` (as PyTorch's helper), ``check_undefined_grad`` left at its
+default (True) -- and ``fast_mode`` from the mode being swept (``slow``: False, ``fast``:
+True, ``op``: the op's ``gradcheck_fast_mode``, None meaning True as in PyTorch's
+testing wrapper).
+
+Each side gets its own freshly generated samples (the generation is seeded, and the two
+generations are compared bitwise; if they differ, the second side gets a deep copy of the
+first side's samples) and the global RNG is seeded identically (``torch.manual_seed``)
+before each call. Outcomes are recorded as ``pass`` or the exception (type and first line
+of the message) and compared by *verdict*:
+
+- pass / pass agree;
+- a GradcheckError (torch's or agcheck's class) on both sides agrees;
+- any other exception of torch agrees when agcheck raises an exception of the same type
+  (an instance of torch's exception type that is not a GradcheckError);
+- a call that exceeded ``--timeout`` on either side is *undecided*, counted apart.
+
+Usage::
+
+    python -m tests.opinfo_sweep --help
+    python -m tests.opinfo_sweep --ops sin,linalg.det --fast both
+    python -m tests.opinfo_sweep --against torch            # torch against itself
+    python -m tests.opinfo_sweep --ops max.reduction_with_dim --dtypes complex128 \
+        --fast slow --sample 3 -v                            # one sample, for a repro
+
+The module is importable: :func:`iter_ops`, :func:`run_op`, :class:`Summary` are what
+``tests/test_opinfo.py`` uses.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import fnmatch
+import json
+import signal
+import sys
+import threading
+import time
+import warnings
+from itertools import chain
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch.autograd.gradcheck import GradcheckError as TorchGradcheckError
+
+DEVICE = "cpu"
+DTYPES = {"float64": torch.float64, "complex128": torch.complex128}
+MODES = ("slow", "fast")
+ALL_MODES = ("slow", "fast", "op")
+SAMPLE_SEED = 1234  # torch.manual_seed before generating an op's samples
+CALL_SEED = 0  # torch.manual_seed(CALL_SEED + sample index) before each gradcheck call
+
+# The test names of PyTorch's own gradient tests, to report their skip / xfail marks.
+_TORCH_SUITE_TESTS = (
+    ("TestGradients", "test_fn_grad"),
+    ("TestFwdGradients", "test_forward_mode_AD"),
+)
+
+
+# --------------------------------------------------------------------------------------
+# the op database
+# --------------------------------------------------------------------------------------
+
+
+def op_db() -> list:
+    from torch.testing._internal.common_methods_invocations import op_db as _op_db
+
+    return list(_op_db)
+
+
+def autograd_ops() -> list:
+    """The ops of op_db that support autograd, in op_db order."""
+    return [op for op in op_db() if op.supports_autograd]
+
+
+def op_dtypes(op, wanted: Iterable[str] = ("float64", "complex128")) -> list[str]:
+    """The dtypes (names) among ``wanted`` the op supports for gradcheck on the CPU.
+
+    PyTorch's test_fn_grad runs a dtype when the op supports it and it is among the op's
+    backward dtypes (OpInfo has no separate complex-autograd flag: an op without complex
+    autograd leaves the complex dtypes out of ``backward_dtypes``).
+    """
+    supported = op.supported_dtypes(DEVICE)
+    backward = op.supported_backward_dtypes(DEVICE)
+    out = []
+    for name in wanted:
+        dt = DTYPES[name]
+        if dt not in supported or dt not in backward:
+            continue
+        out.append(name)
+    return out
+
+
+def _matches(op, pattern: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(op.full_name, pattern) or fnmatch.fnmatchcase(op.name, pattern)
+    return pattern in op.full_name
+
+
+def iter_ops(ops: str | Sequence[str] | None = None) -> list:
+    """Autograd ops selected by ``ops``.
+
+    ``ops``: None (all) or a comma list / sequence of patterns. A pattern equal to an op's
+    full name (``name`` or ``name.variant``) or name selects those ops exactly; a pattern
+    with ``*?[`` is a glob; any other pattern is a substring of the full name.
+    """
+    all_ops = autograd_ops()
+    if ops is None:
+        return all_ops
+    patterns = [p.strip() for p in (ops.split(",") if isinstance(ops, str) else ops) if p.strip()]
+    chosen: list = []
+    seen: set[str] = set()
+    for pat in patterns:
+        exact = [op for op in all_ops if op.full_name == pat or op.name == pat]
+        hits = exact if exact else [op for op in all_ops if _matches(op, pat)]
+        for op in hits:
+            if op.full_name not in seen:
+                seen.add(op.full_name)
+                chosen.append(op)
+    return chosen
+
+
+def find_op(full_name: str):
+    for op in autograd_ops():
+        if op.full_name == full_name:
+            return op
+    raise KeyError(f"no autograd op named {full_name!r} in op_db")
+
+
+def torch_suite_marks(op, dtype_name: str) -> list[str]:
+    """Skip / xfail marks PyTorch's own gradient tests put on (op, dtype) on the CPU."""
+    marks = []
+    dt = DTYPES[dtype_name]
+    for d in getattr(op, "decorators", ()) or ():
+        if not hasattr(d, "is_active"):
+            continue
+        for cls_name, test_name in _TORCH_SUITE_TESTS:
+            try:
+                active = d.is_active(cls_name, test_name, DEVICE, dt, {})
+            except Exception:
+                active = False
+            if active and d.cls_name == cls_name and d.test_name == test_name:
+                kinds = []
+                for dec in d.decorators:
+                    qn = getattr(dec, "__qualname__", "") or getattr(dec, "__name__", "")
+                    kinds.append("xfail" if "expectedFailure" in qn else "skip" if "skip" in qn.lower() else qn)
+                marks.append(f"{test_name}:{'/'.join(kinds)}")
+    return marks
+
+
+# --------------------------------------------------------------------------------------
+# samples -> (fn, inputs), as PyTorch's TestGradients._check_helper builds them
+# --------------------------------------------------------------------------------------
+
+
+def _is_tensor_list(x) -> bool:
+    from torch.testing._internal.common_utils import is_iterable_of_tensors
+
+    return is_iterable_of_tensors(x)
+
+
+def _wants_grad(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.requires_grad
+
+
+def generate_samples(op, dtype_name: str, limit: int | None = None) -> list:
+    """The op's samples for ``dtype_name``, seeded so that two calls give the same."""
+    dt = DTYPES[dtype_name]
+    include_conj = bool(op.test_conjugated_samples and dt.is_complex)
+    torch.manual_seed(SAMPLE_SEED)
+    it = op.sample_inputs(DEVICE, dt, requires_grad=True, include_conjugated_inputs=include_conj)
+    out: list = []
+    if limit is not None and limit <= 0:
+        return out
+    for s in it:
+        out.append(s)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def _gradcheck_args(sample) -> tuple:
+    if _is_tensor_list(sample.input):
+        all_args = chain(sample.input, sample.args, sample.kwargs.values())
+    else:
+        all_args = chain((sample.input,), sample.args, sample.kwargs.values())
+    return tuple(x for x in all_args if _wants_grad(x))
+
+
+def _recomposed_count(sample) -> int:
+    """How many tensors the recomposition of PyTorch's helper consumes."""
+
+    def count(x):
+        if _is_tensor_list(x):
+            return sum(1 for t in x if _wants_grad(t))
+        return 1 if _wants_grad(x) else 0
+
+    return count(sample.input) + sum(count(a) for a in sample.args) + sum(count(v) for v in sample.kwargs.values())
+
+
+def skip_reason(sample) -> str | None:
+    """Why a sample cannot be gradchecked the way PyTorch's tests gradcheck it, or None."""
+    args = _gradcheck_args(sample)
+    if not args:
+        return "no tensor requiring grad among the sample's input/args/kwargs"
+    if _recomposed_count(sample) != len(args):
+        return "tensors requiring grad inside a list in args/kwargs (PyTorch's helper does not collect them)"
+    if any(t.grad is not None for t in args):
+        return "a sampled input already has .grad (tensor reused across samples)"
+    return None
+
+
+def build_check(op, sample) -> tuple[Callable, tuple]:
+    """(fn, gradcheck inputs) for one sample, as PyTorch's _check_helper builds them."""
+    variant = op.get_op()
+    gradcheck_args = _gradcheck_args(sample)
+
+    def put_back(inputs, x, idx):
+        if _is_tensor_list(x):
+            rebuilt = []
+            for t in x:
+                if _wants_grad(t):
+                    rebuilt.append(inputs[idx])
+                    idx += 1
+                else:
+                    rebuilt.append(t)
+            return rebuilt, idx
+        if _wants_grad(x):
+            return inputs[idx], idx + 1
+        return x, idx
+
+    def fn(*inputs):
+        idx = 0
+        first, idx = put_back(inputs, sample.input, idx)
+        positional = [first]
+        for a in sample.args:
+            a, idx = put_back(inputs, a, idx)
+            positional.append(a)
+        kwargs = {}
+        for k, v in sample.kwargs.items():
+            kwargs[k], idx = put_back(inputs, v, idx)
+        out = op.gradcheck_wrapper(variant, *positional, **kwargs)
+        if sample.output_process_fn_grad is not None:
+            return sample.output_process_fn_grad(out)
+        return out
+
+    fn.__name__ = f"opinfo_{op.formatted_name}"
+    return fn, gradcheck_args
+
+
+def check_kwargs(op, mode: str) -> dict:
+    """The gradcheck keywords for ``op`` in ``mode`` (slow / fast / op)."""
+    if mode == "slow":
+        fast = False
+    elif mode == "fast":
+        fast = True
+    elif mode == "op":
+        fast = True if op.gradcheck_fast_mode is None else bool(op.gradcheck_fast_mode)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    fwd = bool(op.supports_forward_ad)
+    return dict(
+        check_batched_grad=bool(op.check_batched_grad),
+        check_grad_dtypes=True,
+        nondet_tol=op.gradcheck_nondet_tol,
+        fast_mode=fast,
+        check_forward_ad=fwd,
+        check_backward_ad=True,
+        check_batched_forward_grad=bool(op.check_batched_forward_grad) if fwd else False,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# sample identity (to tell whether two generations are the same)
+# --------------------------------------------------------------------------------------
+
+
+def _leaves(x) -> Iterator:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield k
+            yield from _leaves(v)
+    elif isinstance(x, (list, tuple)):
+        yield type(x)
+        for v in x:
+            yield from _leaves(v)
+    else:
+        yield x
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        if (a.dtype, a.shape, a.layout, a.requires_grad) != (b.dtype, b.shape, b.layout, b.requires_grad):
+            return False
+        if a.layout == torch.strided:
+            if a.stride() != b.stride() or a.storage_offset() != b.storage_offset():
+                return False
+            if a.is_conj() != b.is_conj() or a.is_neg() != b.is_neg():
+                return False
+            if (a.grad_fn is None) != (b.grad_fn is None):
+                return False
+        with torch.no_grad():
+            x, y = a.detach(), b.detach()
+            if x.layout != torch.strided:
+                x, y = x.to_dense(), y.to_dense()
+            torch.testing.assert_close(
+                x.resolve_conj().resolve_neg(), y.resolve_conj().resolve_neg(), rtol=0, atol=0, equal_nan=True
+            )
+            return True
+    except Exception:
+        return False
+
+
+def same_samples(s1: Sequence, s2: Sequence) -> bool:
+    if len(s1) != len(s2):
+        return False
+    for a, b in zip(s1, s2):
+        la = list(_leaves((a.input, a.args, a.kwargs)))
+        lb = list(_leaves((b.input, b.args, b.kwargs)))
+        if len(la) != len(lb):
+            return False
+        for x, y in zip(la, lb):
+            if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+                if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and _same_tensor(x, y)):
+                    return False
+            else:
+                try:
+                    if x != y and not (x is y):
+                        return False
+                except Exception:
+                    if type(x) is not type(y):
+                        return False
+    return True
+
+
+def describe_sample(sample) -> str:
+    """A short one-line description: shapes/dtypes of tensors, repr of the rest."""
+
+    def d(x):
+        if isinstance(x, torch.Tensor):
+            flags = []
+            if x.requires_grad:
+                flags.append("rg")
+            if x.layout != torch.strided:
+                flags.append(str(x.layout).replace("torch.", ""))
+            elif not x.is_contiguous():
+                flags.append(f"stride={tuple(x.stride())}")
+            if x.is_conj():
+                flags.append("conj")
+            dt = str(x.dtype).replace("torch.", "")
+            return f"T{tuple(x.shape)}:{dt}" + (f"[{','.join(flags)}]" if flags else "")
+        if isinstance(x, (list, tuple)):
+            inner = ", ".join(d(v) for v in x)
+            return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+        if isinstance(x, dict):
+            return "{" + ", ".join(f"{k}={d(v)}" for k, v in x.items()) + "}"
+        r = repr(x)
+        return r if len(r) <= 60 else r[:57] + "..."
+
+    parts = [d(sample.input)]
+    parts += [d(a) for a in sample.args]
+    parts += [f"{k}={d(v)}" for k, v in sample.kwargs.items()]
+    s = ", ".join(parts)
+    if sample.output_process_fn_grad is not None:
+        name = getattr(sample.output_process_fn_grad, "__name__", "fn")
+        s += f" | output_process_fn_grad={name}"
+    if getattr(sample, "name", ""):
+        s += f" | name={sample.name!r}"
+    return s
+
+
+# --------------------------------------------------------------------------------------
+# running one checker
+# --------------------------------------------------------------------------------------
+
+
+class CallTimeout(BaseException):
+    """Raised in the main thread when a gradcheck call exceeds --timeout.
+
+    A BaseException so that no ``except Exception`` inside a checker swallows it.
+    """
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    usable = (
+        seconds
+        and seconds > 0
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise CallTimeout(f"exceeded {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _agcheck_gradcheck_errors() -> tuple:
+    try:
+        import agcheck
+
+        return (agcheck.GradcheckError,)
+    except Exception:
+        return ()
+
+
+def is_gradcheck_error(exc: BaseException) -> bool:
+    return isinstance(exc, (TorchGradcheckError,) + _agcheck_gradcheck_errors())
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str  # "pass" | "false" (returned False) | "gradcheck_error" | "exception" | "timeout"
+    exc_type: str = ""
+    message: str = ""
+    seconds: float = 0.0  # wall clock
+    cpu_seconds: float = 0.0  # process CPU time (all threads): robust on a loaded machine
+    exc: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def verdict(self) -> str:
+        if self.kind == "pass":
+            return "pass"
+        if self.kind == "gradcheck_error":
+            return "GradcheckError"
+        if self.kind == "exception":
+            return self.exc_type
+        return self.kind
+
+    def short(self) -> str:
+        if self.kind == "pass":
+            return "pass"
+        if self.kind == "false":
+            return "returned False"
+        if self.kind == "timeout":
+            return f"timeout ({self.message})"
+        return f"{self.exc_type}: {self.message}"
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "exc_type": self.exc_type,
+            "message": self.message,
+            "seconds": round(self.seconds, 4),
+            "cpu_seconds": round(self.cpu_seconds, 4),
+        }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def _qualname(t: type) -> str:
+    mod = t.__module__
+    return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
+
+
+def run_checker(check: Callable, fn: Callable, inputs: tuple, kwargs: dict, seed: int, timeout: float | None) -> Outcome:
+    torch.manual_seed(seed)
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with _time_limit(timeout):
+                ok = check(fn, inputs, raise_exception=True, **kwargs)
+        return Outcome("pass" if ok else "false", seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
+    except CallTimeout as e:
+        return Outcome("timeout", "CallTimeout", str(e), time.perf_counter() - t0, time.process_time() - c0, e)
+    except Exception as e:  # noqa: BLE001 - every failure is an outcome
+        dt, ct = time.perf_counter() - t0, time.process_time() - c0
+        kind = "gradcheck_error" if is_gradcheck_error(e) else "exception"
+        return Outcome(kind, _qualname(type(e)), _first_line(e), dt, ct, e)
+
+
+def verdicts_agree(ref: Outcome, cand: Outcome) -> bool | None:
+    """True / False, or None (undecided) when either side timed out."""
+    if ref.kind == "timeout" or cand.kind == "timeout":
+        return None
+    if ref.kind in ("pass", "false", "gradcheck_error"):
+        return ref.kind == cand.kind
+    # torch raised something that is not a GradcheckError
+    if cand.kind != "exception" or cand.exc is None or ref.exc is None:
+        return False
+    return isinstance(cand.exc, type(ref.exc))
+
+
+def torch_gradcheck(fn, inputs, **kw):
+    return torch.autograd.gradcheck(fn, inputs, **kw)
+
+
+def agcheck_gradcheck(fn, inputs, **kw):
+    import agcheck
+
+    return agcheck.gradcheck(fn, inputs, backend="torch", **kw)
+
+
+# "none": run torch alone (the candidate's outcome is torch's; used to time the sweep).
+CHECKERS: dict[str, Callable | None] = {"torch": torch_gradcheck, "agcheck": agcheck_gradcheck, "none": None}
+
+
+# --------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SampleResult:
+    op: str
+    dtype: str
+    mode: str
+    index: int
+    sample: str
+    kwargs: dict
+    ref: Outcome
+    cand: Outcome
+    agree: bool | None
+    marks: list[str]
+    regenerated: bool = True  # False: the candidate got a deep copy (samples not reproducible)
+
+    @property
+    def status(self) -> str:
+        return "agree" if self.agree else "undecided" if self.agree is None else "DISAGREE"
+
+    def repro(self, against: str = "agcheck") -> str:
+        return (
+            f"python -m tests.opinfo_sweep --ops {self.op} --dtypes {self.dtype} --fast {self.mode} "
+            f"--sample {self.index} --against {against} -v"
+        )
+
+    def line(self) -> str:
+        return (
+            f"{self.status:9s} {self.op} {self.dtype} {self.mode} #{self.index}: "
+            f"torch={self.ref.short()} | cand={self.cand.short()}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "op": self.op,
+            "dtype": self.dtype,
+            "mode": self.mode,
+            "index": self.index,
+            "sample": self.sample,
+            "kwargs": {k: (v if isinstance(v, (bool, int, float, type(None))) else str(v)) for k, v in self.kwargs.items()},
+            "torch": self.ref.to_json(),
+            "candidate": self.cand.to_json(),
+            "status": self.status,
+            "marks": self.marks,
+            "regenerated": self.regenerated,
+        }
+
+
+@dataclasses.dataclass
+class Skip:
+    op: str
+    dtype: str | None
+    index: int | None
+    reason: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Summary:
+    results: list[SampleResult] = dataclasses.field(default_factory=list)
+    skips: list[Skip] = dataclasses.field(default_factory=list)
+    against: str = "agcheck"
+    wall_seconds: float = 0.0
+
+    def extend(self, other: "Summary") -> None:
+        self.results += other.results
+        self.skips += other.skips
+        self.wall_seconds += other.wall_seconds
+
+    @property
+    def agreements(self) -> list[SampleResult]:
+        return [r for r in self.results if r.agree is True]
+
+    @property
+    def disagreements(self) -> list[SampleResult]:
+        return [r for r in self.results if r.agree is False]
+
+    @property
+    def undecided(self) -> list[SampleResult]:
+        return [r for r in self.results if r.agree is None]
+
+    @property
+    def torch_seconds(self) -> float:
+        return sum(r.ref.seconds for r in self.results)
+
+    @property
+    def cand_seconds(self) -> float:
+        return sum(r.cand.seconds for r in self.results)
+
+    @property
+    def torch_cpu_seconds(self) -> float:
+        return sum(r.ref.cpu_seconds for r in self.results)
+
+    @property
+    def cand_cpu_seconds(self) -> float:
+        return sum(r.cand.cpu_seconds for r in self.results)
+
+    def table(self) -> list[tuple]:
+        keys = sorted({(r.mode, r.dtype) for r in self.results}, key=lambda k: (ALL_MODES.index(k[0]), k[1]))
+        rows = []
+        for mode, dt in keys:
+            rs = [r for r in self.results if r.mode == mode and r.dtype == dt]
+            rows.append(
+                (
+                    mode,
+                    dt,
+                    len(rs),
+                    sum(r.agree is True for r in rs),
+                    sum(r.agree is False for r in rs),
+                    sum(r.agree is None for r in rs),
+                    sum(r.ref.kind != "pass" for r in rs),
+                    sum(r.ref.seconds for r in rs),
+                    sum(r.cand.seconds for r in rs),
+                    sum(r.ref.cpu_seconds for r in rs),
+                    sum(r.cand.cpu_seconds for r in rs),
+                )
+            )
+        return rows
+
+    def format(self, max_list: int | None = None) -> str:
+        out = []
+        n = len(self.results)
+        ops = sorted({r.op for r in self.results})
+        out.append(f"OpInfo sweep: torch.autograd.gradcheck vs {self.against}")
+        out.append(
+            f"samples compared: {n} (ops: {len(ops)}), agreements: {len(self.agreements)}, "
+            f"disagreements: {len(self.disagreements)}, undecided (timeouts): {len(self.undecided)}, "
+            f"skips: {len(self.skips)}"
+        )
+        out.append(
+            f"torch total: {self.torch_seconds:.1f} s ({self.torch_cpu_seconds:.1f} s CPU), "
+            f"{self.against} (candidate) total: {self.cand_seconds:.1f} s ({self.cand_cpu_seconds:.1f} s CPU), "
+            f"sweep wall: {self.wall_seconds:.1f} s"
+        )
+        out.append("")
+        out.append(
+            f"{'mode':5s} {'dtype':10s} {'samples':>7s} {'agree':>7s} {'disagree':>8s} {'undec':>5s} "
+            f"{'torch-fails':>11s} {'torch s':>9s} {'cand s':>9s} {'torch cpu':>9s} {'cand cpu':>9s}"
+        )
+        for mode, dt, total, ag, dis, und, tf, ts, cs, tc, cc in self.table():
+            out.append(
+                f"{mode:5s} {dt:10s} {total:7d} {ag:7d} {dis:8d} {und:5d} {tf:11d} {ts:9.1f} {cs:9.1f} {tc:9.1f} {cc:9.1f}"
+            )
+        if self.skips:
+            out.append("")
+            out.append("skips by reason:")
+            by: dict[str, list[Skip]] = {}
+            for s in self.skips:
+                by.setdefault(s.reason, []).append(s)
+            for reason, ss in sorted(by.items(), key=lambda kv: -len(kv[1])):
+                names = sorted({s.op for s in ss})
+                shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+                out.append(f"  {len(ss):5d}  {reason}  [{shown}]")
+        if self.disagreements:
+            out.append("")
+            out.append("disagreements:")
+            shown = self.disagreements if max_list is None else self.disagreements[:max_list]
+            for r in shown:
+                out.append("  " + r.line())
+                out.append(f"      sample: {r.sample}")
+                out.append(f"      kwargs: {r.kwargs}")
+                if r.marks:
+                    out.append(f"      torch suite marks: {r.marks}")
+                out.append(f"      repro:  {r.repro(self.against)}")
+            if max_list is not None and len(self.disagreements) > max_list:
+                out.append(f"  ... and {len(self.disagreements) - max_list} more")
+        if self.undecided:
+            out.append("")
+            out.append("undecided (timeouts):")
+            for r in self.undecided:
+                out.append("  " + r.line())
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# the sweep
+# --------------------------------------------------------------------------------------
+
+
+_WARMED: set = set()
+
+
+def warm_up(*checks: Callable | None) -> None:
+    """One tiny gradcheck per checker and process, so that lazy initialisation (vmap,
+    forward AD) is not charged to whichever op happens to run first."""
+    for check in checks:
+        if check is None or check in _WARMED:
+            continue
+        _WARMED.add(check)
+        x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+        for fast in (False, True):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    check(torch.sin, (x,), raise_exception=False, fast_mode=fast, check_forward_ad=True,
+                          check_batched_grad=True, check_batched_forward_grad=True)
+            except Exception:  # noqa: BLE001 - warming only
+                pass
+
+
+def run_op(
+    op,
+    *,
+    dtypes: Sequence[str] = ("float64", "complex128"),
+    modes: Sequence[str] = MODES,
+    limit_samples: int | None = None,
+    samples: Sequence[int] | None = None,
+    against: str | Callable = "agcheck",
+    reference: str | Callable = "torch",
+    timeout: float | None = None,
+    on_result: Callable[[SampleResult], None] | None = None,
+) -> Summary:
+    """Compare the two checkers on every (dtype, mode, sample) of one op."""
+    cand_check = CHECKERS[against] if isinstance(against, str) else against
+    ref_check = CHECKERS[reference] if isinstance(reference, str) else reference
+    summ = Summary(against=against if isinstance(against, str) else getattr(against, "__name__", "candidate"))
+    warm_up(ref_check, cand_check)
+    t_start = time.perf_counter()
+    name = op.full_name
+    usable = op_dtypes(op, dtypes)
+    for dt in dtypes:
+        if dt not in usable:
+            summ.skips.append(Skip(name, dt, None, f"op does not support {dt} for backward on cpu"))
+    for dt in usable:
+        marks = torch_suite_marks(op, dt)
+        limit = limit_samples
+        if samples is not None:
+            wanted = sorted(set(samples))
+            top = wanted[-1] + 1 if wanted else 0
+            limit = top if limit is None else min(limit, top)
+        try:
+            probe = generate_samples(op, dt, limit)
+        except Exception as e:  # noqa: BLE001
+            summ.skips.append(Skip(name, dt, None, f"sample generation raised {type(e).__name__}"))
+            continue
+        indices = list(range(len(probe))) if samples is None else [i for i in wanted if i < len(probe)]
+        if samples is not None and not indices:
+            summ.skips.append(Skip(name, dt, None, f"no sample with index in {wanted}"))
+            continue
+        runnable = []
+        for i in indices:
+            reason = skip_reason(probe[i])
+            if reason is None:
+                runnable.append(i)
+            else:
+                summ.skips.append(Skip(name, dt, i, reason))
+        del probe
+        if not runnable:
+            continue
+        for mode in modes:
+            kw = check_kwargs(op, mode)
+            ref_samples = generate_samples(op, dt, limit)
+            cand_samples = generate_samples(op, dt, limit)
+            regenerated = same_samples(ref_samples, cand_samples)
+            for i in runnable:
+                if not regenerated:
+                    try:
+                        cand_samples[i] = copy.deepcopy(ref_samples[i])
+                    except Exception as e:  # noqa: BLE001
+                        summ.skips.append(Skip(name, dt, i, f"samples not reproducible and not deep-copyable ({type(e).__name__})"))
+                        continue
+                fn_r, in_r = build_check(op, ref_samples[i])
+                fn_c, in_c = build_check(op, cand_samples[i])
+                desc = describe_sample(ref_samples[i])
+                seed = CALL_SEED + i
+                ref = run_checker(ref_check, fn_r, in_r, kw, seed, timeout)
+                if cand_check is None:
+                    cand = dataclasses.replace(ref, seconds=0.0, cpu_seconds=0.0)
+                else:
+                    cand = run_checker(cand_check, fn_c, in_c, kw, seed, timeout)
+                agree = verdicts_agree(ref, cand)
+                # the exceptions' tracebacks hold the samples' tensors and graphs: let them go
+                ref.exc = cand.exc = None
+                res = SampleResult(name, dt, mode, i, desc, kw, ref, cand, agree, marks, regenerated)
+                summ.results.append(res)
+                if on_result is not None:
+                    on_result(res)
+                # drop references (and autograd graphs) early
+                ref_samples[i] = cand_samples[i] = None
+    summ.wall_seconds = time.perf_counter() - t_start
+    return summ
+
+
+def sweep(
+    ops: str | Sequence[str] | None = None,
+    *,
+    on_op: Callable[[Any, Summary], None] | None = None,
+    **kw,
+) -> Summary:
+    total = Summary(against=kw.get("against", "agcheck") if isinstance(kw.get("against", "agcheck"), str) else "candidate")
+    for op in iter_ops(ops):
+        s = run_op(op, **kw)
+        total.extend(s)
+        if on_op is not None:
+            on_op(op, s)
+    return total
+
+
+# --------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------
+
+
+def _parse_modes(value: str) -> tuple[str, ...]:
+    v = value.strip().lower()
+    table = {
+        "both": ("slow", "fast"),
+        "all": ("slow", "fast", "op"),
+        "on": ("fast",),
+        "true": ("fast",),
+        "fast": ("fast",),
+        "off": ("slow",),
+        "false": ("slow",),
+        "slow": ("slow",),
+        "op": ("op",),
+    }
+    if v in table:
+        return table[v]
+    raise argparse.ArgumentTypeError(f"--fast: expected on/off/both/op/all, got {value!r}")
+
+
+def _parse_indices(value: str) -> tuple[int, ...]:
+    out: list[int] = []
+    try:
+        for p in value.split(","):
+            p = p.strip()
+            if not p:
+                continue
+            if ":" in p:
+                a, b = p.split(":", 1)
+                out.extend(range(int(a or 0), int(b)))
+            else:
+                out.append(int(p))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sample: expected indices like 3, 0,2 or 1:4, got {value!r}") from None
+    return tuple(out)
+
+
+def _parse_dtypes(value: str) -> tuple[str, ...]:
+    alias = {"double": "float64", "float64": "float64", "f64": "float64", "cdouble": "complex128", "complex128": "complex128", "c128": "complex128"}
+    out = []
+    for p in value.split(","):
+        p = p.strip().lower()
+        if not p:
+            continue
+        if p not in alias:
+            raise argparse.ArgumentTypeError(f"--dtypes: unknown dtype {p!r} (float64, complex128)")
+        out.append(alias[p])
+    return tuple(dict.fromkeys(out))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.opinfo_sweep",
+        description="Compare agcheck.gradcheck's verdicts with torch.autograd.gradcheck's on PyTorch's OpInfo database.",
+    )
+    ap.add_argument("--fast", type=_parse_modes, default=("slow", "fast"), metavar="MODE",
+                    help="fast_mode to sweep: on (fast), off (slow), both (default), op (the op's gradcheck_fast_mode), all")
+    ap.add_argument("--ops", default=None, help="comma list of op full names / names, substrings or globs (default: all autograd ops)")
+    ap.add_argument("--exclude", default=None, help="comma list of patterns to leave out")
+    ap.add_argument("--limit-samples", type=int, default=None, metavar="N", help="at most N samples per op and dtype")
+    ap.add_argument("--sample", type=_parse_indices, default=None, metavar="IDX",
+                    help="only the samples with these indices: 3, 0,2,5 or 1:4")
+    ap.add_argument("--dtypes", type=_parse_dtypes, default=("float64", "complex128"), help="float64,complex128 (default both)")
+    ap.add_argument("--against", choices=sorted(CHECKERS), default="agcheck",
+                    help="the checker compared with torch.autograd.gradcheck (torch: validate the harness; none: time torch alone)")
+    ap.add_argument("--timeout", type=float, default=None, metavar="S", help="per-call time limit in seconds (timeouts are 'undecided')")
+    ap.add_argument("--jsonl", default=None, metavar="PATH", help="write one JSON record per sample (and per skip) to PATH")
+    ap.add_argument("--list-ops", action="store_true", help="list the selected ops with their dtypes and settings, then exit")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per op; -vv: a line per sample")
+    ap.add_argument("--max-list", type=int, default=200, help="disagreements listed in the summary")
+    args = ap.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ops = iter_ops(args.ops)
+    if args.exclude:
+        drop = {op.full_name for op in iter_ops(args.exclude)}
+        ops = [op for op in ops if op.full_name not in drop]
+    if args.list_ops:
+        for op in ops:
+            dts = op_dtypes(op, args.dtypes)
+            print(
+                f"{op.full_name:50s} dtypes={','.join(dts) or '-':18s} fast_mode={op.gradcheck_fast_mode!s:5s} "
+                f"nondet_tol={op.gradcheck_nondet_tol:g} fwd={op.supports_forward_ad} bgrad={op.check_batched_grad} "
+                f"bfwd={op.check_batched_forward_grad}"
+            )
+        return 0
+    if args.against == "agcheck":
+        import agcheck  # noqa: F401  - fail early when agcheck is not importable
+
+    jf = open(args.jsonl, "w") if args.jsonl else None
+    total = Summary(against=args.against)
+    t0 = time.perf_counter()
+
+    def on_result(r: SampleResult):
+        if jf:
+            jf.write(json.dumps(r.to_json()) + "\n")
+            jf.flush()
+        if args.verbose >= 2 or (args.verbose and r.agree is not True):
+            print("  " + r.line(), flush=True)
+            if args.verbose >= 2 or r.agree is False:
+                print(f"      sample: {r.sample}", flush=True)
+
+    try:
+        for k, op in enumerate(ops):
+            s = run_op(
+                op,
+                dtypes=args.dtypes,
+                modes=args.fast,
+                limit_samples=args.limit_samples,
+                samples=args.sample,
+                against=args.against,
+                timeout=args.timeout,
+                on_result=on_result,
+            )
+            total.extend(s)
+            if jf:
+                for sk in s.skips:
+                    jf.write(json.dumps({"skip": sk.to_json()}) + "\n")
+                jf.flush()
+            if args.verbose:
+                print(
+                    f"[{k + 1}/{len(ops)}] {op.full_name}: {len(s.results)} compared, {len(s.disagreements)} disagree, "
+                    f"{len(s.undecided)} undecided, {len(s.skips)} skips; torch {s.torch_seconds:.2f}s "
+                    f"(cpu {s.torch_cpu_seconds:.2f}), {args.against} {s.cand_seconds:.2f}s "
+                    f"(cpu {s.cand_cpu_seconds:.2f}), wall {s.wall_seconds:.2f}s",
+                    flush=True,
+                )
+    finally:
+        if jf:
+            jf.close()
+    total.wall_seconds = time.perf_counter() - t0
+    print()
+    print(total.format(max_list=args.max_list))
+    return 1 if total.disagreements else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

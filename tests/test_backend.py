@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+import torch
+
+import agcheck
+from agcheck.backend import BackendUnavailableError, get_backend, infer_backend
+
+from .helpers import make
+
+
+def test_torch_backend_is_inferred_and_named():
+    be = infer_backend((make(3), 2.0, "text"))
+    assert be.name == "torch"
+    assert get_backend("torch") is be
+
+
+def test_numpy_arrays_pass_through_beside_tensors():
+    assert infer_backend((make(3), np.ones(3))).name == "torch"
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown backend 'tensorflow'.*torch \(installed\)"):
+        get_backend("tensorflow")
+
+
+def test_no_arrays_cannot_infer():
+    with pytest.raises(TypeError, match="could not infer the backend"):
+        agcheck.gradcheck(lambda a: a, (1.0, 2))
+
+
+def test_torch_backend_takes_no_extra_keywords():
+    with pytest.raises(TypeError, match="takes no extra keywords"):
+        agcheck.gradcheck(lambda t: t, (make(2),), wrt=0)
+
+
+def test_missing_framework_names_the_extra(monkeypatch):
+    from agcheck import backend as registry
+
+    monkeypatch.setitem(registry._REGISTRY, "fake", ("agcheck.backends.fake", "no_such_framework_xyz", "fake"))
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'agcheck\[fake\]'"):
+        get_backend("fake")
+
+
+def test_available_backends_reports_torch():
+    assert agcheck.available_backends()["torch"] is True
+
+
+def test_core_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agcheck, agcheck.gradcheck, agcheck.gradgradcheck, agcheck.engine;"
+        "bad = [m for m in ('torch', 'jax') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_fn_must_be_callable():
+    with pytest.raises(TypeError, match="callable"):
+        agcheck.gradcheck(42, (make(2),))
+
+
+def test_non_array_output_is_a_clear_error_and_an_attribute_error():
+    with pytest.raises(AttributeError, match="output 0 is NoneType"):
+        agcheck.gradcheck(lambda t: None, (make(2),))
+    with pytest.raises(TypeError, match="output 1 is int"):
+        agcheck.gradcheck(lambda t: (t * 2, 3), (make(2),))
+
+
+def test_list_outputs_are_accepted():
+    assert agcheck.gradcheck(lambda t: [t * 2, t.sin()], (make(3),))
+
+
+def test_torch_tensor_roundtrip_to_numpy():
+    be = get_backend("torch")
+    z = torch.tensor([1 + 2j], dtype=torch.complex128).conj()
+    assert be.to_numpy(z)[0] == 1 - 2j

@@ -1,0 +1,141 @@
+"""The batched engine: same verdicts as the reference engine, on the paths it claims."""
+import pytest
+import torch
+
+import agcheck
+from agcheck.gradcheck import _Run
+from agcheck.options import GradcheckOptions
+
+from .helpers import ScaledSin, make
+
+
+def run(fn, inputs, **kw):
+    r = _Run(fn, inputs, agcheck.get_backend("torch"), GradcheckOptions(**kw))
+    try:
+        r.all_checks()
+        r.verdict = True
+    except agcheck.GradcheckError:
+        r.verdict = False
+    return r
+
+
+def paths(r):
+    return {how for _, how in r.engine_log}
+
+
+def test_vmappable_inputs_are_batched_and_pass():
+    r = run(lambda a, b: torch.tanh(a @ b), (make(24, 24), make(24, 24, seed=1)))
+    assert r.verdict and paths(r) == {"batched"} and not r.engine_fallbacks
+
+
+def test_tiny_inputs_use_the_loop():
+    r = run(lambda a: a.exp(), (make(3),))
+    assert r.verdict and paths(r) == {"element by element"}
+
+
+def test_closure_is_detected_and_falls_back():
+    lin = torch.nn.Linear(30, 4).double()
+    data = torch.randn(3, 30, dtype=torch.float64)
+    r = run(lambda w: lin(data), (lin.weight,))
+    assert r.verdict and paths(r) == {"element by element"}
+
+
+def test_not_vmappable_falls_back_to_the_loop():
+    r = run(lambda t: t * float(t.sum().item()), (make(40),))
+    assert paths(r) == {"element by element"}
+    assert r.verdict == torch.autograd.gradcheck(lambda t: t * float(t.sum().item()), (make(40),),
+                                                 raise_exception=False)
+
+
+class OneEntryOff(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.sin()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        out = (grad * x.cos()).clone()
+        out[..., 5] += 0.01 * grad[..., 5]
+        return out
+
+
+def test_a_batched_mismatch_is_judged_and_reported_by_the_reference():
+    r = run(OneEntryOff.apply, (make(40),))
+    assert paths(r) == {"batched"}
+    assert r.verdict is False and r.engine_fallbacks
+    with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
+        agcheck.gradcheck(OneEntryOff.apply, (make(40),))
+
+
+@pytest.mark.parametrize("budget", [None, 20_000, 300])
+def test_small_memory_budgets_recompute_but_agree(budget):
+    fn = lambda a, b: (a @ b).sin()
+    ok = run(fn, (make(12, 12), make(12, 12, seed=3)), memory_budget=budget)
+    assert ok.verdict and not ok.engine_fallbacks and paths(ok) == {"batched"}
+    bad = run(OneEntryOff.apply, (make(40),), memory_budget=budget)
+    assert bad.verdict is False
+
+
+class ScaledExp(torch.autograd.Function):
+    """exp with backward and jvp scaled by ``factor`` (1.0 is correct)."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        ctx.save_for_forward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y.conj() * ScaledExp.factor
+
+    @staticmethod
+    def jvp(ctx, t):
+        (y,) = ctx.saved_tensors
+        return t * y * ScaledExp.factor
+
+
+@pytest.mark.parametrize("kw", [{}, {"check_forward_ad": True, "check_backward_ad": False}])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_auto_and_reference_agree(kw, dtype):
+    fn = lambda a, b: (a * b.exp(), (a @ b.T).sum(0))
+    inputs = lambda: (make(6, 6, dtype=dtype), make(6, 6, dtype=dtype, seed=4))
+    for engine in ("auto", "reference"):
+        assert agcheck.gradcheck(fn, inputs(), engine=engine, **kw)
+    ScaledExp.factor = 1.1
+    try:
+        for engine in ("auto", "reference"):
+            with pytest.raises(agcheck.GradcheckError, match="Jacobian"):
+                agcheck.gradcheck(lambda a, b: a * ScaledExp.apply(b), inputs(), engine=engine, **kw)
+    finally:
+        ScaledExp.factor = 1.0
+
+
+def test_nondeterministic_backward_is_caught_by_both_engines():
+    gen = torch.Generator().manual_seed(0)
+
+    class Noisy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * (2 + 1e-9 * torch.rand(g.shape, generator=gen, dtype=g.dtype))
+
+    for engine in ("auto", "reference"):
+        with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
+            agcheck.gradcheck(Noisy.apply, (make(30),), engine=engine)
+        assert agcheck.gradcheck(Noisy.apply, (make(30),), engine=engine, nondet_tol=1e-6)

@@ -1,0 +1,629 @@
+"""The JAX backend: ``agcheck.gradcheck(fn, inputs, backend="jax")``.
+
+Every gradient test has two halves: the correct function passes, and the same function
+with a broken derivative (scaled, one entry off, conjugated, not batched correctly, ...)
+fails. ``test_crossvalidate_*`` compare the JAX backend's numerical and analytical
+Jacobians with the torch backend's on the same function written in both frameworks: they
+agree to 1e-10 in float64, which proves that JAX's complex convention is mapped into
+torch's.
+
+JAX's 64-bit mode is turned on for each test by a fixture (``jax.enable_x64``), which
+also asserts that JAX's configuration is unchanged afterwards.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+import agcheck  # noqa: E402
+from agcheck import GradcheckError, OutputTypeError  # noqa: E402
+
+X64_AT_IMPORT = bool(jax.config.jax_enable_x64)
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    """Float64 for the test; JAX's configuration must be as it was afterwards."""
+    before = bool(jax.config.jax_enable_x64)
+    with jax.enable_x64(True):
+        yield
+    assert bool(jax.config.jax_enable_x64) == before == X64_AT_IMPORT
+
+
+def rand(*shape, seed=0, complex=False):
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(shape)
+    if complex:
+        values = values + 1j * rng.standard_normal(shape)
+    return jnp.asarray(values)
+
+
+def passes(fn, inputs, **kw):
+    return agcheck.gradcheck(fn, inputs, backend="jax", **kw)
+
+
+def fails(fn, inputs, match, **kw):
+    with pytest.raises(GradcheckError, match=match):
+        agcheck.gradcheck(fn, inputs, backend="jax", **kw)
+    assert agcheck.gradcheck(fn, inputs, backend="jax", raise_exception=False, **kw) is False
+
+
+MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
+JACOBIAN = r"Jacobian mismatch for output \d+ with respect to input \d+"
+FORWARD_JACOBIAN = r"Jacobian computed with forward mode mismatch"
+
+
+# --------------------------------------------------------------------------------------
+# functions with hand-written derivatives: correct, and broken in one way each
+# --------------------------------------------------------------------------------------
+
+
+def sin_with_vjp(scale=1.0, off_entry=None):
+    """sin with a custom VJP: scaled by ``scale``, or with entry ``off_entry`` wrong."""
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(x, g):
+        grad = g * jnp.cos(x) * scale
+        if off_entry is not None:
+            grad = grad.at[off_entry].add(0.1 * g[off_entry])
+        return (grad,)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    return f
+
+
+def sin_with_jvp(scale=1.0):
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.sin(x), jnp.cos(x) * t * scale
+
+    return f
+
+
+def matmul_with_vjp(transposed=False):
+    """x @ w with a custom VJP; ``transposed`` gives w's gradient the wrong layout."""
+
+    @jax.custom_vjp
+    def f(x, w):
+        return x @ w
+
+    def bwd(res, g):
+        x, w = res
+        gw = x.T @ g
+        if transposed:
+            gw = jnp.reshape(gw.T, gw.shape)
+        return g @ w.T, gw
+
+    f.defvjp(lambda x, w: (x @ w, (x, w)), bwd)
+    return f
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_elementwise(fast):
+    x = rand(2, 3)
+    assert passes(lambda x: jnp.sin(x) * x, (x,), fast_mode=fast)
+    assert passes(sin_with_vjp(), (x,), fast_mode=fast)
+    fails(sin_with_vjp(scale=1.1), (x,), JACOBIAN, fast_mode=fast)
+    fails(sin_with_vjp(off_entry=(1, 2)), (x,), JACOBIAN, fast_mode=fast)
+
+
+def test_one_entry_off_is_located_in_slow_mode():
+    x = rand(2, 3)
+    with pytest.raises(GradcheckError) as info:
+        passes(sin_with_vjp(off_entry=(0, 1)), (x,))
+    numbers = info.value.args[0]
+    assert "numerical" in numbers and "analytical" in numbers
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_matmul_two_inputs(fast):
+    x, w = rand(2, 3, seed=1), rand(3, 3, seed=2)
+    assert passes(lambda x, w: jnp.tanh(x @ w), (x, w), fast_mode=fast)
+    assert passes(matmul_with_vjp(), (x, w), fast_mode=fast)
+    fails(matmul_with_vjp(transposed=True), (x, w), "with respect to input 1", fast_mode=fast)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_multiple_outputs(fast):
+    x, w = rand(2, 3, seed=1), rand(3, 3, seed=2)
+    bad = sin_with_vjp(scale=0.5)
+    assert passes(lambda x, w: (x @ w, jnp.exp(x), jnp.sum(w)), (x, w), fast_mode=fast)
+    fails(lambda x, w: (x @ w, bad(x)), (x, w), "mismatch for output 1 with respect to input 0", fast_mode=fast)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_forward_mode(fast):
+    x = rand(2, 3)
+    kw = dict(check_forward_ad=True, check_backward_ad=False, fast_mode=fast)
+    assert passes(lambda x: jnp.sin(x) * x, (x,), **kw)
+    assert passes(sin_with_jvp(), (x,), **kw)
+    fails(sin_with_jvp(scale=1.1), (x,), FORWARD_JACOBIAN, **kw)
+
+
+def test_broken_custom_jvp_breaks_reverse_mode_too():
+    # JAX derives the VJP by transposing the custom JVP: the broken JVP shows in both
+    x = rand(2, 3)
+    assert passes(sin_with_jvp(), (x,), check_forward_ad=True)
+    fails(sin_with_jvp(scale=1.1), (x,), JACOBIAN)
+
+
+def test_not_multiplied_by_grad_output():
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (jnp.cos(x),))
+    # one element: the Jacobian itself is right, only the scaling by grad_output is wrong
+    fails(f, (rand(1),), "backward not multiplied by grad_output")
+    assert passes(sin_with_vjp(), (rand(1),))
+
+
+def test_not_reentrant():
+    calls = [0]
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(x, g):
+        calls[0] += 1  # the backward differs, a little, from call to call
+        return (g * jnp.cos(x) * (1 + 1e-12 * calls[0]),)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    x = rand(3)
+    fails(f, (x,), "Backward is not reentrant")
+    assert passes(f, (x,), nondet_tol=1e-6)
+
+
+# --------------------------------------------------------------------------------------
+# batched gradients (jax.vmap of the VJP / JVP)
+# --------------------------------------------------------------------------------------
+
+
+def _swap_batch(v):
+    """Identity on one vector; reverses the batch when vmapped (a batching bug)."""
+    v = np.asarray(v)
+    return v if v.ndim == 1 else np.ascontiguousarray(v[::-1])
+
+
+def _callback(v):
+    return jax.pure_callback(_swap_batch, jax.ShapeDtypeStruct(v.shape, v.dtype), v, vmap_method="broadcast_all")
+
+
+def test_batched_backward():
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (jnp.cos(x) * _callback(g),))
+    x = rand(3)
+    assert passes(sin_with_vjp(), (x,), check_batched_grad=True)
+    assert passes(f, (x,))  # one at a time the VJP is right
+    fails(f, (x,), "batched gradient differs", check_batched_grad=True)
+
+
+def test_batched_forward():
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.sin(x), jnp.cos(x) * _callback(t)
+
+    x = rand(3)
+    kw = dict(check_forward_ad=True, check_backward_ad=False)
+    assert passes(sin_with_jvp(), (x,), check_batched_forward_grad=True, **kw)
+    assert passes(f, (x,), **kw)
+    fails(f, (x,), "batched forward-mode gradient differs", check_batched_forward_grad=True, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# pytrees and wrt=
+# --------------------------------------------------------------------------------------
+
+
+def mlp(params, data, scale):
+    hidden = jnp.tanh(data @ params["w"] + params["b"])
+    return {"out": hidden * scale, "norm": jnp.sum(params["w"] ** 2)}
+
+
+def test_pytree_inputs_and_outputs():
+    params = {"w": rand(3, 2, seed=3), "b": rand(2, seed=4)}
+    data = rand(2, 3, seed=5)
+    assert passes(mlp, (params, data, 2))
+    assert passes(mlp, (params, data, 2), fast_mode=True, check_forward_ad=True)
+
+    bad = sin_with_vjp(scale=1.1)
+
+    def broken(params, data, scale):
+        return mlp({"w": params["w"], "b": bad(params["b"])}, data, scale)
+
+    fails(broken, (params, data, 2), JACOBIAN)
+    fails(broken, (params, data, 2), JACOBIAN, fast_mode=True)
+
+
+def test_wrt_chooses_the_checked_inputs():
+    params = {"w": rand(3, 2, seed=3), "b": rand(2, seed=4)}
+    data = rand(2, 3, seed=5)
+    bad = sin_with_vjp(scale=1.1)
+
+    def broken_in_data(params, data, scale):
+        return mlp(params, bad(data), scale)
+
+    # only the parameters are checked: the broken data gradient is not looked at
+    assert passes(broken_in_data, (params, data, 2), wrt=0)
+    assert passes(broken_in_data, (params, data, 2), wrt=(0,), fast_mode=True)
+    fails(broken_in_data, (params, data, 2), JACOBIAN, wrt=1)
+    fails(broken_in_data, (params, data, 2), JACOBIAN, wrt=(0, -2))
+
+
+def test_wrt_counts_inputs_in_messages_among_checked_leaves():
+    x, y = rand(3, seed=1), rand(3, seed=2)
+    bad = sin_with_vjp(scale=2.0)
+    # with wrt=1, y is the only (hence the 0th) checked input
+    fails(lambda x, y: x * bad(y), (x, y), "with respect to input 0", wrt=1)
+    fails(lambda x, y: x * bad(y), (x, y), "with respect to input 1")
+
+
+def test_wrt_converts_numpy_and_python_numbers():
+    x = np.array([0.5, -1.0, 2.0])
+    assert passes(lambda x, s: jnp.sin(x) * s, (x, 1.5), wrt=(0, 1))
+    fails(lambda x, s: sin_with_vjp(scale=1.1)(x) * s, (x, 1.5), JACOBIAN, wrt=0)
+
+
+def test_wrt_errors():
+    x = rand(3)
+    with pytest.raises(ValueError, match="out of range"):
+        passes(lambda x, n: x * n, (x, 2), wrt=2)
+    with pytest.raises(ValueError, match="no floating point or complex"):
+        passes(lambda x, n: x * n, (x, jnp.arange(3)), wrt=1)
+    with pytest.raises(ValueError, match="more than once"):
+        passes(lambda x, n: x * n, (x, 2), wrt=(0, -2))
+    with pytest.raises(TypeError, match="wrt"):
+        passes(lambda x: x, (x,), wrt="x")
+    with pytest.raises(TypeError, match="wrt"):
+        passes(lambda x: x, (x,), wrtt=0)
+
+
+def test_no_checked_inputs_and_bad_outputs():
+    with pytest.raises(ValueError, match="at least one input"):
+        passes(lambda n: n * 2, (jnp.arange(3),))
+    with pytest.raises(OutputTypeError):
+        passes(lambda x: (jnp.sin(x), "not an array"), (rand(3),))
+
+
+def test_backend_inferred_from_jax_inputs():
+    x = rand(3)
+    assert agcheck.gradcheck(lambda x: jnp.sin(x), (x,))
+    with pytest.raises(GradcheckError):
+        agcheck.gradcheck(sin_with_vjp(scale=1.1), (x,))
+    assert agcheck.gradcheck(lambda p: jnp.sin(p["x"]), ({"x": x},))
+
+
+# --------------------------------------------------------------------------------------
+# complex numbers: JAX's VJP is the conjugate of torch's; the backend maps it
+# --------------------------------------------------------------------------------------
+
+
+def with_vjp(primal, bwd):
+    f = jax.custom_vjp(primal)
+    f.defvjp(lambda *a: (primal(*a), a), lambda res, g: bwd(*res, g))
+    return f
+
+
+def test_trace_vjp_is_in_torch_convention():
+    z = jnp.asarray([1 + 2j, 3 - 1j])
+    be = agcheck.get_backend("jax")
+    fn, args = be.prepare(lambda z: jnp.sum(jnp.imag(z)), (z,))
+    grad = be.trace(fn, args, [0]).vjp([0], [jnp.ones(())])[0]
+    np.testing.assert_array_equal(np.asarray(grad), [1j, 1j])  # torch's answer
+    # JAX's own answer is the conjugate
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda z: jnp.sum(jnp.imag(z)))(z)), [-1j, -1j])
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_complex_to_real(fast):
+    z = rand(3, complex=True)
+
+    def im(z):
+        return jnp.imag(z) * 2.0
+
+    # JAX's convention for C -> R: the cotangent of Im(z) is -1j
+    right = with_vjp(im, lambda z, g: (g * -2j,))
+    conjugated = with_vjp(im, lambda z, g: (g * 2j,))
+    assert passes(im, (z,), fast_mode=fast)
+    assert passes(right, (z,), fast_mode=fast)
+    fails(conjugated, (z,), JACOBIAN, fast_mode=fast)
+
+    def sq(z):
+        return jnp.real(z * jnp.conj(z))
+
+    assert passes(with_vjp(sq, lambda z, g: (2 * g * jnp.conj(z),)), (z,), fast_mode=fast)
+    fails(with_vjp(sq, lambda z, g: (2 * g * z,)), (z,), JACOBIAN, fast_mode=fast)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_complex_to_complex(fast):
+    z = rand(3, complex=True)
+
+    def cube(z):
+        return z * z * z
+
+    right = with_vjp(cube, lambda z, g: (g * 3 * z * z,))  # JAX: g times f'(z)
+    conjugated = with_vjp(cube, lambda z, g: (g * jnp.conj(3 * z * z),))  # torch's formula
+    assert passes(lambda z: z * z * jnp.conj(z) + 1j * z, (z,), fast_mode=fast)
+    assert passes(right, (z,), fast_mode=fast)
+    fails(conjugated, (z,), "While considering the (real|imaginary) part of complex outputs only", fast_mode=fast)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_real_to_complex(fast):
+    x = rand(3)
+    c = 1.0 + 2.0j
+
+    def rot(x):
+        return x * c
+
+    right = with_vjp(rot, lambda x, g: (jnp.real(g * c),))
+    conjugated = with_vjp(rot, lambda x, g: (jnp.real(g * jnp.conj(c)),))
+    assert passes(lambda x: jnp.exp(1j * x) * x, (x,), fast_mode=fast)
+    assert passes(right, (x,), fast_mode=fast)
+    fails(conjugated, (x,), "part of complex outputs only", fast_mode=fast)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_complex_forward_mode(fast):
+    z = rand(3, complex=True)
+
+    @jax.custom_jvp
+    def cube(z):
+        return z * z * z
+
+    conj_tangent = [False]
+
+    @cube.defjvp
+    def cube_jvp(primals, tangents):
+        (z,), (t,) = primals, tangents
+        d = 3 * z * z
+        return cube(z), (jnp.conj(d) if conj_tangent[0] else d) * t
+
+    kw = dict(check_forward_ad=True, fast_mode=fast, check_batched_forward_grad=True)
+    assert passes(lambda z: z * jnp.conj(z) * z, (z,), **kw)
+    assert passes(cube, (z,), **kw)
+    conj_tangent[0] = True
+    fails(cube, (z,), "part of complex inputs only", check_backward_ad=False, **kw)
+
+
+def test_complex_batched_grad():
+    z = rand(3, complex=True)
+    assert passes(lambda z: z * jnp.conj(z) * z, (z,), check_batched_grad=True)
+    assert passes(lambda z, x: jnp.sin(z) * x, (z, rand(3)), check_batched_grad=True, fast_mode=True)
+
+
+# --------------------------------------------------------------------------------------
+# second order
+# --------------------------------------------------------------------------------------
+
+
+def test_gradgradcheck():
+    x, w = rand(2, 3, seed=1), rand(3, 3, seed=2)
+    assert agcheck.gradgradcheck(lambda x, w: jnp.sin(x @ w), (x, w), backend="jax")
+    assert agcheck.gradgradcheck(lambda x, w: jnp.sin(x @ w), (x, w), wrt=1, check_fwd_over_rev=True)
+    w = rand(2, 3, seed=2)
+
+    # first derivative right, second wrong: cos(x) is a constant to the second derivative
+    stopped = with_vjp(jnp.sin, lambda x, g: (g * jax.lax.stop_gradient(jnp.cos(x)),))
+    assert passes(stopped, (x,))
+    with pytest.raises(GradcheckError, match=JACOBIAN):
+        agcheck.gradgradcheck(stopped, (x,), backend="jax")
+    # ... and through wrt=: the broken function of w is not checked with wrt=0
+    assert agcheck.gradgradcheck(lambda x, w: jnp.sin(x) * stopped(w), (x, w), wrt=0)
+    with pytest.raises(GradcheckError, match=JACOBIAN):
+        agcheck.gradgradcheck(lambda x, w: jnp.sin(x) * stopped(w), (x, w), wrt=1)
+
+
+def test_gradgradcheck_complex():
+    z = rand(3, complex=True)
+    assert agcheck.gradgradcheck(lambda z: z * z * jnp.conj(z), (z,), check_fwd_over_rev=True)
+    broken = with_vjp(lambda z: z * z, lambda z, g: (g * 2 * jax.lax.stop_gradient(z),))
+    with pytest.raises(GradcheckError):
+        agcheck.gradgradcheck(broken, (z,))
+
+
+# --------------------------------------------------------------------------------------
+# precision, configuration, inputs and RNG untouched
+# --------------------------------------------------------------------------------------
+
+
+def test_float32_warns_how_to_enable_x64():
+    with jax.enable_x64(False):
+        x = jnp.asarray([0.5, -1.0, 2.0])
+        assert x.dtype == jnp.float32
+        with pytest.warns(UserWarning, match="jax_enable_x64") as record:
+            assert passes(jnp.sin, (x,), eps=1e-2, atol=1e-2, rtol=1e-2)
+        texts = " ".join(str(w.message) for w in record)
+        assert "not a double precision" in texts and "jax.enable_x64(True)" in texts
+        assert not jax.config.jax_enable_x64
+    assert jax.config.jax_enable_x64
+
+
+def test_float32_with_x64_on_warns_without_the_hint():
+    x = jnp.asarray([0.5, -1.0, 2.0], dtype=jnp.float32)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        passes(jnp.sin, (x,), eps=1e-2, atol=1e-2, rtol=1e-2)
+    texts = [str(w.message) for w in record]
+    assert any("not a double precision" in t for t in texts)
+    assert not any("jax_enable_x64" in t for t in texts)
+
+
+def test_float64_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert passes(jnp.sin, (rand(3),))
+
+
+def test_config_and_inputs_unchanged():
+    params = {"w": rand(3, 2, seed=3), "b": rand(2, seed=4)}
+    data = np.asarray(rand(2, 3, seed=5))
+    before = {k: np.asarray(v).copy() for k, v in params.items()}
+    data_before = data.copy()
+    keys, np_state = list(params), np.random.get_state()
+    x64 = jax.config.jax_enable_x64
+
+    passes(mlp, (params, data, 2), wrt=(0, 1), check_forward_ad=True, fast_mode=True)
+    with pytest.raises(GradcheckError):
+        passes(sin_with_vjp(scale=2.0), (params["b"],))
+
+    assert list(params) == keys
+    for k, v in params.items():
+        np.testing.assert_array_equal(np.asarray(v), before[k])
+    np.testing.assert_array_equal(data, data_before)
+    assert jax.config.jax_enable_x64 == x64
+    state = np.random.get_state()
+    assert state[0] == np_state[0] and np.array_equal(state[1], np_state[1]) and state[2:] == np_state[2:]
+
+
+def test_masked_has_no_meaning_but_is_accepted():
+    # JAX has no sparse layouts; masked=True compares dense gradients as usual
+    assert passes(jnp.sin, (rand(3),), masked=True)
+    fails(sin_with_vjp(scale=1.1), (rand(3),), JACOBIAN, masked=True)
+
+
+def test_allclose_semantics():
+    be = agcheck.get_backend("jax")
+    a = jnp.asarray([1.0, jnp.inf, 3.0])
+    assert be.allclose(a, a, rtol=0, atol=0)
+    assert not be.allclose(jnp.asarray([jnp.nan]), jnp.asarray([jnp.nan]), rtol=1, atol=1)
+    assert be.allclose(jnp.asarray([1.0 + 1e-6]), jnp.asarray([1.0], dtype=jnp.float32), rtol=0, atol=1e-5)
+    assert not be.allclose(jnp.asarray([1.1]), jnp.asarray([1.0]), rtol=0.05, atol=0.0)
+    assert be.allclose(jnp.asarray([1.0 + 1j]), jnp.asarray([1.0]), rtol=0, atol=1.0)
+
+
+# --------------------------------------------------------------------------------------
+# cross-validation with the torch backend: the same Jacobians, to 1e-10
+# --------------------------------------------------------------------------------------
+
+
+def _pairs():
+    """(name, jax fn, torch fn, input specs); a spec is a shape and whether it is complex."""
+    import torch
+
+    return [
+        ("elementwise", lambda x: x * x * x - 2 * x, lambda x: x * x * x - 2 * x, [((2, 3), False)]),
+        ("matmul", lambda x, w: jnp.tanh(x @ w), lambda x, w: torch.tanh(x @ w), [((2, 3), False), ((3, 2), False)]),
+        ("outputs", lambda x, w: (x @ w, jnp.exp(x) * 2), lambda x, w: (x @ w, torch.exp(x) * 2),
+         [((2, 3), False), ((3, 2), False)]),
+        ("c_to_r", lambda z: jnp.real(z * jnp.conj(z)) + 3 * jnp.imag(z),
+         lambda z: torch.real(z * z.conj()) + 3 * torch.imag(z), [((3,), True)]),
+        ("c_to_c", lambda z: z * z * jnp.conj(z) + 1j * z, lambda z: z * z * z.conj() + 1j * z, [((3,), True)]),
+        ("r_to_c", lambda x: jnp.exp(1j * x) * x, lambda x: torch.exp(1j * x) * x, [((3,), False)]),
+        ("mixed", lambda z, x: (z * x, jnp.abs(z) * x), lambda z, x: (z * x, torch.abs(z) * x),
+         [((3,), True), ((3,), False)]),
+    ]
+
+
+#: the finite-difference step of the cross-validation: large enough that a one-ulp
+#: difference between the two frameworks' evaluations of fn (tanh, exp, matmul
+#: summation order) stays below 1e-10 after division by 2 * EPS
+EPS = 1e-4
+
+
+def _jacobians(be, fn, args):
+    """Everything the core compares: numerical and analytical Jacobians (reverse, on the
+    real/imaginary pieces for complex outputs, and forward), and a complex-cotangent VJP."""
+    from agcheck import jacobian as jac
+    from agcheck.wirtinger import output_part
+
+    result = {}
+    checked = be.checked_positions(args)
+    inputs = [args[p] for p in checked]
+    full = be.trace(fn, args, checked)
+    pieces = {"whole": fn}
+    if any(be.is_complex(o) for o in full.outputs):
+        pieces = {"real": output_part(be, fn, "real"), "imag": output_part(be, fn, "imag")}
+    for name, piece in pieces.items():
+        trace = be.trace(piece, args, checked)
+        for p in checked:
+            for k, j in jac.numerical_jacobians(be, piece, args, p, trace.outputs, EPS).items():
+                result[f"{name} numerical out{k} in{p}"] = be.to_numpy(j)
+        for k in range(len(trace.outputs)):
+            for i, j in enumerate(jac.analytical_jacobians_reverse(be, trace, k, inputs)):
+                result[f"{name} reverse out{k} in{i}"] = be.to_numpy(j)
+    for k, o in enumerate(full.outputs):
+        for i, j in enumerate(jac.analytical_jacobians_reverse(be, full, k, inputs)):
+            result[f"full reverse out{k} in{i}"] = be.to_numpy(j)
+        shape = tuple(o.shape)
+        v = np.random.default_rng(k).standard_normal(shape) + 1j * np.random.default_rng(k + 9).standard_normal(shape)
+        v = v if be.is_complex(o) else v.real
+        grads = full.vjp([k], [_like(be, v, o)])
+        for i, (g, x) in enumerate(zip(grads, inputs)):
+            # torch's None (an unused input) is JAX's zero gradient
+            result[f"vjp out{k} in{i}"] = np.zeros(x.shape, be.to_numpy(x).dtype) if g is None else be.to_numpy(g)
+    for i, per_output in enumerate(jac.analytical_jacobians_forward(be, fn, args, checked)):
+        for k, j in enumerate(per_output):
+            result[f"forward out{k} in{i}"] = be.to_numpy(j)
+    return result
+
+
+def _like(be, values, like):
+    if be.name == "torch":
+        import torch
+
+        return torch.as_tensor(values, dtype=like.dtype)
+    return jnp.asarray(values, dtype=like.dtype)
+
+
+@pytest.mark.parametrize("name", ["elementwise", "matmul", "outputs", "c_to_r", "c_to_c", "r_to_c", "mixed"])
+def test_crossvalidate_jacobians_with_torch(name):
+    torch = pytest.importorskip("torch")
+    _, jfn, tfn, specs = next(p for p in _pairs() if p[0] == name)
+    values = [np.asarray(rand(*shape, seed=s, complex=c)) for s, (shape, c) in enumerate(specs)]
+    jbe, tbe = agcheck.get_backend("jax"), agcheck.get_backend("torch")
+    jfn, jargs = jbe.prepare(jfn, tuple(jnp.asarray(v) for v in values))
+    tfn, targs = tbe.prepare(tfn, tuple(torch.tensor(v, requires_grad=True) for v in values))
+    from_jax, from_torch = _jacobians(jbe, jfn, jargs), _jacobians(tbe, tfn, targs)
+    assert from_jax.keys() == from_torch.keys()
+    for key in from_torch:
+        assert from_jax[key].dtype == from_torch[key].dtype, key
+        np.testing.assert_allclose(from_jax[key], from_torch[key], rtol=1e-10, atol=1e-10, err_msg=key)
+    # and both verdicts are a pass
+    assert agcheck.gradcheck(jfn, jargs, backend=jbe, check_forward_ad=True)
+
+
+def test_crossvalidate_verdicts_of_broken_complex_vjp_with_torch():
+    torch = pytest.importorskip("torch")
+    z = rand(3, complex=True)
+
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, z):
+            ctx.save_for_backward(z)
+            return z * z * z
+
+        @staticmethod
+        def backward(ctx, g):
+            (z,) = ctx.saved_tensors
+            return g * (3 * z * z).conj()  # torch's convention: g times conj(f'(z))
+
+    zt = torch.tensor(np.asarray(z), requires_grad=True)
+    assert torch.autograd.gradcheck(Cube.apply, (zt,))
+    assert agcheck.gradcheck(Cube.apply, (zt,))
+    # the same formula in a JAX custom_vjp is wrong (it is torch's, not JAX's, convention)
+    torch_formula = with_vjp(lambda z: z * z * z, lambda z, g: (g * jnp.conj(3 * z * z),))
+    assert agcheck.gradcheck(torch_formula, (z,), raise_exception=False) is False

@@ -1,0 +1,60 @@
+import math
+
+import pytest
+
+from agcheck.options import GradcheckOptions, GradgradcheckOptions
+
+
+def test_defaults_are_torchs():
+    o = GradcheckOptions()
+    assert (o.eps, o.atol, o.rtol, o.nondet_tol) == (1e-6, 1e-5, 1e-3, 0.0)
+    assert o.raise_exception and o.check_undefined_grad and o.check_backward_ad
+    assert not (o.check_grad_dtypes or o.check_batched_grad or o.check_batched_forward_grad
+                or o.check_forward_ad or o.fast_mode)
+    assert o.masked is None
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    (dict(check_forward_ad=False, check_backward_ad=False),
+     "Expected at least one of check_forward_ad or check_backward_ad to be True"),
+    (dict(check_batched_grad=True, check_backward_ad=False, check_forward_ad=True),
+     "Setting check_batched_grad=True requires check_backward_ad to be True"),
+    (dict(check_batched_forward_grad=True),
+     "Setting check_batched_forward_grad=True requires check_forward_ad to be True"),
+])
+def test_impossible_combinations_raise_assertion_error(kwargs, phrase):
+    with pytest.raises(AssertionError, match=phrase):
+        GradcheckOptions(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    (dict(check_fwd_over_rev=False, check_rev_over_rev=False), "at least one of check_fwd_over_rev"),
+    (dict(check_rev_over_rev=False, check_fwd_over_rev=True), "check_undefined_grad=True requires"),
+    (dict(check_rev_over_rev=False, check_fwd_over_rev=True, check_undefined_grad=False,
+          check_batched_grad=True), "check_batched_grad=True requires"),
+])
+def test_gradgradcheck_combinations(kwargs, phrase):
+    with pytest.raises(AssertionError, match=phrase):
+        GradgradcheckOptions(**kwargs)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("eps", 0.0), ("eps", -1e-6), ("eps", math.inf), ("eps", math.nan),
+    ("atol", -1.0), ("rtol", -1e-3), ("nondet_tol", -1.0), ("atol", math.nan),
+])
+def test_bad_numbers_name_the_argument(name, value):
+    with pytest.raises(ValueError, match=name):
+        GradcheckOptions(**{name: value})
+
+
+def test_non_numbers_are_type_errors():
+    with pytest.raises(TypeError, match="eps"):
+        GradcheckOptions(eps="small")
+
+
+def test_engine_and_budget_are_validated():
+    with pytest.raises(ValueError, match="engine"):
+        GradcheckOptions(engine="fastest")
+    with pytest.raises(ValueError, match="memory_budget"):
+        GradcheckOptions(memory_budget=0)
+    assert GradcheckOptions(engine="reference", memory_budget=1 << 20).memory_budget == 1 << 20
