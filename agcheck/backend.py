@@ -226,6 +226,12 @@ class Backend:
     def transpose(self, x):
         return self.xp(x).permute_dims(x, (1, 0))
 
+    def machine_epsilon(self, x) -> float:
+        """The spacing of the input's (real) floating type at 1.0."""
+        import numpy as np
+
+        return float(np.finfo(np.dtype(str(x.dtype))).eps)
+
     def real_dtype_of(self, x):
         raise NotImplementedError
 

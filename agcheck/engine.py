@@ -73,16 +73,17 @@ class _Problem:
             return False
         gen = be.generator(x, PROBE_SEED)
         u = be.uniform_unit_vector(x, gen, real=True)
+        eps = self.run.eps_for(x)
         try:
-            sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, self.opts.eps)
-            step = be.reshape(u, x.shape) * self.opts.eps
+            sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, eps)
+            step = be.reshape(u, x.shape) * eps
             moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
             batched = be.evaluate_batch(self.fn, self.args, pos, moved)
         except Exception:
             return False
         for k in self.floats:
             minus, plus = batched[k][0], batched[k][1]
-            est = be.flatten((plus - minus) / (2 * self.opts.eps))
+            est = be.flatten((plus - minus) / (2 * eps))
             ref = sequential[k]
             if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
@@ -92,14 +93,15 @@ class _Problem:
 
     def numerical_row_chunks(self, pos):
         """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input."""
-        be, x, eps = self.be, self.args[pos], self.opts.eps
+        be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
         if not self.batched_ok(pos):
-            rows = jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps)
+            rows = jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps, self.run.stencil)
             yield 0, n, rows
             return
         complex_input = be.is_complex(x)
-        per_row = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * (4 if complex_input else 2)
+        points = len(self.run.stencil.offsets)
+        per_row = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * points * (2 if complex_input else 1)
         chunk = _rows_per_chunk(per_row, self.budget, n)
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
@@ -112,17 +114,18 @@ class _Problem:
             yield start, stop, rows
 
     def _difference_rows(self, pos, flat, step):
-        be, x, eps = self.be, self.args[pos], self.opts.eps
+        be, x = self.be, self.args[pos]
+        eps, stencil = self.run.eps_for(x), self.run.stencil
         b = len(flat)
-        moved = be.stack([be.element_moves(x, flat, step, -1), be.element_moves(x, flat, step, +1)], axis=0)
-        moved = be.reshape(moved, (2 * b, *x.shape))
+        moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
+                 for m in stencil.offsets]
+        points = len(moves)
+        moved = be.reshape(be.stack(moves, axis=0), (points * b, *x.shape))
         outs = be.evaluate_batch(self.fn, self.args, pos, moved)
         rows = {}
         for k in self.floats:
-            o = outs[k]
-            m = be.numel(self.outputs[k])
-            o = be.reshape(o, (2, b, m))
-            rows[k] = (o[1] - o[0]) / (2 * eps)
+            o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
+            rows[k] = stencil.combine([o[i] for i in range(points)], eps)
         return rows
 
 

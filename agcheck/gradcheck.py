@@ -10,6 +10,7 @@ from . import jacobian as jac
 from .backend import get_backend, infer_backend
 from .checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
 from .options import GradcheckOptions
+from .stencil import auto_eps, get_stencil
 from .report import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
 from .wirtinger import input_part, output_part, split_inputs
 
@@ -43,6 +44,7 @@ def gradcheck(
     masked: bool | None = None,
     engine: str = "auto",
     memory_budget: int | None = None,
+    stencil: str = "central",
     **backend_options,
 ) -> bool:
     """Check analytical derivatives of ``fn`` against finite differences.
@@ -60,8 +62,10 @@ def gradcheck(
         members are passed through unchanged.
     backend : str or Backend, optional
         ``"torch"``, ... By default inferred from the arrays in ``inputs``.
-    eps : float
-        Finite-difference step.
+    eps : float or "auto"
+        Finite-difference step. ``"auto"`` (beyond torch) picks, per input, the step that
+        balances truncation and rounding error for its precision and the stencil
+        (``machine_eps ** (1/3)`` for central, ``** (1/5)`` for five-point differences).
     atol, rtol : float
         Tolerances: ``|analytical - numerical| <= atol + rtol * |numerical|``.
     raise_exception : bool
@@ -88,6 +92,10 @@ def gradcheck(
     memory_budget : int, optional
         Beyond torch. Bytes the batched engine may hold in Jacobians and batches
         (default 1 GiB); it recomputes rather than exceed it.
+    stencil : {"central", "five-point"}
+        Beyond torch. The finite-difference formula: torch's two-point central
+        difference, or the fourth-order five-point stencil (more accurate for the same
+        step; the recipe for float32 functions, see docs/accuracy.md).
     **backend_options
         Keywords of the chosen backend (e.g. ``wrt=`` for JAX, ``vjp=``/``jvp=`` for
         NumPy); the torch backend takes none.
@@ -111,6 +119,7 @@ def gradcheck(
         check_batched_grad=check_batched_grad, check_batched_forward_grad=check_batched_forward_grad,
         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
         fast_mode=fast_mode, masked=masked, engine=engine, memory_budget=memory_budget,
+        stencil=stencil,
     )
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
@@ -154,6 +163,13 @@ class _Run:
         #: the reasons it handed checks back to the reference engine
         self.engine_log: list[tuple] = []
         self.engine_fallbacks: list[str] = []
+        self.stencil = get_stencil(opts.stencil)
+
+    def eps_for(self, x) -> float:
+        """The finite-difference step for input ``x``."""
+        if self.opts.eps == "auto":
+            return auto_eps(self.be.machine_epsilon(x), self.stencil)
+        return self.opts.eps
 
     # -- the order of the checks is torch's ---------------------------------------------
     def all_checks(self) -> None:
@@ -252,7 +268,7 @@ class _Run:
         outputs = trace.outputs
         diff = [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
         if not diff:
-            no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, opts.eps)
+            no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, self.eps_for, self.stencil)
             return
         if opts.engine == "auto":
             batched = engine.compare_slow_forward if forward else engine.compare_slow_reverse
@@ -261,7 +277,8 @@ class _Run:
                 return
             except Exception as reason:  # the reference engine decides, and explains
                 self.engine_fallbacks.append(f"{type(reason).__name__}: {reason}")
-        numerical = [jac.numerical_jacobians(be, fn, args, p, outputs, opts.eps) for p in checked]
+        numerical = [jac.numerical_jacobians(be, fn, args, p, outputs, self.eps_for(args[p]), self.stencil)
+                     for p in checked]
         inputs = [args[p] for p in checked]
         if forward:
             analytical = jac.analytical_jacobians_forward(
@@ -306,7 +323,7 @@ class _Run:
 
         numerical = []
         for p, u in zip(checked, all_u):
-            jus = jac.numerical_directional(be, fn, args, p, u, opts.eps)
+            jus = jac.numerical_directional(be, fn, args, p, u, self.eps_for(args[p]), self.stencil)
             float_jus = [jus[k] for k in floats]
             if forward:
                 numerical.append(float_jus)
@@ -319,7 +336,8 @@ class _Run:
             analytical = jac.analytical_jvps(be, fn, args, checked, all_u, check_grad_dtypes=opts.check_grad_dtypes)
         else:
             if not diff:
-                no_differentiable_outputs.check_fast(be, fn, args, checked, all_u, opts.eps, opts.nondet_tol)
+                no_differentiable_outputs.check_fast(be, fn, args, checked, all_u, self.eps_for, self.stencil,
+                                                     opts.nondet_tol)
             analytical = []
             for k, v in zip(diff, all_v):
                 vjs = jac.analytical_vjps(be, trace, k, v, inputs, nondet_tol=opts.nondet_tol,
@@ -341,7 +359,8 @@ class _Run:
         """The full Jacobians of one failing pair, recomputed for the fast-mode message."""
         be, opts = self.be, self.opts
         pos = checked[input_index]
-        numerical = jac.numerical_jacobians(be, fn, args, pos, trace.outputs, opts.eps)[output_position]
+        numerical = jac.numerical_jacobians(be, fn, args, pos, trace.outputs, self.eps_for(args[pos]),
+                                            self.stencil)[output_position]
         if forward:
             floats = [k for k, o in enumerate(trace.outputs) if be.is_floating_or_complex(o)]
             analytical = jac.analytical_jacobians_forward(be, fn, args, [pos])[0][floats.index(output_position)]

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .report import GradcheckError
+from .stencil import STENCILS
 
 __all__ = [
-    "central_difference",
+    "stencil_difference",
     "numerical_jacobians",
     "numerical_directional",
     "analytical_jacobians_reverse",
@@ -42,30 +43,40 @@ def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
         )
 
 
-def central_difference(be, minus: tuple, plus: tuple, eps: float, index=None) -> list:
-    """``(f(x + h) - f(x - h)) / 2eps`` for every array output, flattened (None otherwise)."""
+def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None) -> list:
+    """The stencil's derivative estimate for every array output, flattened (None otherwise).
+
+    ``values[i]`` are the outputs of ``fn`` at ``x + stencil.offsets[i] * eps``; with the
+    central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``.
+    """
     result = []
-    for a, b in zip(minus, plus):
-        if not be.is_array(a):
+    for outs in zip(*values):
+        if not be.is_array(outs[0]):
             result.append(None)
             continue
-        _check_same_shape_and_dtype(be, a, b, eps, index)
-        if be.is_bool(a):
-            a, b = be.as_int(a), be.as_int(b)
-        result.append(be.flatten((b - a) / (2 * eps)))
+        for other in outs[1:]:
+            _check_same_shape_and_dtype(be, outs[0], other, eps, index)
+        if be.is_bool(outs[0]):
+            outs = [be.as_int(o) for o in outs]
+        result.append(be.flatten(stencil.combine(list(outs), eps)))
     return result
 
 
-def _columns_for_element(be, perturber, fn, flat, eps, complex_input):
+def _evaluations(stencil, evaluate, step):
+    """``fn`` at every point of the stencil; ``evaluate(step, sign)`` moves the input."""
+    return [evaluate(abs(m) * step if abs(m) != 1 else step, 1 if m > 0 else -1) for m in stencil.offsets]
+
+
+def _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil):
     index = perturber.index(flat)
-    minus = perturber.evaluate_element(fn, flat, eps, -1)
-    plus = perturber.evaluate_element(fn, flat, eps, +1)
-    d_real = central_difference(be, minus, plus, eps, index)
+
+    def at(step, sign):
+        return perturber.evaluate_element(fn, flat, step, sign)
+
+    d_real = stencil_difference(be, _evaluations(stencil, at, eps), eps, stencil, index)
     if not complex_input:
         return d_real
-    minus = perturber.evaluate_element(fn, flat, eps * 1j, -1)
-    plus = perturber.evaluate_element(fn, flat, eps * 1j, +1)
-    d_imag = central_difference(be, minus, plus, eps, index)
+    d_imag = stencil_difference(be, _evaluations(stencil, at, eps * 1j), eps, stencil, index)
     # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
     return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
 
@@ -77,7 +88,8 @@ def _stack_rows(be, rows: list, n_cols: int, like, dtype):
     return stacked if stacked.dtype == dtype else be.astype(stacked, dtype)
 
 
-def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float) -> dict:
+def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float,
+                        stencil=STENCILS["central"]) -> dict:
     """Finite-difference Jacobians of every floating/complex output w.r.t. ``args[position]``.
 
     Returns ``{output_position: matrix (input.numel, output.numel)}``. The input is moved
@@ -89,7 +101,7 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     rows: dict[int, list] = {k: [] for k in float_positions}
     with be.perturber(args, position) as perturber:
         for flat in range(perturber.numel):
-            cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input)
+            cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
             for k in float_positions:
                 rows[k].append(cols[k])
     result = {}
@@ -100,7 +112,8 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     return result
 
 
-def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float) -> list:
+def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float,
+                          stencil=STENCILS["central"]) -> list:
     """Finite-difference ``J u`` for every array output, moving ``args[position]`` along ``u``.
 
     ``u`` is a flat vector, or a pair ``(u_re, u_im)`` for a complex input (the
@@ -108,20 +121,15 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
     """
     x = args[position]
     with be.perturber(args, position) as perturber:
+        def along(step):
+            values = _evaluations(stencil, lambda s, sign: perturber.evaluate_direction(fn, s, sign), step)
+            return stencil_difference(be, values, eps, stencil)
+
         if isinstance(u, tuple):
-            step_re = be.reshape(u[0], x.shape) * eps
-            step_im = be.reshape(u[1], x.shape) * eps * 1j
-            d_real = central_difference(
-                be, perturber.evaluate_direction(fn, step_re, -1), perturber.evaluate_direction(fn, step_re, +1), eps
-            )
-            d_imag = central_difference(
-                be, perturber.evaluate_direction(fn, step_im, -1), perturber.evaluate_direction(fn, step_im, +1), eps
-            )
+            d_real = along(be.reshape(u[0], x.shape) * eps)
+            d_imag = along(be.reshape(u[1], x.shape) * eps * 1j)
             return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
-        step = be.reshape(u, x.shape) * eps
-        return central_difference(
-            be, perturber.evaluate_direction(fn, step, -1), perturber.evaluate_direction(fn, step, +1), eps
-        )
+        return along(be.reshape(u, x.shape) * eps)
 
 
 class GradientShape:

@@ -44,6 +44,8 @@ class GradcheckOptions:
     engine: str = "auto"
     #: beyond torch: bytes the batched engine may use for Jacobians and batches
     memory_budget: int | None = None
+    #: beyond torch: "central" (torch's) or "five-point" finite differences
+    stencil: str = "central"
 
     def __post_init__(self):
         # The impossible combinations raise AssertionError, as in torch.
@@ -65,7 +67,11 @@ class GradcheckOptions:
             isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int) or self.memory_budget <= 0
         ):
             raise ValueError(f"memory_budget must be a positive number of bytes, got {self.memory_budget!r}")
-        object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True))
+        from .stencil import get_stencil
+
+        get_stencil(self.stencil)
+        if not (isinstance(self.eps, str) and self.eps == "auto"):
+            object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True))
         for name in ("atol", "rtol", "nondet_tol"):
             object.__setattr__(self, name, _check_number(name, getattr(self, name), positive=False))
 

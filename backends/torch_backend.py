@@ -118,6 +118,9 @@ class TorchBackend(Backend):
     def numel(self, x) -> int:
         return x.numel()
 
+    def machine_epsilon(self, x) -> float:
+        return torch.finfo(x.dtype).eps
+
     # -- validation -------------------------------------------------------------------
     def validate_input(self, idx: int, x) -> None:
         if x.layout != torch.strided:

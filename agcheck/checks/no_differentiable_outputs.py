@@ -7,19 +7,19 @@ from ..report import GradcheckError
 MESSAGE = "Numerical gradient for function expected to be zero"
 
 
-def check_slow(be, fn, args, checked, outputs, eps) -> None:
+def check_slow(be, fn, args, checked, outputs, eps_for, stencil) -> None:
     """Every finite-difference Jacobian entry must be exactly zero."""
     for pos in checked:
-        for jac in numerical_jacobians(be, fn, args, pos, outputs, eps).values():
+        for jac in numerical_jacobians(be, fn, args, pos, outputs, eps_for(args[pos]), stencil).values():
             if be.count_nonzero(jac) > 0:
                 raise GradcheckError(MESSAGE, check="no_differentiable_outputs",
                                      details={"input": checked.index(pos)})
 
 
-def check_fast(be, fn, args, checked, all_u, eps, tol) -> None:
+def check_fast(be, fn, args, checked, all_u, eps_for, stencil, tol) -> None:
     """Every finite-difference directional derivative must be within ``tol`` of zero."""
     for pos, u in zip(checked, all_u):
-        for jvp in numerical_directional(be, fn, args, pos, u, eps):
+        for jvp in numerical_directional(be, fn, args, pos, u, eps_for(args[pos]), stencil):
             if jvp is None or be.numel(jvp) == 0:
                 continue
             if be.max_abs(jvp) > tol:
