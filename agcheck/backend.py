@@ -266,6 +266,18 @@ class Backend:
     def to_device_of(self, x, like):
         return x
 
+    def snapshot(self, x):
+        """A copy of ``x`` to tell later whether ``x`` was modified (see :meth:`unchanged`)."""
+        return self.clone(x)
+
+    def unchanged(self, x, snapshot) -> bool:
+        xp = self.xp(x)
+        same = (x == snapshot) | (xp.isnan(x) & xp.isnan(snapshot))
+        return bool(xp.all(same))
+
+    def restore(self, x, snapshot) -> None:
+        """Write ``snapshot`` back into ``x`` (immutable arrays: nothing to do)."""
+
     def to_numpy(self, x):
         import numpy as np
 

@@ -14,7 +14,15 @@ from .stencil import auto_eps, get_stencil
 from .report import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
 from .wirtinger import input_part, output_part, split_inputs
 
-__all__ = ["gradcheck", "OutputTypeError"]
+__all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
+
+
+#: slow-mode checks with at least this many Jacobian entries warn with their size
+COSTLY_JACOBIAN_ENTRIES = 250_000_000
+
+
+class CostWarning(UserWarning):
+    """A check about to run is very large (a slow-mode check of a big function)."""
 
 
 class OutputTypeError(TypeError, AttributeError):
@@ -175,9 +183,13 @@ class _Run:
     def all_checks(self) -> None:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
+        before = [be.snapshot(self.args[p]) for p in self.checked]
         trace = be.trace(self.fn, self.args, self.checked)
+        self._assert_inputs_untouched(before)
         diff = self._differentiable(trace.outputs)
         be.validate_outputs([trace.outputs[k] for k in diff])
+        if not opts.fast_mode:
+            self._warn_if_costly(trace.outputs)
 
         if opts.check_backward_ad:
             self._reverse_mode(trace, diff)
@@ -194,6 +206,32 @@ class _Run:
         grad_output_scaling.check(be, trace, diff, inputs, opts.masked)
         if opts.check_undefined_grad:
             undefined_grads.check_backward(be, self.fn, self.args, self.checked, len(diff))
+
+    def _assert_inputs_untouched(self, before) -> None:
+        be = self.be
+        for p, snap in zip(self.checked, before):
+            if not be.unchanged(self.args[p], snap):
+                be.restore(self.args[p], snap)
+                raise ValueError(
+                    f"fn modified input {p} in place. A gradient check moves each input and "
+                    "compares results, so fn must leave its inputs unchanged: work on a copy "
+                    "(e.g. x = x.clone()) inside fn. The input has been restored."
+                )
+
+    def _warn_if_costly(self, outputs) -> None:
+        be = self.be
+        n_in = sum(be.numel(self.args[p]) for p in self.checked)
+        n_out = sum(be.numel(o) for o in outputs if be.is_floating_or_complex(o))
+        entries = n_in * n_out
+        if entries >= COSTLY_JACOBIAN_ENTRIES:
+            warnings.warn(
+                f"slow mode compares full Jacobians: {n_in:,} input elements x {n_out:,} output "
+                f"elements = {entries:.2e} entries, each estimated by finite differences. This may "
+                "take very long; fast_mode=True compares random projections v^T J u instead, at "
+                "the cost of a few evaluations and backward passes.",
+                CostWarning,
+                stacklevel=5,
+            )
 
     def _validate_inputs(self) -> list:
         be = self.be

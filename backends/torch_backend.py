@@ -399,6 +399,17 @@ class TorchBackend(Backend):
                 return f"grad is {kind} tensor, but has incorrect dense_dim {g.dense_dim()}, expected {x.dense_dim()}"
         return None
 
+    def snapshot(self, x):
+        return x.detach().clone() if x.layout == torch.strided else None
+
+    def unchanged(self, x, snapshot) -> bool:
+        return snapshot is None or _bitwise_equal(x.detach(), snapshot)
+
+    def restore(self, x, snapshot) -> None:
+        if snapshot is not None:
+            with torch.no_grad():
+                x.data.copy_(snapshot)
+
     def to_numpy(self, x):
         x = self.to_dense(x).detach()
         if x.is_conj():

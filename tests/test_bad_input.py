@@ -1,0 +1,91 @@
+"""Bad input gets a clear error that names the problem (issue 7's list, torch backend)."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import agcheck
+
+from .helpers import Snapshot, make
+
+
+def test_fn_that_modifies_its_input_in_place_is_named_and_input_restored():
+    x = make(4)
+    snap = Snapshot([x])
+
+    def fn(t):
+        t.data.mul_(2)  # sneaks past autograd's leaf check
+        return t * 1
+
+    with pytest.raises(ValueError, match="fn modified input 0 in place"):
+        agcheck.gradcheck(fn, (x,))
+    snap.assert_unchanged()
+
+
+def test_huge_slow_check_warns_with_its_size():
+    x = make(20_000, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", agcheck.CostWarning)
+        with pytest.raises(agcheck.CostWarning, match=r"20,000 input elements x 20,000 output elements.*fast_mode=True"):
+            agcheck.gradcheck(lambda t: t.cumsum(0), (x,))
+
+
+def test_fast_mode_does_not_warn_about_cost():
+    x = make(20_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", agcheck.CostWarning)
+        assert agcheck.gradcheck(lambda t: t.sin(), (x,), fast_mode=True)
+
+
+def test_non_double_input_warns_like_torch():
+    x = make(3, dtype=torch.float32)
+    with pytest.warns(UserWarning, match="is not a double precision floating point or complex"):
+        agcheck.gradcheck(lambda t: t * 2, (x,), raise_exception=False)
+
+
+def test_no_input_requires_grad_is_torchs_value_error():
+    with pytest.raises(ValueError, match="none of them have requires_grad=True"):
+        agcheck.gradcheck(lambda t: t * 2, (make(3, requires_grad=False),))
+
+
+def test_stride_zero_input_is_torchs_runtime_error():
+    x = torch.ones(1, dtype=torch.float64).expand(3).requires_grad_()
+    with pytest.raises(RuntimeError, match="has a dimension with stride 0"):
+        agcheck.gradcheck(lambda t: t * 2, (x,))
+
+
+def test_sparse_output_is_torchs_value_error():
+    x = make(2, 3)
+    with pytest.raises(ValueError, match="Sparse output is not supported at gradcheck yet"):
+        agcheck.gradcheck(lambda t: (t * 2).to_sparse(), (x,))
+
+
+def test_output_shape_changing_under_perturbation():
+    x = make(5)
+    x0 = float(x[0])
+
+    def fn(t):  # one more output element when t[0] moved up
+        return t[: 2 if float(t[0]) >= x0 else 1] * 1
+
+    for engine in ("auto", "reference"):
+        with pytest.raises(AssertionError, match="Expected `func` to return outputs with the same shape"):
+            agcheck.gradcheck(fn, (x,), engine=engine)
+
+
+def test_empty_and_zero_dim_inputs_work_as_in_torch():
+    for x in (make(0, 3), make()):
+        assert agcheck.gradcheck(lambda t: t.exp(), (x,), check_forward_ad=True)
+        assert agcheck.gradcheck(lambda t: t.exp(), (x,), fast_mode=True)
+
+
+def test_two_frameworks_cannot_mix_when_inferred():
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="mix arrays of several frameworks"):
+        agcheck.gradcheck(lambda a, b: a, (make(2), jnp.ones(2)))
+
+
+def test_inputs_of_the_wrong_type():
+    with pytest.raises(TypeError, match="could not infer the backend"):
+        agcheck.gradcheck(lambda d: d, {"x": 1})
+    assert np is not None
