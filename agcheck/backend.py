@@ -226,6 +226,12 @@ class Backend:
     def transpose(self, x):
         return self.xp(x).permute_dims(x, (1, 0))
 
+    def itemsize(self, x) -> int:
+        """Bytes per element of ``x``."""
+        import numpy as np
+
+        return int(np.dtype(str(x.dtype)).itemsize)
+
     def machine_epsilon(self, x) -> float:
         """The spacing of the input's (real) floating type at 1.0."""
         import numpy as np

@@ -21,6 +21,8 @@ back for that input if not.
 """
 from __future__ import annotations
 
+import time
+
 from . import jacobian as jac
 
 __all__ = ["EngineFallback", "compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
@@ -30,9 +32,11 @@ DEFAULT_MEMORY_BUDGET = 1 << 30
 #: below this many elements an input is perturbed element by element (a loop is cheaper)
 MIN_BATCHED_NUMEL = 16
 #: working memory of one batched call, as a fraction of the budget
-_CHUNK_SHARE = 8
+_CHUNK_SHARE = 4
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
-_INTERMEDIATES = 8
+_INTERMEDIATES = 4
+#: a batched row must cost less than this share of a one-at-a-time row to be kept
+_BATCH_ADVANTAGE = 0.7
 PROBE_SEED = 5113
 
 
@@ -55,9 +59,12 @@ class _Problem:
         self.outputs = trace.outputs
         self.floats = [k for k, o in enumerate(self.outputs) if self.be.is_floating_or_complex(o)]
         self.budget = run.opts.memory_budget or DEFAULT_MEMORY_BUDGET
-        self.itemsize = 16  # bytes of the widest element (complex128); a safe estimate
+        arrays = [args[q] for q in checked] + [self.outputs[k] for k in self.floats]
+        self.itemsize = max(self.be.itemsize(a) for a in arrays)
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
+        self._element_cost = {}  # seconds one element's rows take one at a time
+        self._vjp_batched = None  # whether batched VJPs beat one-at-a-time ones
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -75,7 +82,9 @@ class _Problem:
         u = be.uniform_unit_vector(x, gen, real=True)
         eps = self.run.eps_for(x)
         try:
-            sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, eps)
+            start = time.perf_counter()
+            sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, eps, self.run.stencil)
+            self._element_cost[pos] = (time.perf_counter() - start) * (2 if be.is_complex(x) else 1)
             step = be.reshape(u, x.shape) * eps
             moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
             batched = be.evaluate_batch(self.fn, self.args, pos, moved)
@@ -84,7 +93,7 @@ class _Problem:
         for k in self.floats:
             minus, plus = batched[k][0], batched[k][1]
             est = be.flatten((plus - minus) / (2 * eps))
-            ref = sequential[k]
+            ref = sequential[k] if self.run.stencil.name == "central" else est
             if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
             ):
@@ -105,13 +114,25 @@ class _Problem:
         chunk = _rows_per_chunk(per_row, self.budget, n)
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
-            flat = list(range(start, stop))
-            rows = self._difference_rows(pos, flat, eps)
-            if complex_input:
-                imag = self._difference_rows(pos, flat, eps * 1j)
-                rows = {k: rows[k] + imag[k] * 1j for k in rows}
-                rows = {k: be.astype(r, x.dtype) for k, r in rows.items()}
+            began = time.perf_counter()
+            rows = self._batched_rows(pos, list(range(start, stop)), eps, complex_input)
             yield start, stop, rows
+            if start == 0 and stop < n:
+                per_row = (time.perf_counter() - began) / (stop - start)
+                if per_row > _BATCH_ADVANTAGE * self._element_cost.get(pos, float("inf")):
+                    # vmap is slower here than a loop (no batching rule for some op)
+                    self.run.engine_log.append((pos, "element by element (batched was slower)"))
+                    yield stop, n, jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps,
+                                                           self.run.stencil, elements=range(stop, n))
+                    return
+
+    def _batched_rows(self, pos, flat, eps, complex_input):
+        be, x = self.be, self.args[pos]
+        rows = self._difference_rows(pos, flat, eps)
+        if complex_input:
+            imag = self._difference_rows(pos, flat, eps * 1j)
+            rows = {k: be.astype(rows[k] + imag[k] * 1j, x.dtype) for k in rows}
+        return rows
 
     def _difference_rows(self, pos, flat, step):
         be, x = self.be, self.args[pos]
@@ -133,9 +154,11 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
     """Slow-mode reverse check of one piece, batched; raises EngineFallback if undecided."""
     be, opts = run.be, run.opts
     p = _Problem(run, fn, trace, args, checked)
+    if not any([p.batched_ok(q) for q in checked]):
+        raise EngineFallback("no input can be moved in batches")
     inputs = [args[q] for q in checked]
     n_in = sum(be.numel(x) for x in inputs)
-    full = sum(be.numel(x) for x in inputs) * p.out_numel * p.itemsize
+    full = n_in * p.out_numel * p.itemsize
     if full <= p.budget // 2:
         numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
         for k in diff:
@@ -154,7 +177,8 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
 
 
 def _keep_columns(be, chunks, k, b0, b1):
-    return [(s, e, {k: rows[k][:, b0:b1]}) for s, e, rows in chunks]
+    # copies, so that the full rows of a chunk are not kept alive by a view
+    return [(s, e, {k: be.clone(rows[k][:, b0:b1])}) for s, e, rows in chunks]
 
 
 def _column_blocks(p, m, n_in):
@@ -164,11 +188,28 @@ def _column_blocks(p, m, n_in):
 
 
 def _analytical_columns(p, k, c0, c1, inputs):
-    """``J[:, c0:c1]`` for every input, by one batched VJP of one-hot cotangents."""
+    """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
+    per column where batching turned out slower."""
+    if p._vjp_batched is None:
+        began = time.perf_counter()
+        cols = _batched_columns(p, k, c0, c1, inputs)
+        batched = (time.perf_counter() - began) / (c1 - c0)
+        began = time.perf_counter()
+        _looped_columns(p, k, c0, c0 + 1, inputs)
+        looped = time.perf_counter() - began
+        p._vjp_batched = batched < _BATCH_ADVANTAGE * looped or c1 - c0 == 1
+        if not p._vjp_batched:
+            p.run.engine_log.append(("vjp", "one at a time (batched was slower)"))
+        return cols
+    if p._vjp_batched:
+        return _batched_columns(p, k, c0, c1, inputs)
+    return _looped_columns(p, k, c0, c1, inputs)
+
+
+def _batched_columns(p, k, c0, c1, inputs):
     be = p.be
     out = p.outputs[k]
-    cotangents = be.one_hots(out, list(range(c0, c1)))
-    grads = p.trace.vjp_batched(k, cotangents)
+    grads = p.trace.vjp_batched(k, be.one_hots(out, list(range(c0, c1))))
     cols = []
     for g, x in zip(grads, inputs):
         if g is None:
@@ -178,6 +219,21 @@ def _analytical_columns(p, k, c0, c1, inputs):
             raise EngineFallback("gradient of unexpected shape or dtype")
         cols.append(be.transpose(be.reshape(be.to_dense(g), (c1 - c0, be.numel(x)))))
     return cols
+
+
+def _looped_columns(p, k, c0, c1, inputs):
+    be = p.be
+    out = p.outputs[k]
+    per_input = [[] for _ in inputs]
+    for j in range(c0, c1):
+        grads = p.trace.vjp([k], [be.one_hot(out, j)])
+        for i, (g, x) in enumerate(zip(grads, inputs)):
+            if g is None:
+                g = be.zeros(tuple(x.shape), like=x)
+            elif tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
+                raise EngineFallback("gradient of unexpected shape or dtype")
+            per_input[i].append(be.flatten(be.to_dense(g)))
+    return [be.transpose(be.stack(cols, axis=0)) for cols in per_input]
 
 
 def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:

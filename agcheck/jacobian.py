@@ -89,18 +89,19 @@ def _stack_rows(be, rows: list, n_cols: int, like, dtype):
 
 
 def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float,
-                        stencil=STENCILS["central"]) -> dict:
+                        stencil=STENCILS["central"], elements=None) -> dict:
     """Finite-difference Jacobians of every floating/complex output w.r.t. ``args[position]``.
 
-    Returns ``{output_position: matrix (input.numel, output.numel)}``. The input is moved
-    in place one element at a time (so closures that read it see the move) and restored.
+    Returns ``{output_position: matrix (input.numel, output.numel)}`` (only the rows of
+    ``elements``, a range of flat indices, if given). The input is moved in place one
+    element at a time (so closures that read it see the move) and restored.
     """
     x = args[position]
     complex_input = be.is_complex(x)
     float_positions = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
     rows: dict[int, list] = {k: [] for k in float_positions}
     with be.perturber(args, position) as perturber:
-        for flat in range(perturber.numel):
+        for flat in range(perturber.numel) if elements is None else elements:
             cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
             for k in float_positions:
                 rows[k].append(cols[k])

@@ -121,6 +121,9 @@ class TorchBackend(Backend):
     def machine_epsilon(self, x) -> float:
         return torch.finfo(x.dtype).eps
 
+    def itemsize(self, x) -> int:
+        return x.element_size()
+
     # -- validation -------------------------------------------------------------------
     def validate_input(self, idx: int, x) -> None:
         if x.layout != torch.strided:

@@ -20,7 +20,8 @@ def run(fn, inputs, **kw):
 
 
 def paths(r):
-    return {how for _, how in r.engine_log}
+    """How the inputs were moved (the numerical side's entries of the engine log)."""
+    return {how for where, how in r.engine_log if isinstance(where, int)}
 
 
 def test_vmappable_inputs_are_batched_and_pass():
@@ -31,6 +32,7 @@ def test_vmappable_inputs_are_batched_and_pass():
 def test_tiny_inputs_use_the_loop():
     r = run(lambda a: a.exp(), (make(3),))
     assert r.verdict and paths(r) == {"element by element"}
+    assert r.engine_fallbacks == ["EngineFallback: no input can be moved in batches"]
 
 
 def test_closure_is_detected_and_falls_back():
@@ -78,7 +80,9 @@ def test_a_batched_mismatch_is_judged_and_reported_by_the_reference():
 def test_small_memory_budgets_recompute_but_agree(budget):
     fn = lambda a, b: (a @ b).sin()
     ok = run(fn, (make(12, 12), make(12, 12, seed=3)), memory_budget=budget)
-    assert ok.verdict and not ok.engine_fallbacks and paths(ok) == {"batched"}
+    # with one-row chunks a loop may be cheaper; which way it went depends on timings
+    assert ok.verdict and not ok.engine_fallbacks and "batched" in paths(ok)
+    assert paths(ok) <= {"batched", "element by element (batched was slower)"}
     bad = run(OneEntryOff.apply, (make(40),), memory_budget=budget)
     assert bad.verdict is False
 
