@@ -1,0 +1,506 @@
+"""Benchmark cases for ``bench/compare.py`` and the worker that runs one of them.
+
+Every case is a builder ``build(quick, opts) -> (fn, inputs, kwargs)`` registered in
+:data:`CASES` together with the check it runs (``gradcheck``, ``gradgradcheck`` or the
+OpInfo ``sweep``, whose builder returns a list of ``(label, fn, inputs, kwargs)``).
+Inputs come from a *local* ``torch.Generator`` with a fixed seed, so the torch side and
+the agcheck side (separate processes) check exactly the same numbers.
+
+Worker entry (used by compare.py; one case, one side, one fresh process)::
+
+    python bench/cases.py --worker CASE --side {torch,agcheck} [--quick] [--opinfo-ops N]
+
+It prints one line ``@@BENCH@@ {json}`` on stdout with the measurement:
+
+- ``time_s``: ``time.perf_counter()`` around the check call(s) only -- imports, input
+  creation and a tiny warm-up check of the same side happen before the clock starts;
+- ``peak_mb``: peak RSS growth during the check, in MiB (2**20 bytes): ``VmHWM`` read
+  from ``/proc/self/status`` after the check minus ``VmRSS`` just before it, with the
+  high-water mark reset right before the check by writing ``5`` to
+  ``/proc/self/clear_refs`` (Linux).  Without ``clear_refs``: ``ru_maxrss`` growth, which
+  is 0 whenever setup peaked higher than the check (``mem_method`` says which was used);
+- ``cpu_s``: user+system CPU time of the process over the same span (all threads) --
+  less sensitive than wall time to other load on the machine, more to thread count;
+- ``loadavg_before``: the 1-minute load average when the check started;
+- ``verdict``: ``"True"``, ``"False"`` (``raise_exception=False`` is not used, so this
+  only appears if a check returns False), the exception's type name, or ``"n/a"`` when
+  the side has no such entry point (``agcheck.gradgradcheck`` missing).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import gc
+import itertools
+import json
+import os
+import re
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+MARKER = "@@BENCH@@"
+SEED = 20240613
+
+
+# --------------------------------------------------------------------------------------
+# memory helpers
+# --------------------------------------------------------------------------------------
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(rf"^{key}:\s+(\d+)\s+kB", f.read(), re.M)
+        return int(m.group(1)) if m else None
+    except OSError:
+        return None
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's peak-RSS counter (VmHWM) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _trim() -> None:
+    """Collect garbage and return freed heap memory to the OS, so that memory setup
+    freed but malloc kept does not hide the check's own growth."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMeter:
+    """Peak RSS growth (kB) of the code between ``start()`` and ``stop()``."""
+
+    def start(self) -> None:
+        _trim()
+        self.hwm_reset = _reset_hwm()
+        self.rss0 = _status_kb("VmRSS")
+        self.maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def stop(self) -> tuple[int, str]:
+        if self.hwm_reset and self.rss0 is not None:
+            hwm = _status_kb("VmHWM")
+            if hwm is not None:
+                return max(hwm - self.rss0, 0), "VmHWM-after (reset via clear_refs) - VmRSS-before"
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return max(maxrss - self.maxrss0, 0), "ru_maxrss-after - ru_maxrss-before (lower bound)"
+
+
+# --------------------------------------------------------------------------------------
+# cases
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    check: str  # "gradcheck" | "gradgradcheck" | "sweep"
+    build: Callable[[bool, dict], Any]
+    describe: Callable[[bool, dict], str]
+    big: bool = False  # slow/heavy on the torch side in the full run
+
+
+def _gen():
+    import torch
+
+    g = torch.Generator().manual_seed(SEED)
+    return g
+
+
+def _randn(shape, dtype=None, *, g):
+    import torch
+
+    dtype = dtype or torch.float64
+    return torch.randn(shape, generator=g, dtype=dtype).requires_grad_(True)
+
+
+def _sin2(t):
+    return t.sin() * 2
+
+
+def _elementwise(n_full: int, n_quick: int):
+    def build(quick, opts):
+        n = n_quick if quick else n_full
+        return _sin2, (_randn((n,), g=_gen()),), {}
+
+    def describe(quick, opts):
+        return f"sin(t)*2, n={n_quick if quick else n_full}, slow"
+
+    return build, describe
+
+
+def _matmul_tanh_fn(a, b):
+    import torch
+
+    return torch.tanh(a @ b)
+
+
+def _build_matmul_tanh(quick, opts):
+    n = 16 if quick else 48
+    g = _gen()
+    return _matmul_tanh_fn, (_randn((n, n), g=g), _randn((n, n), g=g)), {}
+
+
+def _mlp_fn(x, w1, b1, w2, b2):
+    import torch
+
+    return torch.tanh(x @ w1.T + b1) @ w2.T + b2
+
+
+def _build_mlp(quick, opts):
+    g = _gen()
+    batch, d_in, d_hid, d_out = 4, 8, 16, 4
+    inputs = (
+        _randn((batch, d_in), g=g),
+        _randn((d_hid, d_in), g=g),
+        _randn((d_hid,), g=g),
+        _randn((d_out, d_hid), g=g),
+        _randn((d_out,), g=g),
+    )
+    return _mlp_fn, inputs, {"check_forward_ad": True, "check_backward_ad": True}
+
+
+def _complex_fn(z):
+    return z * z.conj() + z.exp()
+
+
+def _build_complex(quick, opts):
+    import torch
+
+    n = 200 if quick else 600
+    return _complex_fn, (_randn((n,), torch.complex128, g=_gen()),), {}
+
+
+def _gradgrad_fn(t):
+    return t.sin() * t
+
+
+def _build_gradgrad(quick, opts):
+    n = 100 if quick else 300
+    return _gradgrad_fn, (_randn((n,), g=_gen()),), {}
+
+
+def _build_fast(quick, opts):
+    n = 10**5 if quick else 10**6
+    return _sin2, (_randn((n,), g=_gen()),), {"fast_mode": True}
+
+
+# ---- OpInfo sweep --------------------------------------------------------------------
+
+
+def select_opinfo_ops(n_ops: int):
+    """A fixed, deterministic subset of ``op_db``: the float64 ops with autograd on CPU,
+    sorted by (name, variant), every ``k``-th so the subset spreads over the alphabet."""
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    f64 = torch.float64
+    eligible = [
+        op
+        for op in op_db
+        if op.supports_autograd
+        and op.supports_dtype(f64, "cpu")
+        and f64 in op.supported_backward_dtypes("cpu")
+    ]
+    eligible.sort(key=lambda op: (op.name, op.variant_test_name))
+    n_ops = min(n_ops, len(eligible))
+    if n_ops <= 0:
+        return []
+    step = len(eligible) / n_ops
+    return [eligible[int(i * step)] for i in range(n_ops)]
+
+
+def _sweep_helpers():
+    """``tests/opinfo_sweep.py`` (the verdict sweep) when it offers what the bench needs:
+    ``generate_samples``, ``skip_reason``, ``build_check`` and ``check_kwargs`` -- then the
+    bench times exactly the calls the verdict sweep makes.  None otherwise (own loop)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, "tests", "opinfo_sweep.py")):
+        return None
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        import importlib
+
+        mod = importlib.import_module("tests.opinfo_sweep")
+    except Exception:  # noqa: BLE001 -- a broken helper must not break the bench
+        return None
+    needed = ("generate_samples", "skip_reason", "build_check", "check_kwargs")
+    return mod if all(callable(getattr(mod, n, None)) for n in needed) else None
+
+
+def opinfo_kwargs(op) -> dict:
+    """Own-loop gradcheck keywords for ``op`` (slow mode), after torch's
+    ``TestGradients._check_helper`` plus forward AD where the op supports it -- the same
+    keywords as ``tests/opinfo_sweep.check_kwargs(op, "slow")``."""
+    fwd = bool(op.supports_forward_ad)
+    return {
+        "check_batched_grad": bool(op.check_batched_grad),
+        "check_grad_dtypes": True,
+        "nondet_tol": op.gradcheck_nondet_tol,
+        "fast_mode": False,
+        "check_forward_ad": fwd,
+        "check_backward_ad": True,
+        "check_batched_forward_grad": bool(op.check_batched_forward_grad) if fwd else False,
+    }
+
+
+def _opinfo_fn_and_inputs(op, sample):
+    """(fn, gradcheck_args) for one sample, as in torch's ``_check_helper``: the tensors
+    that require grad become positional inputs, everything else is closed over."""
+    import torch
+    from torch.testing._internal.common_utils import is_iterable_of_tensors
+
+    variant = op.get_op()
+    if is_iterable_of_tensors(sample.input):
+        all_args = tuple(itertools.chain(sample.input, sample.args, sample.kwargs.values()))
+    else:
+        all_args = tuple(itertools.chain((sample.input,), sample.args, sample.kwargs.values()))
+    gradcheck_args = tuple(x for x in all_args if isinstance(x, torch.Tensor) and x.requires_grad)
+
+    def recompose(inputs, inp, idx):
+        if is_iterable_of_tensors(inp):
+            out = []
+            for x in inp:
+                if isinstance(x, torch.Tensor) and x.requires_grad:
+                    out.append(inputs[idx])
+                    idx += 1
+                else:
+                    out.append(x)
+            return out, idx
+        if isinstance(inp, torch.Tensor) and inp.requires_grad:
+            return inputs[idx], idx + 1
+        return inp, idx
+
+    def fn(*inputs):
+        idx = 0
+        first, idx = recompose(inputs, sample.input, idx)
+        positional = [first]
+        for x in sample.args:
+            v, idx = recompose(inputs, x, idx)
+            positional.append(v)
+        kwargs = {}
+        for k, x in sample.kwargs.items():
+            kwargs[k], idx = recompose(inputs, x, idx)
+        out = op.gradcheck_wrapper(variant, *positional, **kwargs)
+        if sample.output_process_fn_grad is not None:
+            return sample.output_process_fn_grad(out)
+        return out
+
+    return fn, gradcheck_args
+
+
+def build_opinfo_sweep(n_ops: int, samples_per_op: int = 2, source: str = "auto"):
+    """``(source, [(label, fn, inputs, kwargs), ...])``: the first ``samples_per_op``
+    float64 samples of each selected op (global RNG seeded before each op's generation,
+    so both processes draw the same), slow mode, the op's own settings.
+
+    ``source``: "auto" (tests/opinfo_sweep.py when usable, else own loop), "sweep", "own".
+    """
+    import torch
+
+    helper = _sweep_helpers() if source in ("auto", "sweep") else None
+    if source == "sweep" and helper is None:
+        raise RuntimeError("tests/opinfo_sweep.py is missing or lacks the needed functions")
+    items = []
+    for op in select_opinfo_ops(n_ops):
+        label = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+        if helper is not None:
+            kwargs = helper.check_kwargs(op, "slow")
+            samples = helper.generate_samples(op, "float64", limit=samples_per_op)
+            for j, sample in enumerate(samples):
+                if helper.skip_reason(sample) is not None:
+                    continue
+                fn, args = helper.build_check(op, sample)
+                items.append((f"{label}[{j}]", fn, args, kwargs))
+            continue
+        kwargs = opinfo_kwargs(op)
+        torch.manual_seed(SEED)
+        samples = op.sample_inputs("cpu", torch.float64, requires_grad=True)
+        for j, sample in enumerate(itertools.islice(samples, samples_per_op)):
+            fn, args = _opinfo_fn_and_inputs(op, sample)
+            if not args:
+                continue
+            items.append((f"{label}[{j}]", fn, args, kwargs))
+    return ("tests/opinfo_sweep.py" if helper is not None else "own loop"), items
+
+
+def _build_sweep(quick, opts):
+    return build_opinfo_sweep(opts.get("opinfo_ops", 10 if quick else 60), 2, opts.get("opinfo_source", "auto"))
+
+
+def _describe_sweep(quick, opts):
+    return f"op_db float64, {opts.get('opinfo_ops', 10 if quick else 60)} ops x <=2 samples, slow"
+
+
+_ew1 = _elementwise(1000, 300)
+_ew2 = _elementwise(4000, 800)
+_ew3 = _elementwise(12000, 1500)
+
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in [
+        Case("elementwise_1k", "gradcheck", *_ew1),
+        Case("elementwise_4k", "gradcheck", *_ew2),
+        Case("elementwise_12k", "gradcheck", *_ew3, big=True),
+        Case("matmul_tanh", "gradcheck", _build_matmul_tanh,
+             lambda q, o: f"tanh(a@b), 2x {16 if q else 48}x{16 if q else 48}, slow"),
+        Case("mlp_fwd_bwd", "gradcheck", _build_mlp,
+             lambda q, o: "MLP 8->16->4 batch 4, 5 inputs, fwd+bwd AD, slow"),
+        Case("complex", "gradcheck", _build_complex,
+             lambda q, o: f"z*conj(z)+exp(z), c128 n={200 if q else 600}, slow"),
+        Case("gradgrad", "gradgradcheck", _build_gradgrad,
+             lambda q, o: f"gradgradcheck sin(t)*t, n={100 if q else 300}, slow"),
+        Case("fast_1m", "gradcheck", _build_fast,
+             lambda q, o: f"sin(t)*2, n={10**5 if q else 10**6}, fast_mode"),
+        Case("opinfo_sweep", "sweep", _build_sweep, _describe_sweep),
+    ]
+}
+
+
+# --------------------------------------------------------------------------------------
+# worker
+# --------------------------------------------------------------------------------------
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def _verdict(call) -> str:
+    try:
+        r = call()
+    except Exception as e:  # noqa: BLE001 -- the verdict *is* the exception type
+        return type(e).__name__
+    return "True" if r is True else ("False" if r is False else f"returned {r!r}")
+
+
+def _entry(side: str, check: str):
+    import torch
+
+    if side == "torch":
+        return torch.autograd.gradgradcheck if check == "gradgradcheck" else torch.autograd.gradcheck
+    import agcheck
+
+    if check == "gradgradcheck":
+        f = getattr(agcheck, "gradgradcheck", None)
+        return None if f is None else (lambda fn, inputs, **kw: f(fn, inputs, backend="torch", **kw))
+    return lambda fn, inputs, **kw: agcheck.gradcheck(fn, inputs, backend="torch", **kw)
+
+
+def _warm_up(entry, kwargs: dict) -> None:
+    """One tiny check (n=3) with the case's keywords on the same side, so lazy imports
+    and first-call costs of either library are not billed to the case."""
+    import torch
+
+    x = torch.randn(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    _verdict(lambda: entry(_gradgrad_fn, (x,), **kwargs))
+
+
+def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
+    import torch
+
+    import agcheck  # noqa: F401 -- imported on both sides so the baselines match
+
+    case = CASES[name]
+    entry = _entry(side, case.check)
+    res: dict[str, Any] = {
+        "case": name, "side": side, "quick": quick, "detail": case.describe(quick, opts),
+        "torch_threads": torch.get_num_threads(), "pid": os.getpid(),
+    }
+    if entry is None:
+        res.update(verdict="n/a", time_s=None, peak_mb=None, mem_method=None)
+        return res
+    meter = PeakMeter()
+
+    if case.check == "sweep":
+        source, items = case.build(quick, opts)
+        res["sweep_source"] = source
+        _warm_up(entry, {"check_forward_ad": True, "check_batched_grad": True})
+        total = 0.0
+        cpu = 0.0
+        peak = 0
+        res["loadavg_before"] = _loadavg()
+        verdicts = []
+        per_item = []
+        for i, (label, fn, inputs, kwargs) in enumerate(items):
+            torch.manual_seed(SEED + i)  # fast-mode / batched checks may draw from it
+            meter.start()
+            c0 = _cpu_s()
+            t0 = time.perf_counter()
+            v = _verdict(lambda: entry(fn, inputs, **kwargs))
+            dt = time.perf_counter() - t0
+            cpu += _cpu_s() - c0
+            kb, method = meter.stop()
+            total += dt
+            peak = max(peak, kb)
+            verdicts.append(v)
+            per_item.append({"label": label, "verdict": v, "time_s": dt, "peak_mb": kb / 1024})
+        n_true = sum(v == "True" for v in verdicts)
+        res.update(
+            time_s=total, cpu_s=cpu, peak_mb=peak / 1024, mem_method=(method + ", max over samples") if items else None,
+            verdict=f"{n_true}/{len(verdicts)} True", verdicts=verdicts, items=per_item,
+        )
+        return res
+
+    fn, inputs, kwargs = case.build(quick, opts)
+    res["kwargs"] = {k: repr(v) for k, v in kwargs.items()}
+    _warm_up(entry, kwargs)
+    torch.manual_seed(SEED)  # fast mode may draw its random vectors from the global RNG
+    res["loadavg_before"] = _loadavg()
+    meter.start()
+    c0 = _cpu_s()
+    t0 = time.perf_counter()
+    v = _verdict(lambda: entry(fn, inputs, **kwargs))
+    dt = time.perf_counter() - t0
+    cpu = _cpu_s() - c0
+    kb, method = meter.stop()
+    res.update(time_s=dt, cpu_s=cpu, peak_mb=kb / 1024, mem_method=method, verdict=v)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", required=True, choices=sorted(CASES))
+    p.add_argument("--side", required=True, choices=["torch", "agcheck"])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--opinfo-ops", type=int, default=None)
+    p.add_argument("--opinfo-source", choices=["auto", "sweep", "own"], default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    a = p.parse_args(argv)
+    if a.threads is not None:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    opts = {"opinfo_source": a.opinfo_source}
+    if a.opinfo_ops is not None:
+        opts["opinfo_ops"] = a.opinfo_ops
+    res = run_worker(a.worker, a.side, a.quick, opts)
+    sys.stdout.flush()
+    print(MARKER, json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    # make ``import agcheck`` find the checkout even when run from elsewhere
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
