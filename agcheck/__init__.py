@@ -6,7 +6,7 @@ framework-specific parts.
 """
 from .backend import Backend, available_backends, get_backend, infer_backend, register_backend
 from .crosscheck import CrosscheckResult, crosscheck
-from .gradcheck import OutputTypeError, gradcheck
+from .gradcheck import CostWarning, OutputTypeError, gradcheck
 from .gradgradcheck import gradgradcheck
 from .options import GradcheckOptions
 from .report import GradcheckError
@@ -21,6 +21,7 @@ __all__ = [
     "GradcheckError",
     "GradcheckOptions",
     "OutputTypeError",
+    "CostWarning",
     "Backend",
     "available_backends",
     "get_backend",

@@ -77,6 +77,19 @@ class Perturber:
         """Outputs of ``fn`` with the whole input moved by the array ``delta``."""
         raise NotImplementedError
 
+    # Inputs stored sparsely: ``numel`` counts the stored elements (what is moved), while
+    # the Jacobian has one row per element of the input's dense equivalent.
+    def dense_rows(self):
+        """``None`` when stored element ``k`` is Jacobian row ``k`` (dense arrays); else
+        ``(n_rows, rows)``: the Jacobian has ``n_rows`` rows, stored element ``k`` is row
+        ``rows[k]``, and the rows of elements that are not stored are zero."""
+        return None
+
+    def direction(self, u):
+        """The flat probe ``u`` (one entry per dense element) as :meth:`evaluate_direction`
+        takes it; ``None`` lets the core reshape ``u`` to the input's shape."""
+        return None
+
 
 class Backend:
     """What the core asks of an array framework.
@@ -129,12 +142,26 @@ class Backend:
     def dtype_name(self, x) -> str:
         return str(x.dtype)
 
+    def layout(self, x) -> str:
+        """``"dense"`` for an ordinary array, else the backend's name of ``x``'s layout
+        (torch: ``"sparse_coo"``, ``"sparse_csr"``, ..., ``"mkldnn"``)."""
+        return "dense"
+
+    def densify(self, x):
+        """``x`` as the numerical side of an unmasked check (``masked`` false) moves it: a
+        sparse array with every element specified (the unspecified ones as explicit
+        zeros). Dense arrays are returned as they are."""
+        return x
+
     # -- configuration ----------------------------------------------------------------
     def with_options(self, **options) -> "Backend":
         """This backend configured by the extra keywords of one call (e.g. ``wrt=``)."""
         if options:
             raise TypeError(f"the {self.name!r} backend takes no extra keywords, got {sorted(options)}")
         return self
+
+    def check_supported(self, opts) -> None:
+        """Raise, before any work, if this backend cannot run the checks ``opts`` asks for."""
 
     def prepare(self, fn: Callable, inputs) -> tuple[Callable, tuple]:
         """``fn`` and its inputs as the core sees them: a callable of a flat tuple of arguments."""

@@ -152,8 +152,6 @@ class CrosscheckResult:
         for d in self.differences:
             pair = f"{d.reference} vs {d.other}"
             verdict = "ok" if d.ok else f"DIFFER ({d.n_bad}/{d.n_total} entries) at {d.where}"
-            if d.conjugate:
-                verdict += " [conjugate]"
             if d.note and not d.ok:
                 verdict += f" [{d.note}]"
             lines.append(f"  {d.quantity:<8} {d.label:<28} {pair:<16} {d.max_abs:>11.3e}  {verdict}")
@@ -260,8 +258,6 @@ def _backend_array(side: _Side, arr: np.ndarray, like):
 
 def _from_numpy(side: _Side, x: np.ndarray, checked: bool):
     be, name = side.be, side.name
-    if hasattr(be, "from_numpy"):
-        return be.from_numpy(x, checked=checked)
     if name == "torch":
         import torch
 
@@ -271,6 +267,8 @@ def _from_numpy(side: _Side, x: np.ndarray, checked: bool):
         import jax.numpy as jnp
 
         return jnp.asarray(x)
+    if hasattr(be, "from_numpy"):  # the numpy backend, and any backend that says how
+        return be.from_numpy(x, checked=checked)
     raise TypeError(
         f"crosscheck does not know how to make {name!r} arrays from NumPy arrays; give the "
         "backend a from_numpy(x, checked=False) method"
@@ -528,12 +526,12 @@ def _second(side: _Side, fast: bool, probes: dict) -> dict:
                     axes = [(f"input {j2} element ", tuple(x2.shape))]
                     data = data.reshape(-1)
                 else:
-                    out_axis = [f"{list(np.unravel_index(r, out_np.shape)) if out_np.shape else []}"
+                    out_axis = [f"{[int(v) for v in np.unravel_index(r, out_np.shape)] if out_np.shape else []}"
                                 + (" (1j)" if np.iscomplexobj(out_np) and n % 2 else "")
                                 for n, r in enumerate(labels)]
                     g_axis = []
                     for i in range(x1.size):
-                        at = list(np.unravel_index(i, x1.shape)) if x1.shape else []
+                        at = [int(v) for v in np.unravel_index(i, x1.shape)] if x1.shape else []
                         g_axis.append(f"{at}")
                         if np.iscomplexobj(x1):
                             g_axis.append(f"{at} (1j)")

@@ -11,7 +11,8 @@ from .backend import get_backend, infer_backend
 from .checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
 from .options import GradcheckOptions
 from .stencil import auto_eps, get_stencil
-from .report import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
+from .report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure, complete_report,
+                     jacobian_mismatch_message)
 from .wirtinger import input_part, output_part, split_inputs
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
@@ -140,10 +141,16 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **
         be = get_backend(backend, **backend_options)
     else:
         be = infer_backend(inputs, **backend_options)
+    be.check_supported(opts)
     fn, args = be.prepare(fn, inputs)
     try:
         with be.preserve_state(args), _numpy_rng_preserved():
-            _Run(fn, args, be, opts).all_checks()
+            try:
+                _Run(fn, args, be, opts).all_checks()
+            except GradcheckError as e:
+                if opts.raise_exception:  # reports are filled in only for a raised failure
+                    complete_report(e, be, opts)
+                raise
     except GradcheckError as e:
         if opts.raise_exception:
             raise
@@ -178,6 +185,16 @@ class _Run:
         if self.opts.eps == "auto":
             return auto_eps(self.be.machine_epsilon(x), self.stencil)
         return self.opts.eps
+
+    def numerical_args(self, args) -> tuple:
+        """The arguments the numerical side moves: unless ``masked``, every sparse argument
+        is replaced by its dense equivalent (all elements specified), as torch does, so
+        that finite differences reach the unspecified elements too. Dense arrays pass
+        through unchanged."""
+        if self.opts.masked:
+            return args
+        be = self.be
+        return tuple(be.densify(a) if be.is_array(a) else a for a in args)
 
     # -- the order of the checks is torch's ---------------------------------------------
     def all_checks(self) -> None:
@@ -315,7 +332,8 @@ class _Run:
                 return
             except Exception as reason:  # the reference engine decides, and explains
                 self.engine_fallbacks.append(f"{type(reason).__name__}: {reason}")
-        numerical = [jac.numerical_jacobians(be, fn, args, p, outputs, self.eps_for(args[p]), self.stencil)
+        moved = self.numerical_args(args)
+        numerical = [jac.numerical_jacobians(be, fn, moved, p, outputs, self.eps_for(args[p]), self.stencil)
                      for p in checked]
         inputs = [args[p] for p in checked]
         if forward:
@@ -326,29 +344,35 @@ class _Run:
                 for j in range(len(checked)):
                     # torch pairs the i-th differentiable output with the i-th floating one
                     self._assert_close(analytical[j][i], numerical[j][k], i, j, complex_indices,
-                                       test_imag, forward, opts.atol)
+                                       test_imag, forward, opts.atol, where=(fn, args, checked[j], outputs, k))
             return
         for i, k in enumerate(diff):
             analytical = jac.analytical_jacobians_reverse(
                 be, trace, k, inputs, nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes
             )
             for j, a in enumerate(analytical):
-                self._assert_close(a, numerical[j][k], i, j, complex_indices, test_imag, forward, opts.atol)
+                self._assert_close(a, numerical[j][k], i, j, complex_indices, test_imag, forward, opts.atol,
+                                   where=(fn, args, checked[j], outputs, k))
 
     def _assert_close(self, a, n, out_idx, in_idx, complex_indices, test_imag, forward, atol,
-                      explain: Callable | None = None) -> None:
+                      explain: Callable | None = None, where=None) -> None:
         be = self.be
         n = be.to_device_of(n, a)
         if be.allclose(a, n, self.opts.rtol, atol):
             return
         message = jacobian_mismatch_message(a, n, out_idx, in_idx, complex_indices, test_imag, forward)
+        blocks, projection = (a, n), None
         if explain is not None:
             message += explain()
-        raise GradcheckError(
+            blocks, projection = self.explained_blocks, {"numerical": n, "analytical": a, "atol": atol}
+        error = GradcheckError(
             message,
             check="jacobian_forward" if forward else "jacobian",
             details={"output": out_idx, "input": in_idx, "imaginary_part": bool(test_imag)},
         )
+        attach_jacobian_failure(error, self, *blocks, output=out_idx, input=in_idx, complex_indices=complex_indices,
+                                test_imag=test_imag, forward=forward, where=where, projection=projection)
+        raise error
 
     # -- fast mode: random projections --------------------------------------------------
     def _compare_fast(self, fn, trace, args, checked, complex_indices, test_imag, forward) -> None:
@@ -360,8 +384,9 @@ class _Run:
         all_v, all_u = jac.random_vectors(be, inputs, None if forward else [outputs[k] for k in diff])
 
         numerical = []
+        moved = self.numerical_args(args)
         for p, u in zip(checked, all_u):
-            jus = jac.numerical_directional(be, fn, args, p, u, self.eps_for(args[p]), self.stencil)
+            jus = jac.numerical_directional(be, fn, moved, p, u, self.eps_for(args[p]), self.stencil)
             float_jus = [jus[k] for k in floats]
             if forward:
                 numerical.append(float_jus)
@@ -391,7 +416,8 @@ class _Run:
                 def explain(i=i, output_position=output_position):
                     return self._slow_explanation(fn, trace, args, checked, i, output_position, forward)
 
-                self._assert_close(a, n, j, i, complex_indices, test_imag, forward, atol, explain)
+                self._assert_close(a, n, j, i, complex_indices, test_imag, forward, atol, explain,
+                                   where=(fn, args, checked[i], outputs, output_position))
 
     def _slow_explanation(self, fn, trace, args, checked, input_index, output_position, forward) -> str:
         """The full Jacobians of one failing pair, recomputed for the fast-mode message."""
@@ -406,6 +432,7 @@ class _Run:
             inputs = [args[p] for p in checked]
             analytical = jac.analytical_jacobians_reverse(be, trace, output_position, inputs, checks=False)[input_index]
         numerical = be.to_device_of(numerical, analytical)
+        self.explained_blocks = (analytical, numerical)  # for the failure report
         max_diff = be.max_abs(numerical - analytical) if be.numel(analytical) else 0.0
         text = (
             FAST_MODE_NOTE

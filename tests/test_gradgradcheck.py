@@ -65,7 +65,7 @@ def test_order_three_catches_a_wrong_third_derivative():
         @staticmethod
         def backward(ctx, gg):
             x, g = ctx.saved_tensors
-            return gg * g * 6 * x * Sixth.apply(x) / x, gg * 3 * x ** 2
+            return gg * g * 6 * x * Sixth.apply(x), gg * 3 * x ** 2
 
     class Sixth(torch.autograd.Function):
         @staticmethod

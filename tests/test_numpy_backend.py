@@ -399,10 +399,8 @@ def test_bad_options():
 def test_wrt_selects_inputs():
     r = rng()
     x, y = r.standard_normal(3), r.standard_normal(3)
-    calls = []
 
     def vjp(inputs, cots):
-        calls.append(1)
         return (np.sin(inputs[0]) * cots[0],)  # d/dy only
 
     assert agcheck.gradcheck(f_real, (x, y), backend="numpy", wrt=1,
@@ -518,3 +516,27 @@ def test_allclose_semantics():
     assert be.allclose(np.array([1.0 + 1e-6]), np.array([1.0]), 1e-5, 0.0)
     assert not be.allclose(np.array([1.1]), np.array([1.0]), 1e-5, 1e-5)
     assert be.allclose(np.array([1.0 + 1e-9j]), np.array([1.0]), 0.0, 1e-8)
+
+
+def test_fn_modifying_its_input_is_named_and_undone():
+    x = _x()
+    before = x.copy()
+
+    def fn(x):
+        x *= 2
+        return x
+
+    with pytest.raises(ValueError, match="fn modified input 0 in place"):
+        agcheck.gradcheck(fn, (x,), backend="numpy", vjp=lambda i, c: (2 * c[0],))
+    assert np.array_equal(x, before)
+
+
+def test_five_point_stencil_and_auto_eps_on_float32():
+    x = np.linspace(-1, 1, 6).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert agcheck.gradcheck(np.tanh, (x,), backend="numpy", eps="auto", stencil="five-point",
+                                 vjp=lambda i, c: ((1 - np.tanh(i[0]) ** 2) * c[0],))
+        assert not agcheck.gradcheck(np.tanh, (x,), backend="numpy", eps="auto", stencil="five-point",
+                                     vjp=lambda i, c: ((1 - np.tanh(i[0]) ** 2) * c[0] * 1.01,),
+                                     raise_exception=False)
