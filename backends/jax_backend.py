@@ -1,0 +1,736 @@
+"""The JAX backend: dense real and complex JAX arrays, pytree inputs, ``wrt=``.
+
+JAX arrays are immutable and carry no ``requires_grad`` flag, so three things differ from
+the torch backend:
+
+* *which inputs are checked*: every inexact (floating or complex) JAX array among the
+  leaves of the inputs, or the leaves of the arguments named by ``wrt=`` (an ``int`` or a
+  tuple of ints, like ``jax.grad``'s ``argnums``);
+* *perturbation*: ``fn`` is evaluated on a new argument tuple whose moved input is a new
+  array (``x.at[idx].subtract(step)`` / ``.add(step)``, the same arithmetic as torch's
+  in-place ``x[idx] - step``); nothing needs restoring;
+* *complex numbers*: JAX's VJP is the conjugate of torch's,
+  ``torch_vjp(v) == conj(jax_vjp(conj(v)))``, while JVPs agree. Every VJP this backend
+  hands to the core is mapped into torch's convention, so the core's complex checks
+  (and crosscheck) mean the same thing on both backends.
+
+JAX has no undefined gradients or tangents: unused inputs get zero gradients, an
+undefined tangent is a zero tangent, and undefined output gradients are JAX's symbolic
+zeros (a custom VJP receives them instantiated as zeros).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from contextlib import contextmanager
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agcheck.backend import Backend, Perturber, Trace
+
+__all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
+
+X64_HINT = (
+    "JAX's 64-bit mode is off (jax_enable_x64 is False), so JAX makes float32/complex64 "
+    "arrays even from float64 data. Enable it before creating the inputs, either globally "
+    "with jax.config.update(\"jax_enable_x64\", True) (or the environment variable "
+    "JAX_ENABLE_X64=1), or for a block of code with `with jax.enable_x64(True): ...`."
+)
+
+
+def owns(x) -> bool:
+    """Is ``x`` a JAX array (a concrete array or a tracer)?"""
+    return isinstance(x, jax.Array)
+
+
+def _is_inexact(x) -> bool:
+    return owns(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _is_complex_dtype(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.complexfloating)
+
+
+def _x64_enabled() -> bool:
+    return bool(jax.config.jax_enable_x64)
+
+
+def _device_of(x):
+    """The single device of a concrete array (None for tracers or sharded arrays)."""
+    try:
+        devices = x.devices()
+    except Exception:
+        return None
+    return next(iter(devices)) if len(devices) == 1 else None
+
+
+def _host(x):
+    """A NumPy view of ``x`` when it is a concrete JAX array on the CPU, else None.
+
+    JAX compiles every primitive for every new shape when run eagerly (tens of ms each);
+    the bookkeeping algebra of a check (reshapes, stacks, comparisons) is therefore done
+    on such NumPy views (zero-copy), and results go back by ``jax.device_put``, which
+    compiles nothing. Tracers and arrays on accelerators take the ``jax.numpy`` path and
+    stay on their device.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if not owns(x) or isinstance(x, jax.core.Tracer):
+        return None
+    device = _device_of(x)
+    if device is None or device.platform != "cpu":
+        return None
+    return np.asarray(x)
+
+
+def _back(values, like=None):
+    """A NumPy result as a JAX array, on ``like``'s device when it has one.
+
+    ``jax.device_put`` rather than ``jnp.asarray``: the latter stages a copy that is
+    compiled anew for every shape.
+    """
+    device = None
+    if like is not None and owns(like) and not isinstance(like, jax.core.Tracer):
+        device = _device_of(like)
+    return jax.device_put(np.asarray(values), device)
+
+
+def _conj(x):
+    h = _host(x)
+    if h is not None:
+        return _back(np.conj(h), x)
+    return jnp.conj(x)
+
+
+def _astype(x, dtype):
+    h = _host(x)
+    if h is not None:
+        return _back(h.astype(np.dtype(dtype)), x)
+    return x.astype(dtype)
+
+
+def _to_torch_convention(g):
+    """A gradient from JAX's VJP, conjugated into torch's convention (None for float0)."""
+    if g is None or g.dtype == jax.dtypes.float0:
+        return None
+    return _conj(g) if _is_complex_dtype(g.dtype) else g
+
+
+def _zero_cotangent(o):
+    """A zero cotangent for output ``o``: float0 for integer and boolean outputs."""
+    if jnp.issubdtype(o.dtype, jnp.inexact):
+        return _zeros_like(o)
+    return np.zeros(o.shape, dtype=jax.dtypes.float0)
+
+
+def _as_cotangent(c, o):
+    """The cotangent ``c`` of output ``o``, in JAX's convention (conjugated) and dtype."""
+    if not jnp.issubdtype(o.dtype, jnp.inexact):
+        return np.zeros(o.shape, dtype=jax.dtypes.float0)
+    if not owns(c):
+        c = jnp.asarray(c)
+    if c.dtype != o.dtype:
+        c = _astype(c, o.dtype)
+    return _conj(c) if _is_complex_dtype(c.dtype) else c
+
+
+def _zeros_like(x):
+    h = _host(x)
+    return _back(np.zeros(h.shape, h.dtype), x) if h is not None else jnp.zeros_like(x)
+
+
+def _tangent_for(t, x):
+    """A tangent for primal ``x``: zeros for an undefined (None) tangent, ``x``'s dtype."""
+    if t is None:
+        return _zeros_like(x)
+    if not owns(t):
+        t = jnp.asarray(t)
+    if t.dtype != x.dtype:
+        t = _astype(t, x.dtype)
+    if tuple(t.shape) != tuple(x.shape):
+        t = jnp.reshape(t, x.shape)
+    return t
+
+
+def _output_tangent(primal, tangent):
+    """A JVP result as an array of the primal's dtype (float0 tangents become zeros)."""
+    if tangent is None or tangent.dtype == jax.dtypes.float0:
+        return _zeros_like(primal)
+    return tangent
+
+
+class _Outputs:
+    """Splits ``fn``'s outputs into the arrays JAX differentiates and everything else.
+
+    JAX transformations only accept arrays as outputs; anything else ``fn`` returns is
+    recorded on the side (the function is traced once, eagerly) and put back into place,
+    so that the core reports a non-array output as torch does.
+    """
+
+    def __init__(self, as_tuple):
+        self.as_tuple = as_tuple
+        self.positions: list[int] | None = None
+        self.others: dict[int, object] = {}
+        self.n = 0
+
+    def arrays_of(self, outs) -> tuple:
+        outs = self.as_tuple(outs)
+        self.n = len(outs)
+        self.positions = [k for k, o in enumerate(outs) if owns(o)]
+        self.others = {k: o for k, o in enumerate(outs) if not owns(o)}
+        return tuple(outs[k] for k in self.positions)
+
+    def rebuild(self, arrays) -> tuple:
+        full = [None] * self.n
+        for k, a in zip(self.positions, arrays):
+            full[k] = a
+        for k, o in self.others.items():
+            full[k] = o
+        return tuple(full)
+
+
+def _with_replaced(args: tuple, positions, values) -> tuple:
+    new = list(args)
+    for p, v in zip(positions, values):
+        new[p] = v
+    return tuple(new)
+
+
+class JaxTrace(Trace):
+    """``fn``'s outputs and its JAX pullback at the traced point.
+
+    ``vjp`` returns gradients in torch's convention: ``conj(pullback(conj(v)))``.
+    """
+
+    def __init__(self, outputs: tuple, array_positions: list, primal_outputs: tuple, pullback):
+        super().__init__(outputs)
+        self._array_positions = array_positions
+        self._primal_outputs = primal_outputs
+        self._pullback = pullback
+
+    def _cotangents(self, given: dict) -> tuple:
+        return tuple(
+            _as_cotangent(given[k], o) if k in given else _zero_cotangent(o)
+            for k, o in zip(self._array_positions, self._primal_outputs)
+        )
+
+    def vjp(self, output_positions, cotangents) -> list:
+        given = dict(zip(output_positions, cotangents))
+        grads = self._pullback(self._cotangents(given))
+        return [_to_torch_convention(g) for g in grads]
+
+    def vjp_batched(self, output_position, stacked_cotangents) -> list:
+        def single(c):
+            grads = self._pullback(self._cotangents({output_position: c}))
+            return tuple(jnp.conj(g) if _is_complex_dtype(g.dtype) else g for g in grads)
+
+        return list(jax.vmap(single)(jnp.asarray(stacked_cotangents)))
+
+
+class JaxPerturber(Perturber):
+    """Evaluates ``fn`` on a new argument tuple with ``args[position]`` replaced by a
+    moved copy; the original array is never touched (JAX arrays are immutable)."""
+
+    def __init__(self, args: tuple, position: int, as_tuple):
+        self.args = args
+        self.position = position
+        self.x = args[position]
+        self.shape = tuple(self.x.shape)
+        self.numel = int(self.x.size)
+        self._as_tuple = as_tuple
+
+    def index(self, flat: int) -> tuple:
+        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
+
+    def _call(self, fn, moved) -> tuple:
+        return self._as_tuple(fn(*_with_replaced(self.args, [self.position], [moved])))
+
+    def evaluate_element(self, fn, flat, step, sign) -> tuple:
+        at = self.x.at[self.index(flat)]
+        # the same arithmetic as torch's in-place move: x[idx] - step, x[idx] + step
+        return self._call(fn, at.subtract(step) if sign < 0 else at.add(step))
+
+    def evaluate_direction(self, fn, step, sign) -> tuple:
+        moved = self.x - step if sign < 0 else self.x + step
+        if moved.dtype != self.x.dtype:
+            moved = moved.astype(self.x.dtype)
+        return self._call(fn, moved)
+
+
+class JaxBackend(Backend):
+    """Dense real and complex JAX arrays; pytree inputs; ``wrt=`` picks the checked inputs.
+
+    Options (per call, through :meth:`with_options`):
+
+    wrt : int or tuple of int, optional
+        The positions of ``fn``'s arguments to differentiate with respect to (every
+        inexact leaf of each named argument). Default: every inexact JAX array among the
+        leaves of all arguments.
+    """
+
+    name = "jax"
+    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order"})
+    no_checked_inputs_message = (
+        "gradcheck expects at least one input to differentiate with respect to, but no input "
+        "is a floating point or complex JAX array (choose inputs with wrt=...)."
+    )
+
+    def __init__(self, wrt=None):
+        self.wrt = self._normalize_wrt(wrt)
+        # set by prepare(): the flat arguments it made and the positions checked in them
+        self._prepared: tuple | None = None
+        self._prepared_checked: list | None = None
+
+    # -- configuration ----------------------------------------------------------------
+    @staticmethod
+    def _normalize_wrt(wrt):
+        if wrt is None:
+            return None
+        items = (wrt,) if not isinstance(wrt, (tuple, list)) else tuple(wrt)
+        for w in items:
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+                raise TypeError(f"wrt must be an int or a tuple of ints, got {wrt!r}")
+        items = tuple(int(w) for w in items)
+        if not items:
+            raise ValueError("wrt must name at least one input position, got an empty tuple")
+        return items
+
+    def with_options(self, **options) -> "JaxBackend":
+        unknown = sorted(set(options) - {"wrt"})
+        if unknown:
+            raise TypeError(f"the 'jax' backend takes the extra keyword wrt= only, got {unknown}")
+        new = copy.copy(self)  # a per-call instance: prepare() records state on it
+        if "wrt" in options:
+            new.wrt = self._normalize_wrt(options["wrt"])
+            new._prepared = new._prepared_checked = None
+        return new
+
+    def check_supported(self, opts) -> None:
+        """``masked`` concerns sparse inputs, which JAX does not have: refuse it clearly."""
+        if getattr(opts, "masked", None):
+            raise ValueError(
+                "masked=True selects the specified elements of sparse inputs, and JAX arrays "
+                "are dense (jax.experimental.sparse arrays are not supported): the 'jax' "
+                "backend has nothing to mask. Leave masked at its default."
+            )
+
+    def _resolve_wrt(self, n_args: int) -> tuple:
+        resolved = []
+        for w in self.wrt:
+            k = w + n_args if w < 0 else w
+            if not 0 <= k < n_args:
+                raise ValueError(f"wrt position {w} is out of range for {n_args} input(s)")
+            if k in resolved:
+                raise ValueError(f"wrt names input {k} more than once: {self.wrt!r}")
+            resolved.append(k)
+        return tuple(resolved)
+
+    def prepare(self, fn, inputs):
+        """Flatten pytree inputs into a flat tuple of leaves; ``fn`` becomes a function of
+        the leaves that returns its (pytree) outputs flattened into a tuple.
+
+        Arguments named by ``wrt=`` that hold NumPy arrays or Python floats/complexes are
+        converted to JAX arrays (as ``jax.grad`` would). When ``inputs`` begin with the
+        flat arguments this instance prepared before (gradgradcheck appends cotangents to
+        them), their checked positions are kept and the appended ones follow the default.
+        """
+        args = self.as_tuple(inputs)
+        prev = self._prepared
+        if prev is not None and len(args) >= len(prev) and all(a is b for a, b in zip(args, prev)):
+            flat_fn, leaves = self._flat_function(fn, args)
+            checked = list(self._prepared_checked)
+            checked += [k for k in range(len(prev), len(leaves)) if _is_inexact(leaves[k])]
+        else:
+            named = self._resolve_wrt(len(args)) if self.wrt is not None else None
+            if named is not None:
+                args = tuple(self._as_jax_leaves(a) if k in named else a for k, a in enumerate(args))
+            flat_fn, leaves, spans = self._flat_function(fn, args, with_spans=True)
+            checked = []
+            for k, (start, stop) in enumerate(spans):
+                if named is not None and k not in named:
+                    continue
+                inexact = [p for p in range(start, stop) if _is_inexact(leaves[p])]
+                if named is not None and not inexact:
+                    raise ValueError(
+                        f"wrt names input {k}, which holds no floating point or complex JAX array"
+                    )
+                checked += inexact
+        self._prepared = leaves
+        self._prepared_checked = checked
+        return flat_fn, leaves
+
+    @staticmethod
+    def _as_jax_leaves(arg):
+        def convert(leaf):
+            if isinstance(leaf, (np.ndarray, np.generic)) and np.issubdtype(leaf.dtype, np.inexact):
+                return jnp.asarray(leaf)
+            if isinstance(leaf, (float, complex)):
+                return jnp.asarray(leaf)
+            return leaf
+
+        return jax.tree_util.tree_map(convert, arg)
+
+    def _flat_function(self, fn, args, with_spans=False):
+        treedefs, leaves, spans = [], [], []
+        for a in args:
+            arg_leaves, treedef = jax.tree_util.tree_flatten(a)
+            spans.append((len(leaves), len(leaves) + len(arg_leaves)))
+            leaves.extend(arg_leaves)
+            treedefs.append(treedef)
+        leaves = tuple(leaves)
+        trivial = all(stop - start == 1 and jax.tree_util.treedef_is_leaf(td)
+                      for td, (start, stop) in zip(treedefs, spans))
+
+        def flat_fn(*flat_args):
+            if trivial:
+                rebuilt = flat_args
+            else:
+                rebuilt = [jax.tree_util.tree_unflatten(td, flat_args[s:e]) for td, (s, e) in zip(treedefs, spans)]
+            out = fn(*rebuilt)
+            if owns(out):
+                return (out,)
+            return tuple(jax.tree_util.tree_leaves(out))
+
+        flat_fn.__wrapped__ = fn
+        flat_fn.__name__ = getattr(fn, "__name__", "fn")
+        if with_spans:
+            return flat_fn, leaves, spans
+        return flat_fn, leaves
+
+    def checked_positions(self, args) -> list:
+        """The checked positions: those resolved by :meth:`prepare` for the arguments it
+        made (and, after them, appended inexact arrays); every inexact JAX array otherwise."""
+        prev = self._prepared
+        if prev is not None and len(args) >= len(prev) and all(a is b for a, b in zip(args, prev)):
+            return list(self._prepared_checked) + [
+                k for k in range(len(prev), len(args)) if _is_inexact(args[k])
+            ]
+        return [k for k, a in enumerate(args) if _is_inexact(a)]
+
+    # -- inspection -------------------------------------------------------------------
+    def owns(self, x) -> bool:
+        return owns(x)
+
+    def is_checked(self, x) -> bool:
+        return _is_inexact(x)
+
+    def is_complex(self, x) -> bool:
+        return owns(x) and _is_complex_dtype(x.dtype)
+
+    def is_floating_or_complex(self, x) -> bool:
+        return _is_inexact(x)
+
+    def is_double_precision(self, x) -> bool:
+        return x.dtype in (jnp.float64, jnp.complex128)
+
+    def is_differentiable_output(self, x) -> bool:
+        # JAX has no requires_grad: every inexact output is differentiable (an output
+        # that does not depend on the inputs has a zero Jacobian)
+        return _is_inexact(x)
+
+    def is_bool(self, x) -> bool:
+        return x.dtype == jnp.bool_
+
+    def as_int(self, x):
+        return x.astype(jnp.int8)
+
+    def numel(self, x) -> int:
+        return int(np.prod(x.shape, dtype=np.int64)) if x.shape else 1
+
+    def real_dtype_of(self, x):
+        return jnp.finfo(x.dtype).dtype
+
+    def itemsize(self, x) -> int:
+        return int(np.dtype(x.dtype).itemsize)
+
+    def machine_epsilon(self, x) -> float:
+        return float(jnp.finfo(x.dtype).eps)
+
+    # -- validation -------------------------------------------------------------------
+    def validate_input(self, idx, x) -> None:
+        if not self.is_double_precision(x) and not _x64_enabled():
+            warnings.warn(f"Input #{idx} has dtype {x.dtype}. " + X64_HINT, stacklevel=6)
+
+    @contextmanager
+    def preserve_state(self, args):
+        # JAX has no global RNG; the NumPy RNG is preserved by the core, and the backend
+        # never changes JAX's configuration.
+        yield
+
+    # -- evaluation -------------------------------------------------------------------
+    def trace(self, fn, args, checked) -> JaxTrace:
+        checked = list(checked)
+        split = _Outputs(self.as_tuple)
+
+        def of_checked(*values):
+            return split.arrays_of(fn(*_with_replaced(args, checked, values)))
+
+        primal_outputs, pullback = jax.vjp(of_checked, *[args[p] for p in checked])
+        return JaxTrace(split.rebuild(primal_outputs), list(split.positions), primal_outputs, pullback)
+
+    @contextmanager
+    def perturber(self, args, position):
+        yield JaxPerturber(tuple(args), position, self.as_tuple)
+
+    def _jvp_arrays(self, fn, args, positions, tangents):
+        """``(primal outputs, tangent outputs)`` of the array outputs of ``fn``."""
+        positions = list(positions)
+        primals = [args[p] for p in positions]
+        tangents = [_tangent_for(t, x) for t, x in zip(tangents, primals)]
+        split = _Outputs(self.as_tuple)
+
+        def of_checked(*values):
+            return split.arrays_of(fn(*_with_replaced(args, positions, values)))
+
+        return jax.jvp(of_checked, tuple(primals), tuple(tangents))
+
+    def jvp(self, fn, args, checked, tangents) -> list:
+        primal_out, tangent_out = self._jvp_arrays(fn, args, checked, tangents)
+        return [(p, _output_tangent(p, t)) for p, t in zip(primal_out, tangent_out) if _is_inexact(p)]
+
+    def jvp_wrt(self, fn, args, position, tangent) -> tuple:
+        primal_out, tangent_out = self._jvp_arrays(fn, args, [position], [tangent])
+        return tuple(_output_tangent(p, t) for p, t in zip(primal_out, tangent_out))
+
+    def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
+        return jax.vmap(lambda t: self.jvp_wrt(fn, args, position, t))(jnp.asarray(stacked_tangents))
+
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined) -> list:
+        # undefined output gradients <-> JAX's symbolic zeros, which a custom_vjp receives
+        # instantiated: zero cotangents for every output
+        trace = self.trace(fn, args, checked)
+        return trace.vjp([], [])
+
+    # -- batched forms (the batched engine) ---------------------------------------------
+    def evaluate_batch(self, fn, args, position, stacked):
+        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (vmapped)."""
+
+        def at(value):
+            return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
+
+        return tuple(jax.vmap(at)(stacked))
+
+    def element_moves(self, x, flat, step, sign):
+        """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,
+        computed as the element-by-element perturbation computes it (``x[k] - step``)."""
+        b = len(flat)
+        base = jnp.reshape(x, (-1,))
+        index = jnp.asarray(flat, dtype=jnp.int32 if base.size < 2**31 else jnp.int64)
+        entries = base[index]
+        moved_entries = entries - step if sign < 0 else entries + step
+        moved = jnp.broadcast_to(base, (b, base.size)).at[jnp.arange(b), index].set(moved_entries.astype(x.dtype))
+        return jnp.reshape(moved, (b, *x.shape))
+
+    def one_hots(self, like, flat):
+        b = len(flat)
+        z = jnp.zeros((b, self.numel(like)), dtype=like.dtype)
+        z = z.at[jnp.arange(b), jnp.asarray(flat)].set(1)
+        return jnp.reshape(z, (b, *like.shape))
+
+    def jvp_rows(self, fn, args, checked, j, flat):
+        """Forward-mode Jacobian rows ``flat`` of input ``checked[j]``: one batched JVP.
+
+        Returns, per floating output, a ``(len(flat), output.numel)`` array."""
+        zero = [_zeros_like(args[q]) for q in checked]
+
+        def single(t):
+            tangents = list(zero)
+            tangents[j] = t
+            return tuple(d for _, d in self.jvp(fn, args, checked, tangents))
+
+        rows = jax.vmap(single)(self.one_hots(args[checked[j]], flat))
+        return [jnp.reshape(r, (len(flat), -1)) for r in rows]
+
+    # -- second order -----------------------------------------------------------------
+    def random_cotangent(self, like, generator, noncontiguous):
+        """Uniform values in [-1, 1) shaped like ``like`` (doubles for non-floating
+        outputs); ``noncontiguous`` has no meaning for JAX arrays and is ignored."""
+        dtype = like.dtype if _is_inexact(like) else jnp.float64
+        shape = tuple(like.shape)
+        if _is_complex_dtype(dtype):
+            values = (generator.random(shape) * 2 - 1) + 1j * (generator.random(shape) * 2 - 1)
+        else:
+            values = generator.random(shape) * 2 - 1
+        return self._from_numpy(values, like, dtype)
+
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions):
+        """The VJP of ``fn`` (torch's convention) as a JAX function of
+        ``(*inputs, *cotangents)``, differentiable again by JAX."""
+        ordered = sorted(set(input_positions))
+
+        def vjp_of_fn(*args):
+            primals, cotangents = args[:n_inputs], args[n_inputs:]
+            split = _Outputs(self.as_tuple)
+
+            def of_checked(*values):
+                return split.arrays_of(fn(*_with_replaced(primals, ordered, values)))
+
+            outs, pullback = jax.vjp(of_checked, *[primals[k] for k in ordered])
+            given = iter(cotangents)
+            cots = tuple(_as_cotangent(next(given), o) if _is_inexact(o) else _zero_cotangent(o) for o in outs)
+            return tuple(_to_torch_convention(g) for g in pullback(cots))
+
+        return vjp_of_fn
+
+    # -- array algebra (NumPy views of CPU arrays: see _host) --------------------------
+    def xp(self, x):
+        return jnp
+
+    def flatten(self, x):
+        return self.reshape(x, (-1,))
+
+    def reshape(self, x, shape):
+        h = _host(x)
+        return _back(h.reshape(tuple(shape)), x) if h is not None else jnp.reshape(x, tuple(shape))
+
+    def clone(self, x):
+        return jnp.array(x, copy=True)
+
+    def real(self, x):
+        h = _host(x)
+        return _back(np.real(h), x) if h is not None else jnp.real(x)
+
+    def imag(self, x):
+        h = _host(x)
+        return _back(np.imag(h), x) if h is not None else jnp.imag(x)
+
+    def conj(self, x):
+        return _conj(x)
+
+    def part_as_input(self, x, part):
+        return self.real(x) if part == "real" else self.imag(x)
+
+    def stack(self, arrays, axis=0):
+        arrays = list(arrays)
+        hosts = [_host(a) for a in arrays]
+        if all(h is not None for h in hosts):
+            return _back(np.stack(hosts, axis=axis), arrays[0])
+        return jnp.stack(arrays, axis=axis)
+
+    def zeros_like(self, x):
+        h = _host(x)
+        return _back(np.zeros(h.shape, h.dtype), x) if h is not None else jnp.zeros_like(x)
+
+    def zeros(self, shape, like, dtype=None):
+        dtype = np.dtype(dtype or like.dtype)
+        if _host(like) is not None:
+            return _back(np.zeros(tuple(shape), dtype), like)
+        return self.to_device_of(jnp.zeros(tuple(shape), dtype=dtype), like)
+
+    def astype(self, x, dtype):
+        return _astype(x, dtype)
+
+    def transpose(self, x):
+        h = _host(x)
+        return _back(h.T, x) if h is not None else jnp.transpose(x)
+
+    def one_hot(self, like, flat):
+        if _host(like) is not None:
+            z = np.zeros(like.shape, np.dtype(like.dtype))
+            z.reshape(-1)[flat] = 1
+            return _back(z, like)
+        z = jnp.zeros((self.numel(like),), dtype=like.dtype).at[flat].set(1)
+        return jnp.reshape(z, like.shape)
+
+    @staticmethod
+    def _host_or_jnp(x):
+        h = _host(x)
+        return (h, np) if h is not None else (x, jnp)
+
+    def sum_as_float(self, x) -> float:
+        x, xp = self._host_or_jnp(x)
+        return float(xp.sum(x))
+
+    def dot(self, u, v):
+        hu, hv = _host(u), _host(v)
+        if hu is not None and hv is not None:
+            return _back(np.sum(hu * hv), u)
+        return jnp.sum(u * v)
+
+    def max_abs(self, x):
+        x, xp = self._host_or_jnp(x)
+        return float(xp.max(xp.abs(x)))
+
+    def all_zero(self, x) -> bool:
+        x, xp = self._host_or_jnp(x)
+        return bool(xp.all(x == 0))
+
+    def count_nonzero(self, x) -> int:
+        x, xp = self._host_or_jnp(x)
+        return int(xp.count_nonzero(x))
+
+    def allclose(self, a, b, rtol, atol) -> bool:
+        """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails
+        (equal infinities pass, as in torch.allclose)."""
+        ha, hb = _host(a), _host(b)
+        if ha is None and not owns(a):
+            ha = np.asarray(a)
+        if hb is None and not owns(b):
+            hb = np.asarray(b)
+        if ha is not None and hb is not None:
+            a, b, xp = ha, hb, np
+        else:
+            a, b, xp = jnp.asarray(a), jnp.asarray(b), jnp
+        dtype = xp.result_type(a, b)
+        if not xp.issubdtype(dtype, xp.inexact):  # integer and boolean arrays
+            dtype = xp.float64 if xp is np or _x64_enabled() else xp.float32
+        a, b = a.astype(dtype), b.astype(dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            close = (a == b) | (xp.abs(a - b) <= atol + rtol * xp.abs(b))
+        return bool(xp.all(close))
+
+    def same_device(self, a, b) -> bool:
+        return _device_of(a) == _device_of(b)
+
+    def to_device_of(self, x, like):
+        device = _device_of(like)
+        if device is None or _device_of(x) == device:
+            return x
+        return jax.device_put(x, device)
+
+    def to_dense(self, x):
+        return x
+
+    def gradient_layout_problem(self, g, x):
+        return None
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def from_numpy(self, x, checked: bool = False):
+        """A JAX array with the values of the NumPy array ``x`` (``checked`` has no
+        meaning: every inexact JAX array takes part in a check by default)."""
+        return jax.device_put(np.array(x, copy=True))
+
+    # -- randomness -------------------------------------------------------------------
+    def generator(self, like, seed):
+        """A private NumPy generator (JAX keeps no global RNG state to disturb)."""
+        return np.random.default_rng(seed)
+
+    def _from_numpy(self, values, like, dtype):
+        return _back(np.asarray(values).astype(np.dtype(dtype)), like)
+
+    def uniform_unit_vector(self, like, generator, real):
+        dtype = like.dtype
+        if real and _is_complex_dtype(dtype):
+            dtype = jnp.finfo(dtype).dtype
+        n = self.numel(like)
+        vec = generator.random(n)  # drawn in float64, normalized, then cast
+        norm = np.linalg.norm(vec)
+        if norm > 0:
+            vec = vec / norm
+        return self._from_numpy(vec, like, dtype)
+
+    def normal_like(self, like, generator):
+        shape = tuple(like.shape)
+        if _is_complex_dtype(like.dtype):
+            # unit variance overall, as torch's complex randn
+            values = (generator.standard_normal(shape) + 1j * generator.standard_normal(shape)) / np.sqrt(2)
+        else:
+            values = generator.standard_normal(shape)
+        return self._from_numpy(values, like, like.dtype)
+
+
+BACKEND_CLASS = JaxBackend
