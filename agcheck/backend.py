@@ -293,6 +293,13 @@ class Backend:
         """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails."""
         raise NotImplementedError
 
+    def all_finite(self, x) -> bool:
+        xp = self.xp(x)
+        return bool(xp.all(xp.isfinite(x)))
+
+    def device_name(self, x) -> str:
+        return str(getattr(x, "device", "cpu"))
+
     def same_device(self, a, b) -> bool:
         return getattr(a, "device", None) == getattr(b, "device", None)
 

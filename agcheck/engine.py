@@ -107,8 +107,7 @@ class _Problem:
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
         if not self.batched_ok(pos):
-            rows = jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps, self.run.stencil)
-            yield 0, n, rows
+            yield from self._looped_row_chunks(pos, 0, n, eps)
             return
         complex_input = be.is_complex(x)
         points = len(self.run.stencil.offsets)
@@ -124,9 +123,21 @@ class _Problem:
                 if per_row > _CLEARLY_SLOWER * self._element_cost.get(pos, float("inf")):
                     # vmap is slower here than a loop (no batching rule for some op)
                     self.run.engine_log.append((pos, "element by element (batched was slower)"))
-                    yield stop, n, jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps,
-                                                           self.run.stencil, elements=range(stop, n))
+                    yield from self._looped_row_chunks(pos, stop, n, eps)
                     return
+
+    def _looped_row_chunks(self, pos, begin, end, eps):
+        """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
+        follows the chunk, not the Jacobian."""
+        be = self.be
+        per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
+        chunk = _rows_per_chunk(per_row, self.budget, max(end - begin, 1))
+        for start in range(begin, end, chunk):
+            stop = min(end, start + chunk)
+            yield start, stop, jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps,
+                                                       self.run.stencil, elements=range(start, stop))
+        if begin == end == 0:
+            yield 0, 0, jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps, self.run.stencil)
 
     def _batched_rows(self, pos, flat, eps, complex_input):
         be, x = self.be, self.args[pos]

@@ -18,6 +18,21 @@ from .wirtinger import input_part, output_part, split_inputs
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
 
 
+def _non_finite_note(be, numerical, analytical) -> str:
+    """Say so when NaN or Inf, not a wrong formula, makes the Jacobians differ."""
+    notes = [name for name, j in (("numerical", numerical), ("analytical", analytical))
+             if be.numel(j) and not be.all_finite(j)]
+    if not notes:
+        return ""
+    hint = (
+        "fn is not finite (or overflows) within eps of this input: move the input away from "
+        "poles and domain edges, or reduce eps"
+        if "numerical" in notes
+        else "the backward produces NaN/Inf here"
+    )
+    return f"Note: the {' and '.join(notes)} Jacobian contains NaN or Inf ({hint}).\n"
+
+
 #: slow-mode checks with at least this many Jacobian entries warn with their size
 COSTLY_JACOBIAN_ENTRIES = 250_000_000
 
@@ -33,29 +48,12 @@ class OutputTypeError(TypeError, AttributeError):
     """
 
 
-def gradcheck(
-    fn: Callable,
-    inputs,
-    *,
-    backend=None,
-    eps: float = 1e-6,
-    atol: float = 1e-5,
-    rtol: float = 1e-3,
-    raise_exception: bool = True,
-    nondet_tol: float = 0.0,
-    check_undefined_grad: bool = True,
-    check_grad_dtypes: bool = False,
-    check_batched_grad: bool = False,
-    check_batched_forward_grad: bool = False,
-    check_forward_ad: bool = False,
-    check_backward_ad: bool = True,
-    fast_mode: bool = False,
-    masked: bool | None = None,
-    engine: str = "auto",
-    memory_budget: int | None = None,
-    stencil: str = "central",
-    **backend_options,
-) -> bool:
+def gradcheck(fn: Callable, inputs, *, backend=None,
+              eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, nondet_tol=0.0,
+              check_undefined_grad=True, check_grad_dtypes=False, check_batched_grad=False,
+              check_batched_forward_grad=False, check_forward_ad=False, check_backward_ad=True,
+              fast_mode=False, masked=None, engine="auto", memory_budget=None, stencil="central",
+              **backend_options) -> bool:
     """Check analytical derivatives of ``fn`` against finite differences.
 
     Same keywords, defaults, verdicts and messages as ``torch.autograd.gradcheck``.
@@ -253,6 +251,15 @@ class _Run:
     def _validate_inputs(self) -> list:
         be = self.be
         checked = be.checked_positions(self.args)
+        devices = {}
+        for idx in checked:
+            devices.setdefault(be.device_name(self.args[idx]), idx)
+        if len(devices) > 1:
+            listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
+            raise ValueError(
+                f"the inputs to differentiate are on different devices ({listed}); "
+                "move them to one device before checking"
+            )
         for idx in checked:
             x = self.args[idx]
             if not be.is_double_precision(x):
@@ -361,6 +368,7 @@ class _Run:
         if be.allclose(a, n, self.opts.rtol, atol):
             return
         message = jacobian_mismatch_message(a, n, out_idx, in_idx, complex_indices, test_imag, forward)
+        message += _non_finite_note(be, n, a)
         blocks, projection = (a, n), None
         if explain is not None:
             message += explain()

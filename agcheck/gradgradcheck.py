@@ -17,28 +17,12 @@ __all__ = ["gradgradcheck"]
 GRAD_OUTPUTS_SEED = 11235
 
 
-def gradgradcheck(
-    fn: Callable,
-    inputs,
-    grad_outputs=None,
-    *,
-    backend=None,
-    eps: float = 1e-6,
-    atol: float = 1e-5,
-    rtol: float = 1e-3,
-    gen_non_contig_grad_outputs: bool = False,
-    raise_exception: bool = True,
-    nondet_tol: float = 0.0,
-    check_undefined_grad: bool = True,
-    check_grad_dtypes: bool = False,
-    check_batched_grad: bool = False,
-    check_fwd_over_rev: bool = False,
-    check_rev_over_rev: bool = True,
-    fast_mode: bool = False,
-    masked: bool = False,
-    order: int = 2,
-    **backend_options,
-) -> bool:
+def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
+                  eps=1e-6, atol=1e-5, rtol=1e-3, gen_non_contig_grad_outputs=False,
+                  raise_exception=True, nondet_tol=0.0, check_undefined_grad=True,
+                  check_grad_dtypes=False, check_batched_grad=False, check_fwd_over_rev=False,
+                  check_rev_over_rev=True, fast_mode=False, masked=False, order=2,
+                  **backend_options) -> bool:
     """Check second derivatives of ``fn`` (gradients of its VJP) by finite differences.
 
     Same keywords, defaults, verdicts and messages as

@@ -89,3 +89,26 @@ def test_inputs_of_the_wrong_type():
     with pytest.raises(TypeError, match="could not infer the backend"):
         agcheck.gradcheck(lambda d: d, {"x": 1})
     assert np is not None
+
+
+def test_nan_in_the_numerical_jacobian_is_named():
+    x = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+
+    class SqrtWithFiniteGrad(torch.autograd.Function):  # sqrt's slope at 0 is infinite
+        @staticmethod
+        def forward(ctx, t):
+            return t.sqrt()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 0.5
+
+    with pytest.raises(agcheck.GradcheckError, match="numerical Jacobian contains NaN or Inf"):
+        agcheck.gradcheck(SqrtWithFiniteGrad.apply, (x,))
+
+
+def test_inputs_on_different_devices_are_named():
+    a = make(3)
+    b = torch.zeros(3, dtype=torch.float64, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match=r"different devices \(input 0 on cpu, input 1 on meta\)"):
+        agcheck.gradcheck(lambda p, q: p * 2, (a, b))

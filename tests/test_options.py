@@ -58,3 +58,20 @@ def test_engine_and_budget_are_validated():
     with pytest.raises(ValueError, match="memory_budget"):
         GradcheckOptions(memory_budget=0)
     assert GradcheckOptions(engine="reference", memory_budget=1 << 20).memory_budget == 1 << 20
+
+
+@pytest.mark.parametrize("name", ["gradcheck", "gradgradcheck"])
+def test_every_torch_keyword_with_torchs_default(name):
+    import inspect
+
+    import torch
+
+    import agcheck
+
+    ours = inspect.signature(getattr(agcheck, name)).parameters
+    theirs = inspect.signature(getattr(torch.autograd, name)).parameters
+    for key, param in theirs.items():
+        if key == "func":  # positional: agcheck calls it fn
+            continue
+        assert key in ours, f"{name} lacks torch's keyword {key}"
+        assert ours[key].default == param.default, f"{name}({key}=...) default differs from torch's"

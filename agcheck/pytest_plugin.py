@@ -1,0 +1,302 @@
+"""The agcheck pytest plugin: an ``agcheck`` fixture, backend parametrization and failure
+reports saved next to the test run.
+
+Registered through the ``pytest11`` entry point (``agcheck = "agcheck.pytest_plugin"``),
+so installing agcheck enables it; without the entry point, enable it with
+``-p agcheck.pytest_plugin`` or ``pytest_plugins = ["agcheck.pytest_plugin"]``.
+
+Fixtures
+--------
+``agcheck``
+    An :class:`AgcheckFixture`: ``agcheck.gradcheck(fn, inputs, **kw)``,
+    ``agcheck.gradgradcheck(...)`` and ``agcheck.crosscheck(...)`` with the backend chosen
+    on the command line (or by the ``agcheck_backend`` parameter of the test). A failed
+    check raises :class:`AgcheckFailure` (an ``AssertionError`` and an
+    :class:`agcheck.GradcheckError`) whose message ends with the failure report's
+    summary; with a report folder configured the HTML report is saved there and its path
+    is named in the message.
+``agcheck_backend``
+    The name of a backend. Tests that request it run once per backend given with
+    ``--agcheck-backend`` (``torch`` when none is given); backends whose framework is not
+    installed are skipped.
+
+Options
+-------
+``--agcheck-backend NAME``
+    Backend(s) for the fixtures; repeat it or separate names with commas
+    (``--agcheck-backend torch,jax``). Also the ini setting ``agcheck_backend``.
+``--agcheck-report-dir DIR``
+    Save the report of every failed check as ``DIR/<test id>.html`` (``.json`` when the
+    HTML report cannot be written, e.g. without matplotlib). Also the ini setting
+    ``agcheck_report_dir``.
+
+Nothing here imports torch or jax.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+__all__ = ["AgcheckFixture", "AgcheckFailure", "DEFAULT_BACKEND"]
+
+#: the backend of ``agcheck_backend`` when no ``--agcheck-backend`` is given
+DEFAULT_BACKEND = "torch"
+
+_REPORT_DIR_KEY = pytest.StashKey[list]() if hasattr(pytest, "StashKey") else None
+
+
+# -- options ----------------------------------------------------------------------------------
+
+def pytest_addoption(parser):
+    group = parser.getgroup("agcheck", "agcheck gradient checks")
+    group.addoption(
+        "--agcheck-backend", action="append", default=None, metavar="NAME",
+        help="backend for the agcheck fixtures (torch, jax, numpy, ...); repeat it or separate "
+             "names with commas to run tests using the agcheck_backend fixture once per backend",
+    )
+    group.addoption(
+        "--agcheck-report-dir", action="store", default=None, metavar="DIR",
+        help="save the report of every failed agcheck check in DIR (HTML, JSON without matplotlib)",
+    )
+    parser.addini("agcheck_backend", "default backend(s) for the agcheck fixtures (comma-separated)", default="")
+    parser.addini("agcheck_report_dir", "folder for the reports of failed agcheck checks", default="")
+
+
+def _split(values) -> list:
+    names = []
+    for v in values or ():
+        for name in str(v).split(","):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+def configured_backends(config) -> list:
+    """The backends named by ``--agcheck-backend`` (or the ini setting), in order."""
+    names = _split(config.getoption("agcheck_backend", None))
+    if not names:
+        names = _split([config.getini("agcheck_backend")])
+    return names
+
+
+def configured_report_dir(config) -> str | None:
+    d = config.getoption("agcheck_report_dir", None) or config.getini("agcheck_report_dir") or None
+    if d and not os.path.isabs(d):
+        d = os.path.join(str(config.invocation_params.dir), d)
+    return d
+
+
+def _installed(name: str) -> bool | None:
+    """Whether the backend's framework is installed (``None``: unknown backend)."""
+    from .backend import available_backends
+
+    return available_backends().get(name)
+
+
+def pytest_generate_tests(metafunc):
+    if "agcheck_backend" not in metafunc.fixturenames:
+        return
+    # a test that parametrizes agcheck_backend itself keeps its own values
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        argnames = marker.args[0] if marker.args else marker.kwargs.get("argnames", "")
+        if isinstance(argnames, str):
+            argnames = [a.strip() for a in argnames.split(",")]
+        if "agcheck_backend" in argnames:
+            return
+    names = configured_backends(metafunc.config) or [DEFAULT_BACKEND]
+    params = []
+    for name in names:
+        ok = _installed(name)
+        marks = ()
+        if ok is False:
+            marks = pytest.mark.skip(reason=f"agcheck backend {name!r}: its framework is not installed")
+        params.append(pytest.param(name, marks=marks, id=name))
+    metafunc.parametrize("agcheck_backend", params)
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def agcheck_backend(request):
+    """The backend of this test run (parametrized over ``--agcheck-backend``)."""
+    return getattr(request, "param", None) or (configured_backends(request.config) or [DEFAULT_BACKEND])[0]
+
+
+@pytest.fixture
+def agcheck(request):
+    """Gradient checks that report failures in the test output (see :class:`AgcheckFixture`)."""
+    if "agcheck_backend" in request.fixturenames:
+        backend = request.getfixturevalue("agcheck_backend")
+    else:
+        names = configured_backends(request.config)
+        backend = names[0] if names else None
+    return AgcheckFixture(
+        backend=backend,
+        report_dir=configured_report_dir(request.config),
+        nodeid=request.node.nodeid,
+        crosscheck_backends=configured_backends(request.config),
+        saved=_saved_list(request.config),
+    )
+
+
+def _saved_list(config) -> list:
+    if _REPORT_DIR_KEY is not None:
+        return config.stash.setdefault(_REPORT_DIR_KEY, [])
+    if not hasattr(config, "_agcheck_saved"):
+        config._agcheck_saved = []
+    return config._agcheck_saved
+
+
+# -- the fixture object -----------------------------------------------------------------------
+
+def _make_failure_type():
+    from .report import GradcheckError
+
+    class AgcheckFailure(GradcheckError, AssertionError):
+        """A check run through the ``agcheck`` fixture failed.
+
+        Both an ``AssertionError`` (pytest shows it as a test failure) and an
+        :class:`agcheck.GradcheckError` (``pytest.raises(agcheck.GradcheckError)`` still
+        catches it). ``.report`` is the original error's report, ``.error`` the original
+        error, ``.report_path`` where the report was saved (or ``None``).
+        """
+
+        def __init__(self, message, *, error=None, report_path=None):
+            super().__init__(message, check=getattr(error, "check", None),
+                             details=getattr(error, "details", None))
+            self.error = error
+            self.report_path = report_path
+            if error is not None and hasattr(error, "report"):
+                self.report = error.report
+
+    AgcheckFailure.__module__ = __name__
+    AgcheckFailure.__qualname__ = "AgcheckFailure"
+    return AgcheckFailure
+
+
+AgcheckFailure = _make_failure_type()
+
+
+def _slug(nodeid: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_.")
+    return (s or "test")[-150:]
+
+
+class AgcheckFixture:
+    """What the ``agcheck`` fixture returns.
+
+    Attributes
+    ----------
+    backend : str or None
+        The backend passed to every check (``None``: inferred from the inputs). A
+        ``backend=`` keyword of a call wins.
+    report_dir : str or None
+        Where reports of failed checks are saved.
+    saved : list of str
+        Reports saved so far (in this session).
+    """
+
+    def __init__(self, backend=None, report_dir=None, nodeid="test", crosscheck_backends=(), saved=None):
+        self.backend = backend
+        self.report_dir = report_dir
+        self.nodeid = nodeid
+        self.crosscheck_backends = list(crosscheck_backends)
+        self.saved = saved if saved is not None else []
+        self._count = 0
+
+    def __repr__(self) -> str:
+        return f"<agcheck fixture backend={self.backend!r} report_dir={self.report_dir!r}>"
+
+    # -- checks ------------------------------------------------------------------------
+    def gradcheck(self, fn, inputs, **kwargs):
+        """:func:`agcheck.gradcheck` with this fixture's backend; failures become :class:`AgcheckFailure`."""
+        __tracebackhide__ = True
+        from .gradcheck import gradcheck
+
+        return self._run(gradcheck, fn, inputs, kwargs)
+
+    def gradgradcheck(self, fn, inputs, grad_outputs=None, **kwargs):
+        """:func:`agcheck.gradgradcheck` with this fixture's backend."""
+        __tracebackhide__ = True
+        from .gradgradcheck import gradgradcheck
+
+        if grad_outputs is not None:
+            kwargs["grad_outputs"] = grad_outputs
+        return self._run(gradgradcheck, fn, inputs, kwargs)
+
+    def crosscheck(self, fn, inputs, **kwargs):
+        """:func:`agcheck.crosscheck`; ``backends`` defaults to the ``--agcheck-backend``
+        list when it names two or more backends."""
+        __tracebackhide__ = True
+        from .crosscheck import crosscheck
+
+        if "backends" not in kwargs and len(self.crosscheck_backends) >= 2:
+            kwargs["backends"] = tuple(self.crosscheck_backends)
+        return self._call(crosscheck, fn, inputs, kwargs)
+
+    def _run(self, check, fn, inputs, kwargs):
+        __tracebackhide__ = True
+        if "backend" not in kwargs and self.backend is not None:
+            kwargs["backend"] = self.backend
+        return self._call(check, fn, inputs, kwargs)
+
+    def _call(self, check, fn, inputs, kwargs):
+        __tracebackhide__ = True
+        from .report import GradcheckError
+
+        try:
+            return check(fn, inputs, **kwargs)
+        except GradcheckError as e:
+            if isinstance(e, AgcheckFailure):
+                raise
+            failure = self.failure(e)
+        raise failure
+
+    # -- failures ----------------------------------------------------------------------
+    def failure(self, error) -> "AgcheckFailure":
+        """The :class:`AgcheckFailure` for ``error``: its message, the report summary (when
+        the message does not already end with it) and the saved report's path."""
+        message = str(error)
+        report = getattr(error, "report", None)
+        summary = ""
+        if report is not None and hasattr(report, "summary"):
+            try:
+                summary = report.summary()
+            except Exception as exc:  # a broken report must not hide the failure
+                summary = f"(the failure report could not be summarised: {exc!r})"
+        if summary and summary.strip() not in message:
+            message = message.rstrip("\n") + "\n\n" + summary
+        path = self.save_report(report)
+        if path:
+            message = message.rstrip("\n") + f"\n\nagcheck report saved to {path}"
+        return AgcheckFailure(message, error=error, report_path=path)
+
+    def save_report(self, report) -> str | None:
+        """Save ``report`` in the report folder (if one is configured and the report can be
+        saved); the path written, or ``None``."""
+        if not self.report_dir or report is None or not hasattr(report, "save"):
+            return None
+        os.makedirs(self.report_dir, exist_ok=True)
+        self._count += 1
+        stem = _slug(self.nodeid) + ("" if self._count == 1 else f"-{self._count}")
+        base = os.path.join(self.report_dir, stem)
+        for ext in (".html", ".json"):
+            try:
+                path = report.save(base + ext)
+            except Exception:
+                continue
+            path = os.fspath(path) if path else base + ext
+            self.saved.append(path)
+            return path
+        return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    saved = _saved_list(config)
+    if saved:
+        terminalreporter.write_sep("-", "agcheck reports")
+        for path in saved:
+            terminalreporter.write_line(f"saved {path}")
