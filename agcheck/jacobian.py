@@ -95,6 +95,11 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     Returns ``{output_position: matrix (input.numel, output.numel)}`` (only the rows of
     ``elements``, a range of flat indices, if given). The input is moved in place one
     element at a time (so closures that read it see the move) and restored.
+
+    A sparse input is moved one *stored* element at a time; each result lands in the row
+    of the dense element it specifies (``Perturber.dense_rows``), and the rows of elements
+    that are not stored are zero. ``elements`` then counts stored elements, and only
+    their rows are returned, in that order.
     """
     x = args[position]
     complex_input = be.is_complex(x)
@@ -105,12 +110,35 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
             cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
             for k in float_positions:
                 rows[k].append(cols[k])
+        placement = _dense_rows(perturber) if elements is None else None
     result = {}
     for k in float_positions:
         out = outputs[k]
         dtype = x.dtype if complex_input else out.dtype
-        result[k] = _stack_rows(be, rows[k], be.numel(out), out, dtype)
+        if placement is not None:
+            result[k] = _placed_rows(be, rows[k], placement, be.numel(out), out, dtype)
+        else:
+            result[k] = _stack_rows(be, rows[k], be.numel(out), out, dtype)
     return result
+
+
+def _dense_rows(perturber):
+    hook = getattr(perturber, "dense_rows", None)
+    return hook() if hook is not None else None
+
+
+def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
+    """Rows of stored elements put at their dense rows; the other rows are zero. Where two
+    stored elements share a dense element (an uncoalesced COO input), the later one wins,
+    as in torch."""
+    n_rows, where = placement
+    if not rows:
+        return be.zeros((n_rows, n_cols), like=like, dtype=dtype)
+    zero = be.zeros_like(rows[0])
+    full = [zero] * n_rows
+    for row, r in zip(rows, where):
+        full[r] = row
+    return _stack_rows(be, full, n_cols, like, dtype)
 
 
 def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float,
@@ -126,11 +154,16 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
             values = _evaluations(stencil, lambda s, sign: perturber.evaluate_direction(fn, s, sign), step)
             return stencil_difference(be, values, eps, stencil)
 
+        def shaped(v):  # the probe as the perturber moves the input (a sparse input: its stored values)
+            own = getattr(perturber, "direction", None)
+            moved = own(v) if own is not None else None
+            return be.reshape(v, x.shape) if moved is None else moved
+
         if isinstance(u, tuple):
-            d_real = along(be.reshape(u[0], x.shape) * eps)
-            d_imag = along(be.reshape(u[1], x.shape) * eps * 1j)
+            d_real = along(shaped(u[0]) * eps)
+            d_imag = along(shaped(u[1]) * eps * 1j)
             return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
-        return along(be.reshape(u, x.shape) * eps)
+        return along(shaped(u) * eps)
 
 
 class GradientShape:
@@ -194,7 +227,7 @@ def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dty
         raise GradcheckError("Analytical gradient has incorrect size", check="grad_size")
     from .report import not_reentrant_message
 
-    for a, b in zip(first, second):
+    for i, (a, b) in enumerate(zip(first, second)):
         if be.numel(a) == 0:
             continue
         diff = be.max_abs(a - b)
@@ -202,7 +235,8 @@ def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dty
             raise GradcheckError(
                 not_reentrant_message(nondet_tol, float(diff)),
                 check="reentrant",
-                details={"max_run_to_run_difference": float(diff), "nondet_tol": nondet_tol},
+                details={"max_run_to_run_difference": float(diff), "nondet_tol": nondet_tol, "input": i,
+                         "gradient_scale": float(be.max_abs(a)), "dtype": be.dtype_name(a)},
             )
     return first
 

@@ -29,7 +29,8 @@ def check_backward(be, trace, output_position, output_index, inputs) -> None:
     for input_index, (got, exp) in enumerate(zip(batched, expected)):
         if not be.allclose(got, exp, rtol=1e-5, atol=1e-8):
             raise GradcheckError(batched_mismatch_message(output_index, input_index, got, exp),
-                                 check="batched_grad")
+                                 check="batched_grad", details={"output": output_index, "input": input_index,
+                                                                "max_difference": float(be.max_abs(got - exp))})
 
 
 def check_forward(be, fn, args, checked) -> None:
@@ -50,4 +51,6 @@ def check_forward(be, fn, args, checked) -> None:
                 raise GradcheckError(
                     batched_mismatch_message(output_index, checked.index(pos), got, exp, forward=True),
                     check="batched_forward_grad",
+                    details={"output": output_index, "input": checked.index(pos),
+                             "max_difference": float(be.max_abs(got - exp))},
                 )

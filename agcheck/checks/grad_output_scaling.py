@@ -7,7 +7,7 @@ from ..report import GradcheckError
 def check(be, trace, diff_positions, inputs, masked) -> None:
     outs = [trace.outputs[p] for p in diff_positions]
     grads = trace.vjp(diff_positions, [be.zeros_like(o) for o in outs])
-    for g, x in zip(grads, inputs):
+    for i, (g, x) in enumerate(zip(grads, inputs)):
         if g is None:
             continue
         problem = be.gradient_layout_problem(g, x)
@@ -19,10 +19,11 @@ def check(be, trace, diff_positions, inputs, masked) -> None:
         else:
             scaled = be.all_zero(g)
         if not scaled:
-            raise GradcheckError("backward not multiplied by grad_output", check="grad_output_scaling")
+            raise GradcheckError("backward not multiplied by grad_output", check="grad_output_scaling",
+                                 details={"input": i, "max_abs_gradient": float(be.max_abs(g))})
         if g.dtype != x.dtype:
-            raise GradcheckError("grad is incorrect type", check="grad_output_scaling")
+            raise GradcheckError("grad is incorrect type", check="grad_output_scaling", details={"input": i})
         if not be.same_device(g, x):
-            raise GradcheckError("grad is incorrect device", check="grad_output_scaling")
+            raise GradcheckError("grad is incorrect device", check="grad_output_scaling", details={"input": i})
         if tuple(g.shape) != tuple(x.shape):
-            raise GradcheckError("grad is incorrect size", check="grad_output_scaling")
+            raise GradcheckError("grad is incorrect size", check="grad_output_scaling", details={"input": i})

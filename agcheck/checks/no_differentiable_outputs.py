@@ -13,7 +13,8 @@ def check_slow(be, fn, args, checked, outputs, eps_for, stencil) -> None:
         for jac in numerical_jacobians(be, fn, args, pos, outputs, eps_for(args[pos]), stencil).values():
             if be.count_nonzero(jac) > 0:
                 raise GradcheckError(MESSAGE, check="no_differentiable_outputs",
-                                     details={"input": checked.index(pos)})
+                                     details={"input": checked.index(pos), "max_abs_numerical": float(be.max_abs(jac)),
+                                              "nonzero_entries": be.count_nonzero(jac)})
 
 
 def check_fast(be, fn, args, checked, all_u, eps_for, stencil, tol) -> None:
@@ -24,4 +25,5 @@ def check_fast(be, fn, args, checked, all_u, eps_for, stencil, tol) -> None:
                 continue
             if be.max_abs(jvp) > tol:
                 raise GradcheckError(MESSAGE, check="no_differentiable_outputs",
-                                     details={"input": checked.index(pos)})
+                                     details={"input": checked.index(pos), "max_abs_numerical": float(be.max_abs(jvp)),
+                                              "tolerance": tol})

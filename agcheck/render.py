@@ -1,0 +1,308 @@
+"""Rendering failure reports: a self-contained HTML page or a PNG image.
+
+Heatmaps of the numerical and analytical Jacobian blocks and of their difference are
+drawn with matplotlib, an optional dependency imported only here, only when rendering.
+Large blocks are downsampled by max-abs pooling (the entry of largest magnitude of each
+tile, with its sign) to at most :data:`MAX_SIDE` cells per side, so a single wrong entry
+stays visible and the files stay small.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import textwrap
+
+import numpy as np
+
+__all__ = ["pool_max_abs", "write_html", "write_png", "render_html", "render_png"]
+
+#: heatmaps have at most this many cells per side
+MAX_SIDE = 200
+#: blocks up to this size per side get their values written in the cells
+ANNOTATE_SIDE = 10
+#: worst entries listed in the HTML
+HTML_TOP_K = 20
+
+MATPLOTLIB_MISSING = (
+    "Saving an agcheck failure report as HTML or PNG draws heatmaps with matplotlib, which is "
+    "not installed. Install it with: pip install matplotlib  (or: pip install 'agcheck[report]'). "
+    "report.summary(), report.to_dict() and report.save('report.json') work without it."
+)
+
+
+def _matplotlib():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError(MATPLOTLIB_MISSING) from e
+    return Figure, FigureCanvasAgg
+
+
+def pool_max_abs(m: np.ndarray, max_side: int = MAX_SIDE):
+    """Downsample a matrix to at most ``max_side`` cells per side.
+
+    Each cell of the result is the entry of largest magnitude (sign kept; NaN wins) of its
+    tile. Returns ``(pooled, (tile_rows, tile_cols))``.
+    """
+    m = np.asarray(m)
+    rows, cols = m.shape
+    fr, fc = max(1, math.ceil(rows / max_side)), max(1, math.ceil(cols / max_side))
+    if fr == 1 and fc == 1:
+        return m, (1, 1)
+    R, C = math.ceil(rows / fr), math.ceil(cols / fc)
+    padded = np.zeros((R * fr, C * fc), dtype=m.dtype)
+    padded[:rows, :cols] = m
+    tiles = padded.reshape(R, fr, C, fc).transpose(0, 2, 1, 3).reshape(R, C, fr * fc)
+    key = np.abs(tiles)
+    key = np.where(np.isnan(key), np.inf, key)
+    pick = key.argmax(axis=2)[..., None]
+    return np.take_along_axis(tiles, pick, axis=2)[..., 0], (fr, fc)
+
+
+# -- figures --------------------------------------------------------------------------------
+
+def _panels(block):
+    """(title, matrix, kind) for each heatmap of a block; kind is 'signed' or 'magnitude'."""
+    N, A = block.numerical, block.analytical
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(A - N).astype(np.float64)
+    if np.iscomplexobj(N) or np.iscomplexobj(A):
+        with np.errstate(invalid="ignore"):
+            outside = (~(diff <= block.atol + block.rtol * np.abs(N))).astype(np.float64)
+        return [
+            [("numerical, real part", np.real(N), "signed"), ("analytical, real part", np.real(A), "signed"),
+             ("|analytical - numerical|", diff, "magnitude")],
+            [("numerical, imaginary part", np.imag(N), "signed"),
+             ("analytical, imaginary part", np.imag(A), "signed"),
+             ("entries outside tolerance", outside, "mask")],
+        ]
+    return [[("numerical", N, "signed"), ("analytical", A, "signed"), ("|analytical - numerical|", diff, "magnitude")]]
+
+
+def _draw_block(fig, axes_rows, block) -> None:
+    """Draw the heatmaps of one block on ``axes_rows`` (one row of three axes per panel row)."""
+    from matplotlib.ticker import MaxNLocator
+
+    panel_rows = _panels(block)
+    signed = [p[1] for row in panel_rows for p in row if p[2] == "signed"]
+    pooled_signed = [pool_max_abs(m)[0] for m in signed]
+    finite = [np.abs(p[np.isfinite(p)]) for p in pooled_signed]
+    vmax = max([float(f.max()) for f in finite if f.size] + [0.0]) or 1.0
+    for axes, row in zip(axes_rows, panel_rows):
+        for ax, (title, m, kind) in zip(axes, row):
+            pooled, (fr, fc) = pool_max_abs(m)
+            r, c = pooled.shape
+            # axes in the block's own element indices, also when pooled
+            common = dict(aspect="auto", interpolation="nearest",
+                          extent=(-0.5, c * fc - 0.5, r * fr - 0.5, -0.5))
+            if kind == "signed":
+                im = ax.imshow(pooled, cmap="RdBu_r", vmin=-vmax, vmax=vmax, **common)
+            elif kind == "mask":
+                im = ax.imshow(pooled, cmap="Greys", vmin=0, vmax=1, **common)
+            else:
+                im = ax.imshow(pooled, cmap="magma", vmin=0, **common)
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+            pooled_note = f" (max-abs pooled {fr}x{fc} tiles)" if (fr, fc) != (1, 1) else ""
+            ax.set_title(f"{title}{pooled_note}", fontsize=9)
+            ax.set_xlabel("output element (flattened)", fontsize=8)
+            ax.set_ylabel("input element (flattened)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            if max(r, c) <= ANNOTATE_SIDE and (fr, fc) == (1, 1) and kind != "mask":
+                top = vmax if kind == "signed" else (float(np.nanmax(pooled)) if pooled.size else 0.0) or 1.0
+                for i in range(r):
+                    for j in range(c):
+                        v = pooled[i, j]
+                        light = abs(v) > 0.6 * top if kind == "signed" else v < 0.6 * top
+                        ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7,
+                                color="white" if light else "black")
+            for e in block.worst[:1]:  # mark the worst entry
+                _mark(ax, e, fr, fc, max(r, c))
+
+
+def _mark(ax, entry, fr, fc, cells):
+    from matplotlib.patches import Rectangle
+
+    x0, y0 = (entry.col // fc) * fc - 0.5, (entry.row // fr) * fr - 0.5
+    ax.add_patch(Rectangle((x0, y0), fc, fr, fill=False, edgecolor="lime", linewidth=1.5))
+    if cells > 30:  # a single cell is hard to see: ring it too
+        ax.plot([x0 + fc / 2], [y0 + fr / 2], marker="o", markersize=16, markerfacecolor="none",
+                markeredgecolor="lime", markeredgewidth=1.5)
+
+
+def _wrap(text: str, width: int = 150, lines: int = 3) -> str:
+    wrapped = textwrap.wrap(text, width)
+    if len(wrapped) > lines:
+        wrapped = wrapped[:lines]
+        wrapped[-1] += " ..."
+    return "\n".join(wrapped)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _figure(report, blocks, header: bool):
+    Figure, FigureCanvasAgg = _matplotlib()
+    blocks = [b for b in blocks if b.has_arrays and b.numerical.size and b.numerical.shape == b.analytical.shape]
+    if not blocks:
+        fig = Figure(figsize=(11, 6), dpi=100)
+        FigureCanvasAgg(fig)
+        fig.text(0.02, 0.98, report.summary(), va="top", ha="left", family="monospace", fontsize=8)
+        return fig
+    heights = [len(_panels(b)) for b in blocks]
+    fig = Figure(figsize=(15, (1.0 if header else 0.0) + sum(h * 3.9 + 0.5 for h in heights)), dpi=100,
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    if header:
+        title = f"agcheck: check {report.check!r} failed" + (f" (backend {report.backend})" if report.backend else "")
+        if report.diagnoses:
+            d = report.diagnoses[0]
+            title += "\n" + _wrap(f"[{d.kind}] {d.message}", 160, 2)
+        fig.suptitle(title, x=0.01, ha="left", fontsize=11)
+    subfigs = fig.subfigures(len(blocks), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for sub, b, k in zip(subfigs, blocks, heights):
+        sub.suptitle(f"{b.title}: block {b.shape[0]} x {b.shape[1]}, {_count(b.mismatches, 'entry', 'entries')} outside tolerance, "
+                     f"max |diff| {b.max_abs_diff:.3g} (worst entry boxed in green)", x=0.01, ha="left", fontsize=10)
+        axes = sub.subplots(k, 3, squeeze=False)
+        _draw_block(sub, axes, b)
+    return fig
+
+
+def render_png(report, blocks=None) -> bytes:
+    """The report's heatmaps as PNG bytes (a text panel when it has no Jacobian blocks)."""
+    fig = _figure(report, report.blocks if blocks is None else blocks, header=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def write_png(report, path) -> None:
+    data = render_png(report)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+# -- HTML -----------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;padding:0 16px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.meta{color:#555} pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px;max-height:420px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f0f0f0} td.num{font-family:ui-monospace,monospace;text-align:right}
+.diag{background:#fff7e0;border-left:4px solid #e0a000;padding:8px 12px;margin:8px 0}
+.diag b{font-family:ui-monospace,monospace} .diag ul{margin:4px 0;font-size:12px;font-family:ui-monospace,monospace}
+img{max-width:100%;border:1px solid #eee}
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _table(rows, header=None, numeric_from=99) -> str:
+    out = ["<table>"]
+    if header:
+        out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>")
+    for r in rows:
+        out.append("<tr>" + "".join(
+            f"<td class=num>{_e(c)}</td>" if i >= numeric_from else f"<td>{_e(c)}</td>" for i, c in enumerate(r)
+        ) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _block_html(report, block) -> str:
+    from .report import _index_text, fmt
+
+    parts = [f"<h2>{_e(block.title)}</h2>"]
+    facts = [
+        ("block shape", f"{block.shape[0]} x {block.shape[1]} (input elements x output elements)"),
+        ("input shape / dtype", f"{block.input_shape} / {block.input_dtype}"),
+        ("output shape", f"{block.output_shape}"),
+        ("entries outside tolerance", f"{block.mismatches} (atol={fmt(block.atol)}, rtol={fmt(block.rtol)})"),
+    ]
+    if block.max_abs_entry is not None:
+        e = block.max_abs_entry
+        facts.append(("max abs difference", f"{fmt(block.max_abs_diff)} at {e.where()} "
+                                            f"(numerical {fmt(e.numerical)}, analytical {fmt(e.analytical)})"))
+    if block.max_rel_entry is not None:
+        facts.append(("max rel difference", f"{fmt(block.max_rel_diff)} at {block.max_rel_entry.where()}"))
+    if block.projection:
+        facts.append(("fast-mode projection", ", ".join(f"{k} {fmt(v) if not isinstance(v, dict) else v}"
+                                                        for k, v in block.projection.items())))
+    parts.append(_table(facts))
+    if block.has_arrays and block.numerical.size:
+        png = _block_png(report, block)
+        parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" '
+                     'alt="heatmaps of the numerical and analytical Jacobians and their difference">')
+    else:
+        parts.append("<p><i>The arrays of this block are not available (omitted from the saved data).</i></p>")
+    if block.worst:
+        parts.append(f"<h3>Worst entries (top {min(HTML_TOP_K, len(block.worst))})</h3>")
+        def outside(w):
+            return "yes" if not (w.abs_diff <= block.atol + block.rtol * abs(w.numerical)) else "no"
+
+        rows = [(_index_text(w.input_index), _index_text(w.output_index), fmt(w.numerical), fmt(w.analytical),
+                 fmt(w.abs_diff), outside(w)) for w in block.worst[:HTML_TOP_K]]
+        parts.append(_table(rows, ["input index", "output index", "numerical", "analytical", "|diff|",
+                                   "outside tolerance"], 2))
+    return "".join(parts)
+
+
+def _block_png(report, block) -> bytes:
+    fig = _figure(report, [block], header=False)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def render_html(report) -> str:
+    """The report as one self-contained HTML page (images embedded as base64 PNG)."""
+    _matplotlib()
+    title = f"agcheck report: {report.check} failed"
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+             f"<style>{_CSS}</style></head><body>"]
+    parts.append("<h1>agcheck failure report</h1>")
+    meta = [f"check <b>{_e(report.check)}</b>"]
+    if report.backend:
+        meta.append(f"backend <b>{_e(report.backend)}</b>")
+    parts.append(f"<p class=meta>{' · '.join(meta)} — {_e(report.headline())}</p>")
+    parts.append("<h2>Diagnosis</h2>")
+    if report.diagnoses:
+        for d in report.diagnoses:
+            extra = "".join(f"<li>{_e(ln)}</li>" for ln in d.lines[:10])
+            parts.append(f"<div class=diag><b>[{_e(d.kind)}]</b> {_e(d.message)}"
+                         + (f"<ul>{extra}</ul>" if extra else "") + "</div>")
+    else:
+        parts.append("<p>No known pattern recognised.</p>")
+    for block in report.blocks:
+        parts.append(_block_html(report, block))
+    if report.details and not report.blocks:
+        parts.append("<h2>Facts</h2>")
+        parts.append(_table([(k, v) for k, v in report.details.items()]))
+    if report.options:
+        parts.append("<h2>Options</h2>")
+        parts.append(_table([(k, v) for k, v in report.options.items()]))
+    message = report.message.splitlines()
+    shown = "\n".join(message[:60]) + (f"\n... ({len(message) - 60} more lines)" if len(message) > 60 else "")
+    parts.append("<h2>Message</h2><pre>" + _e(shown) + "</pre>")
+    parts.append("<h2>Summary</h2><pre>" + _e(report.summary()) + "</pre>")
+    for note in report.notes:
+        parts.append(f"<p><i>note: {_e(note)}</i></p>")
+    data = json.dumps(report.to_dict(include_arrays=False), allow_nan=False).replace("</", "<\\/")
+    parts.append(f'<script type="application/json" id="agcheck-report">{data}</script>')
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def write_html(report, path) -> None:
+    text = render_html(report)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -1,0 +1,379 @@
+"""Diagnoses (agcheck.diagnosis): each usual bug is named, and correct functions stay silent.
+
+Every broken function below is a custom ``torch.autograd.Function`` with one deliberate
+bug in its backward (or a correct function at a non-differentiable point); the test asserts
+the check fails as torch's would, and that the report's diagnosis names the bug with its
+evidence. The other half: correct functions, even when a too-tight tolerance makes them
+fail, get no structural diagnosis — only a hedged ``noise``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import agcheck
+from agcheck import GradcheckError
+from agcheck.diagnosis import Diagnosis, diagnose_block
+from agcheck.report import FailureReport, JacobianBlock
+
+from .helpers import Snapshot, make
+
+MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
+#: the diagnoses that claim a specific bug (as opposed to noise / notes)
+BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
+             "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "precision"}
+
+
+def failure(fn, inputs, **kw) -> FailureReport:
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(fn, inputs, backend="torch", **kw)
+    assert torch.autograd.gradcheck(fn, inputs, raise_exception=False, **_torch_kw(kw)) is False
+    return info.value.report
+
+
+def _torch_kw(kw):
+    return {k: v for k, v in kw.items() if k not in ("engine", "stencil", "memory_budget")}
+
+
+def kinds(report) -> list:
+    return [d.kind for d in report.diagnoses]
+
+
+def the(report, kind) -> Diagnosis:
+    found = [d for d in report.diagnoses if d.kind == kind]
+    assert found, f"no {kind!r} diagnosis in {kinds(report)}:\n{report.summary()}"
+    return found[0]
+
+
+def function(forward, backward):
+    """A one-input autograd.Function from ``forward(x)`` and ``backward(x, grad)``."""
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return forward(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return backward(x, grad)
+
+    return F.apply
+
+
+def sin_backward_times(c):
+    return function(torch.sin, lambda x, g: g * x.cos() * c)
+
+
+# -- constant factor, sign ------------------------------------------------------------------
+
+@pytest.mark.parametrize("fast", MODES)
+def test_factor_two(fast):
+    rep = failure(sin_backward_times(2.0), (make(3, 4),), fast_mode=fast)
+    d = the(rep, "factor")
+    assert "analytical = 2.00 x numerical" in d.message
+    assert d.evidence["factor"] == pytest.approx(2.0, rel=1e-6)
+    assert kinds(rep) == ["factor"]
+    assert "[factor] analytical = 2.00 x numerical" in str(rep.summary())
+
+
+def test_factor_half_and_message_order():
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(sin_backward_times(0.5), (make(5),))
+    text = str(info.value)
+    assert text.startswith("Jacobian mismatch for output 0 with respect to input 0")
+    assert text.index("Jacobian mismatch") < text.index("agcheck report") < text.index("analytical = 0.50 x numerical")
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_sign_flipped(fast):
+    rep = failure(sin_backward_times(-1.0), (make(2, 3),), fast_mode=fast)
+    assert kinds(rep) == ["sign"]
+    assert "sign" in the(rep, "sign").message
+
+
+# -- transposition ---------------------------------------------------------------------------
+
+W = torch.tensor([[1.0, 2.0, 0.5], [-1.0, 0.3, 4.0], [2.5, -0.7, 1.1]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_transposed_backward_of_square_matmul(fast):
+    # x @ W: the correct VJP is g @ W.T; this one uses W
+    fn = function(lambda x: x @ W, lambda x, g: g @ W)
+    rep = failure(fn, (make(3, 3),), fast_mode=fast)
+    assert kinds(rep) == ["transposed"]
+    assert "transposed" in the(rep, "transposed").message
+
+
+def test_transposed_matrix_vector():
+    fn = function(lambda x: W @ x, lambda x, g: W @ g)
+    rep = failure(fn, (make(3),))
+    assert kinds(rep) == ["transposed"]
+
+
+# -- complex conjugation --------------------------------------------------------------------
+
+WC = torch.tensor([0.5 + 1.5j, -1.0 + 0.25j, 2.0 - 1.0j], dtype=torch.complex128)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_conjugated_complex_backward(fast):
+    # z * w: the correct VJP (conjugate Wirtinger) is g * conj(w); this one forgets the conj
+    fn = function(lambda z: z * WC, lambda z, g: g * WC)
+    rep = failure(fn, (make(3, dtype=torch.complex128),), fast_mode=fast)
+    assert "conjugate" in kinds(rep), rep.summary()
+    assert not set(kinds(rep)) & {"factor", "transposed", "sign"}
+
+
+def test_conjugated_complex_to_real():
+    # |z|^2 -> real; correct VJP 2 z g, broken 2 conj(z) g
+    fn = function(lambda z: (z * z.conj()).real, lambda z, g: 2 * z.conj() * g)
+    rep = failure(fn, (make(4, dtype=torch.complex128),))
+    assert kinds(rep) == ["conjugate"]
+
+
+# -- a few entries wrong -------------------------------------------------------------------------
+
+def test_one_entry_off_is_listed():
+    def backward(x, g):
+        out = g * x.cos()
+        out = out.clone()
+        out[1, 2] += 0.25 * g[1, 2]
+        return out
+
+    rep = failure(function(torch.sin, backward), (make(3, 4),))
+    d = the(rep, "few_entries")
+    assert kinds(rep) == ["few_entries"]
+    assert d.evidence["count"] == 1
+    assert "input(1, 2) / output(1, 2)" in d.lines[0]
+    block = rep.blocks[0]
+    assert block.max_abs_entry.input_index == (1, 2) and block.max_abs_entry.output_index == (1, 2)
+    assert block.max_abs_diff == pytest.approx(0.25, rel=1e-6)
+
+
+def test_one_input_element_wrong_is_localized():
+    a = torch.linspace(-1, 1, 36, dtype=torch.float64).reshape(6, 6)
+
+    def backward(x, g):
+        out = (g @ a).clone()  # the correct VJP of a @ x is a.T @ g
+        out[4] *= 3  # every derivative with respect to x[4] is wrong
+        return out
+
+    fn = function(lambda x: a @ x, backward)
+    rep = failure(fn, (make(6),))
+    d = the(rep, "localized")
+    assert d.evidence["rows"] == [4]
+
+
+# -- grad_output ----------------------------------------------------------------------------
+
+def test_not_multiplied_by_grad_output_scalar_output():
+    # the one-hot cotangent of a scalar output is 1, so the Jacobian matches; the zero
+    # cotangent of the grad_output check exposes the bug
+    fn = function(lambda x: (x * x).sum(), lambda x, g: 2 * x)
+    rep = failure(fn, (make(4),))
+    assert rep.check == "grad_output_scaling"
+    d = the(rep, "not_multiplied_by_grad_output")
+    assert rep.details["max_abs_gradient"] > 0
+    assert "grad_output" in d.message
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_grad_output_ignored_shows_in_the_jacobian(fast):
+    fn = function(torch.sin, lambda x, g: x.cos())
+    rep = failure(fn, (make(2, 3),), fast_mode=fast)
+    assert kinds(rep) == ["ignores_grad_output"]
+
+
+# -- nondeterminism -------------------------------------------------------------------------
+
+def drifting(size):
+    calls = [0]
+
+    def backward(x, g):
+        calls[0] += 1
+        return g * x.cos() * (1 + size * calls[0])
+
+    return function(torch.sin, backward)
+
+
+def test_nondeterministic_large_is_called_a_bug():
+    rep = failure(drifting(1e-3), (make(4),))
+    assert rep.check == "reentrant"
+    assert rep.details["max_run_to_run_difference"] > 0 and rep.details["nondet_tol"] == 0.0
+    d = the(rep, "nondeterministic")
+    assert "far above rounding" in d.message
+    assert "nondet_tol=0.0" in d.message
+
+
+def test_nondeterministic_rounding_sized_is_called_noise():
+    rep = failure(drifting(1e-15), (make(4),))
+    d = the(rep, "nondeterministic")
+    assert "rounding-sized" in d.message
+    suggested = d.evidence["suggested_nondet_tol"]
+    assert suggested >= rep.details["max_run_to_run_difference"]
+    # the suggestion is enough (the next check runs twice more: the drift has grown)
+    assert agcheck.gradcheck(drifting(1e-15), (make(4),), nondet_tol=suggested * 100)
+    summary = rep.summary()
+    assert "max_run_to_run_difference" in summary and "nondet_tol" in summary
+
+
+# -- non-differentiable points --------------------------------------------------------------
+
+def test_relu_at_exactly_zero_is_a_kink():
+    x = torch.tensor([0.0, 1.5, -0.7, 0.0, 2.0], dtype=torch.float64, requires_grad=True)
+    snap = Snapshot([x])
+    rep = failure(torch.relu, (x,))
+    snap.assert_unchanged()  # the extra evaluations of the diagnosis leave no trace
+    assert kinds(rep) == ["kink"]
+    d = the(rep, "kink")
+    assert "kink" in d.message and "relu at 0" in d.message
+    assert "right 1, left 0" in d.lines[0]
+    rows = {e["row"] for e in d.evidence["entries"]}
+    assert rows == {0, 3}
+
+
+def test_relu_within_eps_of_zero_is_a_kink():
+    x = torch.tensor([3e-7, 1.0], dtype=torch.float64, requires_grad=True)
+    rep = failure(torch.relu, (x,))
+    assert kinds(rep) == ["kink"]
+    assert "changes with the" in the(rep, "kink").message
+
+
+def test_kink_in_fast_mode():
+    x = torch.tensor([0.0, 1.5, -0.7], dtype=torch.float64, requires_grad=True)
+    rep = failure(torch.relu, (x,), fast_mode=True)
+    assert kinds(rep) == ["kink"]
+
+
+# -- silence on correct functions ----------------------------------------------------------------
+
+CORRECT = {
+    "sin": (torch.sin, lambda: (make(3, 4),)),
+    "matmul": (lambda x: torch.tanh(x @ W), lambda: (make(3, 3),)),
+    "exp-sum": (lambda x: torch.exp(x).sum() * x, lambda: (make(5),)),
+    "complex": (lambda z: z * z.conj() * WC + z.sin(), lambda: (make(3, dtype=torch.complex128),)),
+    "two inputs": (lambda x, y: x * y.sum() + y.cos(), lambda: (make(4), make(4, seed=1))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+@pytest.mark.parametrize("fast", MODES)
+def test_correct_functions_with_absurd_tolerance_get_only_noise(name, fast):
+    fn, inputs = CORRECT[name]
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(fn, inputs(), atol=0.0, rtol=0.0, fast_mode=fast)
+    rep = info.value.report
+    assert not set(kinds(rep)) & BUG_KINDS, rep.summary()
+    if rep.blocks and rep.blocks[0].mismatches:  # fast mode's slow blocks may agree exactly
+        assert kinds(rep) == ["noise"], rep.summary()
+        assert "tolerance" in the(rep, "noise").message
+
+
+def test_correct_functions_pass_and_build_no_report(monkeypatch):
+    import agcheck.report as report
+
+    def boom(*a, **k):
+        raise AssertionError("report work on a passing check")
+
+    monkeypatch.setattr(report.FailureReport, "summary", boom)
+    for fn, inputs in CORRECT.values():
+        assert agcheck.gradcheck(fn, inputs())
+        assert agcheck.gradcheck(fn, inputs(), fast_mode=True)
+
+
+def test_float32_correct_function_is_called_imprecise():
+    x = make(3, 3, dtype=torch.float32)
+    with pytest.warns(UserWarning):
+        with pytest.raises(GradcheckError) as info:
+            agcheck.gradcheck(lambda x: torch.tanh(x @ x), (x,))
+    rep = info.value.report
+    assert kinds(rep) == ["precision"], rep.summary()
+    assert "eps='auto'" in rep.diagnoses[0].message
+
+
+def test_raise_exception_false_skips_the_diagnosis():
+    counts = [0]
+
+    def relu(x):
+        counts[0] += 1
+        return torch.relu(x)
+
+    x = torch.tensor([0.0, 1.0], dtype=torch.float64, requires_grad=True)
+    assert agcheck.gradcheck(relu, (x,), raise_exception=False) is False
+    quiet = counts[0]
+    counts[0] = 0
+    with pytest.raises(GradcheckError):
+        agcheck.gradcheck(relu, (x,))
+    assert counts[0] > quiet  # the diagnosis re-evaluated entries, only when raising
+
+
+# -- synthetic blocks -----------------------------------------------------------------------------
+
+def block(n, a, **kw):
+    kw.setdefault("atol", 1e-5)
+    kw.setdefault("rtol", 1e-3)
+    return JacobianBlock.from_arrays(np.asarray(n), np.asarray(a), output=0, input=0, **kw)
+
+
+def test_synthetic_adjoint_and_zero_numerical():
+    rng = np.random.default_rng(0)
+    n = rng.standard_normal((4, 4)) + 1j * rng.standard_normal((4, 4))
+    assert [d.kind for d in diagnose_block(block(n, n.conj().T))] == ["adjoint"]
+    assert [d.kind for d in diagnose_block(block(np.zeros((3, 2)), np.ones((3, 2))))] == ["zero_numerical"]
+
+
+def test_synthetic_fast_only():
+    n = np.eye(3)
+    b = block(n, n + 1e-9, fast=True, projection={"numerical": 1.0, "analytical": 1.001, "atol": 1e-6})
+    assert [d.kind for d in diagnose_block(b)] == ["fast_only"]
+
+
+def test_synthetic_non_finite():
+    n = np.eye(2)
+    a = n.copy()
+    a[0, 1] = np.nan
+    d = diagnose_block(block(n, a))
+    assert [x.kind for x in d] == ["non_finite"]
+    assert "analytical" in d[0].message
+
+
+def test_synthetic_no_pattern_says_so():
+    rng = np.random.default_rng(3)
+    n, a = rng.standard_normal((5, 5)), rng.standard_normal((5, 5))
+    b = block(n, a)
+    assert diagnose_block(b) == []
+    rep = FailureReport(check="jacobian", message="Jacobian mismatch for output 0 with respect to input 0,")
+    rep.blocks = [b]
+    rep.completed = True
+    assert "no known pattern" in rep.summary()
+
+
+def test_single_nonzero_entry_factor_is_hedged():
+    d = diagnose_block(block([[2.0]], [[6.0]]))
+    assert [x.kind for x in d] == ["factor"]
+    assert "weak evidence" in d[0].message
+
+
+def test_other_checks_are_named():
+    from agcheck.diagnosis import diagnose
+
+    cases = {
+        "batched_grad": ({"output": 0, "input": 0, "max_difference": 0.5}, "batched"),
+        "undefined_grad": ({"undefined_outputs": "all", "max_abs_gradient": 1.0}, "undefined_grad"),
+        "no_differentiable_outputs": ({"input": 0, "max_abs_numerical": 2.0}, "depends_on_input"),
+        "grad_size": ({}, "gradient_shape"),
+    }
+    for check, (details, kind) in cases.items():
+        rep = FailureReport(check=check, message="x", details=details)
+        assert [d.kind for d in diagnose(rep)] == [kind]
+
+
+def test_no_differentiable_outputs_end_to_end():
+    rep = failure(lambda x: (x * 2).detach(), (make(3),))
+    assert rep.check == "no_differentiable_outputs"
+    assert kinds(rep) == ["depends_on_input"]
+    assert rep.details["max_abs_numerical"] == pytest.approx(2.0)

@@ -1,0 +1,348 @@
+"""Failure reports (agcheck.report, agcheck.render): every GradcheckError carries a
+structured ``report`` — failing blocks as NumPy arrays with their largest differences,
+options, backend, diagnoses — with a short text summary appended after torch's message,
+a JSON-serialisable dict, and HTML / PNG renderings."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import agcheck
+from agcheck import GradcheckError, GradcheckOptions
+from agcheck.report import FailureReport, JacobianBlock
+
+from .helpers import ScaledSin, make
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+IMG = '<img src="data:image/png;base64,'
+
+
+def raised(fn, inputs, **kw) -> GradcheckError:
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(fn, inputs, **kw)
+    return info.value
+
+
+def scaled(c):
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x.cos() * c
+
+    return F.apply
+
+
+def one_entry_off_matvec(n, seed=0):
+    """tanh(a @ x) for an n x n matrix; the backward is off at one entry."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, n, dtype=torch.float64, generator=gen) / n ** 0.5
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.tanh(a @ x)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            out = a.T @ (g * (1 - y * y))
+            out = out.clone()
+            out[7] += 0.5 * g[11]
+            return out
+
+    return F.apply
+
+
+# -- the report's content -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fast", [False, True], ids=["slow", "fast"])
+def test_jacobian_report_content(fast):
+    x = make(3, 4)
+    err = raised(scaled(2.0), (x,), fast_mode=fast, atol=1e-6)
+    rep = err.report
+    assert isinstance(rep, FailureReport) and rep.check == err.check == "jacobian"
+    assert rep.backend == "torch"
+    assert rep.options == GradcheckOptions(fast_mode=fast, atol=1e-6).as_dict()
+    (block,) = rep.blocks
+    assert isinstance(block.numerical, np.ndarray) and isinstance(block.analytical, np.ndarray)
+    assert block.numerical.shape == block.analytical.shape == (12, 12)
+    expected = torch.diag(x.detach().cos().reshape(-1)).numpy()
+    np.testing.assert_allclose(block.numerical, expected, atol=1e-8)
+    np.testing.assert_allclose(block.analytical, 2 * expected, atol=1e-12)
+    worst = int(np.argmax(np.abs(expected.diagonal())))
+    assert block.max_abs_diff == pytest.approx(abs(expected[worst, worst]), rel=1e-6)
+    assert block.max_abs_entry.input_index == tuple(np.unravel_index(worst, (3, 4)))
+    assert block.max_abs_entry.output_index == block.max_abs_entry.input_index
+    assert block.max_rel_diff == pytest.approx(1.0, rel=1e-6)
+    assert block.mismatches == 12
+    assert (block.fast, block.projection is not None) == (fast, fast)
+    assert block.input_shape == (3, 4) and block.output_shape == (3, 4) and block.eps == 1e-6
+
+
+def test_message_keeps_torch_phrases_first_and_summary_after():
+    err = raised(scaled(2.0), (make(4),))
+    text = str(err)
+    assert text.startswith("Jacobian mismatch for output 0 with respect to input 0,\nnumerical:")
+    assert err.report.message in text and text.index(err.report.message) == 0
+    assert text.endswith(err.report.summary())
+
+
+def test_complex_split_is_recorded():
+    w = torch.tensor([0.5 + 1.5j, -1.0 + 0.25j], dtype=torch.complex128)
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, z):
+            return z * w
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * w  # the conjugation is missing
+
+    err = raised(F.apply, (make(2, dtype=torch.complex128),))
+    assert str(err).startswith("While considering the imaginary part of complex outputs only")
+    (block,) = err.report.blocks
+    assert block.part == "imaginary" and np.iscomplexobj(block.numerical)
+
+
+def test_forward_mode_report():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_forward(x)
+            return x.sin()
+
+        @staticmethod
+        def jvp(ctx, t):
+            (x,) = ctx.saved_tensors
+            return 3 * t * x.cos()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("not used")
+
+    err = raised(F.apply, (make(4),), check_forward_ad=True, check_backward_ad=False)
+    assert err.check == "jacobian_forward"
+    assert err.report.blocks[0].mode == "forward"
+    assert [d.kind for d in err.report.diagnoses] == ["factor"]
+
+
+def test_reentrancy_report_has_the_size_next_to_nondet_tol():
+    calls = [0]
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            calls[0] += 1
+            (x,) = ctx.saved_tensors
+            return g * x.cos() + 1e-6 * calls[0]
+
+    err = raised(F.apply, (make(3),), nondet_tol=1e-9)
+    rep = err.report
+    assert str(err).startswith("Backward is not reentrant")
+    assert rep.check == "reentrant" and not rep.blocks
+    assert rep.details["nondet_tol"] == 1e-9
+    # 3 output elements: the second Jacobian's backward calls are 3 later than the first's
+    assert rep.details["max_run_to_run_difference"] == pytest.approx(3e-6, rel=1e-3)
+    summary = rep.summary()
+    assert "nondet_tol=1e-09" in summary and "3.000e-06" in summary
+
+
+def test_grad_output_scaling_report():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return (x * x).sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x
+
+    x = make(3)
+    err = raised(F.apply, (x,))
+    assert str(err).startswith("backward not multiplied by grad_output")
+    assert err.report.details["max_abs_gradient"] == pytest.approx(2 * float(x.detach().abs().max()))
+
+
+def test_raise_exception_false_still_returns_false():
+    assert agcheck.gradcheck(scaled(2.0), (make(3),), raise_exception=False) is False
+
+
+def test_other_backends_give_numpy_blocks():
+    def f(x):
+        return np.sin(x)
+
+    def vjp(inputs, cots):
+        (x,), (g,) = inputs, cots
+        return (3 * np.cos(x) * g,)
+
+    x = np.linspace(0.1, 1.0, 4)
+    err = raised(f, (x,), backend="numpy", vjp=vjp)
+    (block,) = err.report.blocks
+    assert err.report.backend == "numpy"
+    assert isinstance(block.numerical, np.ndarray) and block.numerical.shape == (4, 4)
+    assert [d.kind for d in err.report.diagnoses] == ["factor"]
+
+
+# -- to_dict / JSON ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_to_dict_json_round_trip(dtype):
+    x = make(2, 3, dtype=dtype)
+    if dtype.is_complex:
+        err = raised(lambda z: z * z.detach().conj(), (x,))  # complex blocks, and a conjugation
+    else:
+        err = raised(scaled(2.0), (x,))
+    rep = err.report
+    data = rep.to_dict()
+    text = json.dumps(data, allow_nan=False)
+    back = FailureReport.from_dict(json.loads(text))
+    assert back.to_dict() == data
+    assert back.summary() == rep.summary()
+    np.testing.assert_array_equal(back.blocks[0].numerical, rep.blocks[0].numerical)
+    assert back.blocks[0].numerical.dtype == rep.blocks[0].numerical.dtype
+
+
+def test_to_dict_handles_non_finite_and_every_check():
+    n = np.array([[1.0, np.nan], [np.inf, 0.0]])
+    block = JacobianBlock.from_arrays(n, n * 2, output=0, input=1, atol=1e-5, rtol=1e-3)
+    rep = FailureReport(check="jacobian", message="Jacobian mismatch for output 0 with respect to input 1,",
+                        details={"obj": object(), "arr": np.arange(3), "t": (1, 2)})
+    rep.blocks = [block]
+    from agcheck.diagnosis import diagnose
+
+    rep.diagnoses = diagnose(rep)
+    data = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
+    back = FailureReport.from_dict(data)
+    assert np.isnan(back.blocks[0].numerical[0, 1]) and np.isinf(back.blocks[0].numerical[1, 0])
+    assert [d.kind for d in back.diagnoses] == ["non_finite"]
+    # crosscheck-style errors without blocks are serialisable too
+    json.dumps(GradcheckError("x", check="crosscheck", details={"result": object()}).report.to_dict())
+
+
+def test_large_blocks_leave_arrays_out_of_the_dict_by_default():
+    n = np.zeros((200, 200))
+    block = JacobianBlock.from_arrays(n, n + 1, output=0, input=0)
+    assert block.to_dict()["numerical"] is None
+    assert block.to_dict(include_arrays=True)["numerical"]["shape"] == [200, 200]
+
+
+# -- large Jacobians ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def big_failure():
+    x = make(300, seed=3)
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(one_entry_off_matvec(300), (x,))
+    return info.value
+
+
+def test_summary_of_a_300x300_failure_is_short(big_failure):
+    rep = big_failure.report
+    assert rep.blocks[0].shape == (300, 300)
+    summary = rep.summary()
+    assert len(summary.splitlines()) < 60
+    assert len(summary) < 6000
+    (d,) = rep.diagnoses
+    assert d.kind == "few_entries" and "input(7,) / output(11,)" in d.lines[0]
+    assert rep.blocks[0].max_abs_entry.input_index == (7,)
+
+
+def test_html_and_png_of_a_300x300_failure(big_failure, tmp_path):
+    pytest.importorskip("matplotlib")
+    rep = big_failure.report
+    html_path = rep.save(tmp_path / "big.html")
+    text = open(html_path, encoding="utf-8").read()
+    assert text.count(IMG) == 1
+    assert "max-abs pooled 2x2 tiles" not in text  # the pooling note is inside the image
+    assert len(text) < 2_000_000  # never the whole Jacobian
+    png = open(rep.save(tmp_path / "big.png"), "rb").read()
+    assert png.startswith(PNG_SIGNATURE)
+
+
+def test_pooling_keeps_a_single_outlier():
+    from agcheck.render import pool_max_abs
+
+    m = np.zeros((1000, 450))
+    m[737, 21] = -5.0
+    pooled, tiles = pool_max_abs(m)
+    assert pooled.shape[0] <= 200 and pooled.shape[1] <= 200 and tiles == (5, 3)
+    assert pooled.min() == -5.0 and np.count_nonzero(pooled) == 1
+    assert pooled[737 // 5, 21 // 3] == -5.0
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+def test_save_html_png_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    rep = raised(scaled(2.0), (make(3, 2),)).report
+    html_text = open(rep.save(tmp_path / "r.html"), encoding="utf-8").read()
+    assert html_text.startswith("<!doctype html>") and IMG in html_text
+    assert "analytical = 2.00 x numerical" in html_text
+    assert "<script src" not in html_text and "http" not in html_text  # self-contained
+    assert open(rep.save(tmp_path / "r.png"), "rb").read().startswith(PNG_SIGNATURE)
+    data = json.load(open(rep.save(tmp_path / "r.json")))
+    assert data["check"] == "jacobian"
+    with pytest.raises(ValueError, match="html, .png or .json"):
+        rep.save(tmp_path / "r.txt")
+
+
+def test_save_non_jacobian_report(tmp_path):
+    pytest.importorskip("matplotlib")
+    err = raised(lambda x: (x * 2).detach(), (make(3),))
+    html_text = open(err.report.save(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "depends_on_input" in html_text and "max_abs_numerical" in html_text
+    assert open(err.report.save(tmp_path / "r.png"), "rb").read().startswith(PNG_SIGNATURE)
+
+
+def test_missing_matplotlib_names_the_install_command(monkeypatch, tmp_path):
+    rep = raised(scaled(2.0), (make(3),)).report
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    for ext in ("html", "png"):
+        with pytest.raises(ImportError, match="pip install matplotlib"):
+            rep.save(tmp_path / f"r.{ext}")
+    rep.save(tmp_path / "r.json")  # no plotting needed
+
+
+def test_core_imports_no_plotting_or_framework():
+    code = ("import sys, agcheck, agcheck.report, agcheck.diagnosis, agcheck.render; "
+            "bad = [m for m in ('matplotlib', 'torch', 'jax') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_error_constructed_anywhere_has_a_report():
+    err = GradcheckError("Backward is not reentrant", check="reentrant",
+                         details={"max_run_to_run_difference": 1e-3, "nondet_tol": 0.0})
+    assert err.report.check == "reentrant" and err.report.details is err.details
+    assert "reentrant" in err.report.summary()
+
+
+def test_scaled_sin_helper_reports_factor():
+    ScaledSin.factor = 3.0
+    try:
+        rep = raised(ScaledSin.apply, (make(2, 2),)).report
+    finally:
+        ScaledSin.factor = 1.0
+    assert "analytical = 3.00 x numerical" in rep.diagnoses[0].message
