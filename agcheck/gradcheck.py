@@ -131,16 +131,22 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
 
-def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> bool:
-    """:func:`gradcheck` with its keywords already gathered in ``opts``."""
+def resolve_problem(fn: Callable, inputs, backend, backend_options: dict):
+    """The configured backend, and ``fn`` with its inputs as the core sees them."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if backend is not None:
         be = get_backend(backend, **backend_options)
     else:
         be = infer_backend(inputs, **backend_options)
-    be.check_supported(opts)
     fn, args = be.prepare(fn, inputs)
+    return be, fn, args
+
+
+def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> bool:
+    """:func:`gradcheck` with its keywords already gathered in ``opts``."""
+    be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
+    be.check_supported(opts)
     try:
         with be.preserve_state(args), _numpy_rng_preserved():
             try:

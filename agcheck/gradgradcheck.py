@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .backend import get_backend, infer_backend
-from .gradcheck import run_gradcheck
+from .gradcheck import resolve_problem, run_gradcheck
 from .options import GradcheckOptions, GradgradcheckOptions
 
 __all__ = ["gradgradcheck"]
@@ -66,13 +65,7 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
         check_batched_grad=check_batched_grad, check_forward_ad=check_fwd_over_rev,
         check_backward_ad=check_rev_over_rev, fast_mode=fast_mode, masked=masked,
     )
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if backend is not None:
-        be = get_backend(backend, **backend_options)
-    else:
-        be = infer_backend(inputs, **backend_options)
-    fn, args = be.prepare(fn, inputs)
+    be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
 
     for level in range(order - 1):
         given = grad_outputs if level == 0 else None

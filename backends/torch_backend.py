@@ -1,6 +1,8 @@
-"""The torch backend: dense real and complex tensors on any device."""
+"""The torch backend: real and complex tensors on any device, strided, sparse (COO, CSR,
+CSC, BSR, BSC; see ``torch_sparse``) or MKL-DNN."""
 from __future__ import annotations
 
+import copy
 import warnings
 from contextlib import contextmanager
 
@@ -9,6 +11,8 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from agcheck.backend import Backend, Perturber, Trace
+
+from . import torch_sparse
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -51,6 +55,7 @@ class TorchPerturber(Perturber):
         self.numel = x.numel()
         self._flat = self.data.view(-1) if self.data.is_contiguous() else None
         self._as_tuple = as_tuple
+        self._original = None
         self.args = None
 
     def index(self, flat: int) -> tuple:
@@ -77,18 +82,43 @@ class TorchPerturber(Perturber):
         return self._evaluate_moved(self._entry(flat), fn, step, sign)
 
     def evaluate_direction(self, fn, step, sign) -> tuple:
-        return self._evaluate_moved(self.data, fn, step, sign)
+        # the whole input moves: keep one copy of it for every direction evaluated
+        if self._original is None:
+            self._original = self.data.clone()
+        try:
+            self.data.copy_(self._original - step if sign < 0 else self._original + step)
+            return self._call(fn)
+        finally:
+            self.data.copy_(self._original)
 
 
 class TorchBackend(Backend):
     """Dense real and complex torch tensors, on any device (CPU, CUDA, ...)."""
 
     name = "torch"
-    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad"})
+    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "sparse"})
     no_checked_inputs_message = (
         "gradcheck expects at least one input tensor to require gradient, "
         "but none of them have requires_grad=True."
     )
+
+    #: gradgradcheck of sparse (or MKL-DNN) inputs: the VJP function's gradients keep the
+    #: input's layout ("raise": torch's behaviour, gradcheck then rejects the sparse output
+    #: with a ValueError) or are returned dense ("dense", beyond torch; see docs/sparse.md)
+    sparse_vjp = "raise"
+
+    def with_options(self, **options) -> "TorchBackend":
+        if not options:
+            return self
+        unknown = sorted(set(options) - {"sparse_vjp"})
+        if unknown:
+            raise TypeError(f"the 'torch' backend takes no extra keywords but sparse_vjp=, got {unknown}")
+        mode = options["sparse_vjp"]
+        if mode not in ("raise", "dense"):
+            raise ValueError(f"sparse_vjp must be 'raise' or 'dense', got {mode!r}")
+        new = copy.copy(self)
+        new.sparse_vjp = mode
+        return new
 
     # -- inspection -------------------------------------------------------------------
     def owns(self, x) -> bool:
@@ -126,12 +156,11 @@ class TorchBackend(Backend):
 
     # -- validation -------------------------------------------------------------------
     def validate_input(self, idx: int, x) -> None:
-        if x.layout != torch.strided:
-            raise NotImplementedError(
-                f"input {idx} has layout {x.layout}; agcheck's torch backend checks dense "
-                "(strided) tensors for now"
-            )
-        if any(st == 0 and sz > 1 for st, sz in zip(x.stride(), x.shape)):
+        # a sparse input's stored values must not overlap either; MKL-DNN is opaque
+        content = x if x.layout == torch.strided else torch_sparse.validated_content(idx, x)
+        if content is None:
+            return
+        if any(st == 0 and sz > 1 for st, sz in zip(content.stride(), content.shape)):
             raise RuntimeError(
                 f"The {idx}th input has a dimension with stride 0. Finite differences need "
                 "every element to have its own memory (an expanded tensor moves many elements "
@@ -169,7 +198,7 @@ class TorchBackend(Backend):
                     a.requires_grad_(requires_grad)
                 if a.grad is not grad:
                     a.grad = grad
-                if grad is not None and not torch.equal(grad, grad_value):
+                if grad is not None and grad.layout == torch.strided and not torch.equal(grad, grad_value):
                     with torch.no_grad():
                         grad.copy_(grad_value)
 
@@ -180,14 +209,14 @@ class TorchBackend(Backend):
     @contextmanager
     def perturber(self, args, position):
         x = args[position]
-        original = x.data.clone()
+        if x.layout != torch.strided:  # sparse: move stored values; MKL-DNN: a strided copy
+            with torch_sparse.perturber(args, position, self.as_tuple) as p:
+                yield p
+            return
+        # every evaluation restores the input in its own ``finally``
         perturber = TorchPerturber(x, self.as_tuple)
         perturber.args = args
-        try:
-            yield perturber
-        finally:
-            if not _bitwise_equal(x.data, original):
-                x.data.copy_(original)
+        yield perturber
 
     def _dual_args(self, args, tangents_by_position, detach_others=False):
         new = list(args)
@@ -195,6 +224,8 @@ class TorchBackend(Backend):
             if k in tangents_by_position:
                 if a.layout == torch._mkldnn:
                     raise ValueError("MKLDNN inputs are not support for forward AD gradcheck.")
+                if torch_sparse.is_sparse(a):
+                    torch_sparse.reject_forward_ad(a)
                 t = tangents_by_position[k]
                 new[k] = a.detach() if t is None else fwAD.make_dual(a.detach(), t)
             elif detach_others and isinstance(a, torch.Tensor):
@@ -306,6 +337,7 @@ class TorchBackend(Backend):
         ``create_graph=True`` so that it can be differentiated again."""
         inputs_set, cotangents_set = set(input_positions), set(cotangent_positions)
         ordered = sorted(inputs_set)
+        densify_grads = self.sparse_vjp == "dense"
 
         def vjp_of_fn(*args):
             primals = tuple(
@@ -317,6 +349,8 @@ class TorchBackend(Backend):
             )
             grads = torch.autograd.grad(outputs, [primals[k] for k in ordered], cotangents,
                                         create_graph=True, allow_unused=True)
+            if densify_grads:  # sparse / MKL-DNN gradients as dense outputs (beyond torch)
+                grads = tuple(g if g is None or g.layout == torch.strided else g.to_dense() for g in grads)
             return tuple(g for g in grads if g is not None)
 
         return vjp_of_fn
@@ -348,6 +382,10 @@ class TorchBackend(Backend):
         return torch.stack(list(arrays), dim=axis)
 
     def zeros_like(self, x):
+        if x.layout == torch._mkldnn:  # no MKL-DNN zeros: a strided stand-in
+            return torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)
+        if x.layout != torch.strided:
+            return torch.zeros_like(x)
         return torch.zeros_like(x, memory_format=torch.legacy_contiguous_format)
 
     def zeros(self, shape, like, dtype=None):
@@ -386,6 +424,12 @@ class TorchBackend(Backend):
     def to_device_of(self, x, like):
         return x.to(like.device)
 
+    def layout(self, x) -> str:
+        return torch_sparse.layout_name(x)
+
+    def densify(self, x):
+        return torch_sparse.densify(x)
+
     def to_dense(self, x):
         return x if x.layout == torch.strided else x.to_dense()
 
@@ -403,13 +447,17 @@ class TorchBackend(Backend):
         return None
 
     def snapshot(self, x):
-        return x.detach().clone() if x.layout == torch.strided else None
+        return x.detach().clone() if x.layout == torch.strided else torch_sparse.snapshot(x)
 
     def unchanged(self, x, snapshot) -> bool:
+        if x.layout != torch.strided:  # indices and values, bitwise
+            return torch_sparse.unchanged(x, snapshot)
         return snapshot is None or _bitwise_equal(x.detach(), snapshot)
 
     def restore(self, x, snapshot) -> None:
-        if snapshot is not None:
+        if x.layout != torch.strided:
+            torch_sparse.restore(x, snapshot)
+        elif snapshot is not None:
             with torch.no_grad():
                 x.data.copy_(snapshot)
 
@@ -427,9 +475,11 @@ class TorchBackend(Backend):
         return gen
 
     def uniform_unit_vector(self, like, generator, real):
-        dtype = like.dtype
-        if real and dtype.is_complex:
-            dtype = like.real.dtype if like.numel() else torch.empty((), dtype=dtype).real.dtype
+        # torch's probes drop the imaginary part of complex128 / complex64 only: a complex32
+        # input keeps a complex32 probe (whose normalisation torch cannot compute on the CPU)
+        dtype = _REAL_PROBE_DTYPES.get(like.dtype, like.dtype) if real else like.dtype
+        if torch_sparse.is_sparse(like):  # random at the specified elements, zero elsewhere
+            return torch_sparse.probe_vector(like, generator, dtype)
         vec = torch.rand(like.numel(), generator=generator, device=generator.device)
         vec = vec.to(dtype=dtype, device=like.device)
         vec /= vec.norm()
@@ -440,7 +490,12 @@ class TorchBackend(Backend):
         return sample.to(like.device)
 
 
+_REAL_PROBE_DTYPES = {torch.complex128: torch.float64, torch.complex64: torch.float32}
+
+
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # conjugate / negative views compare by the values they stand for
+    a, b = a.resolve_conj().resolve_neg(), b.resolve_conj().resolve_neg()
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     if a.dtype.is_floating_point:

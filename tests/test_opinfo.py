@@ -1,0 +1,290 @@
+"""agcheck's verdict against torch.autograd.gradcheck's on PyTorch's OpInfo database.
+
+The harness is ``tests/opinfo_sweep.py`` (see its docstring for how each sample becomes a
+gradcheck call and what "agreement" means). Two tiers:
+
+- ``test_ci_slice``: a fixed, representative slice of op_db -- elementwise, reductions,
+  linalg, complex-specific ops, multiple outputs, integer outputs (max / sort / topk ...),
+  ops with a ``gradcheck_nondet_tol``, tensor-list inputs, a random op, a masked op, and
+  ops on which torch itself fails a check -- a few chosen samples each, slow and fast mode,
+  float64 and complex128 where the op supports them. Runs by default.
+- ``test_opinfo_sweep``: every autograd op of op_db, every sample, marked ``opinfo``
+  (deselected by default): ``pytest -m opinfo -n 2``. Environment knobs:
+  ``AGCHECK_OPINFO_FAST`` (both | on | off | op | all; default both),
+  ``AGCHECK_OPINFO_DTYPES`` (default ``float64,complex128``),
+  ``AGCHECK_OPINFO_LIMIT`` (samples per op and dtype; default all),
+  ``AGCHECK_OPINFO_TIMEOUT`` (seconds per gradcheck call; a timeout fails the test),
+  ``AGCHECK_OPINFO_JSONL`` (a directory: one JSON line per sample, a file per worker).
+
+Every test asserts that every compared sample agrees and that something was compared.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+try:
+    import opinfo_sweep as sweep
+except ImportError:  # run from the repository root without tests/ on sys.path
+    from tests import opinfo_sweep as sweep
+
+
+# --------------------------------------------------------------------------------------
+# the CI slice: (op full name, sample indices, what it covers)
+# --------------------------------------------------------------------------------------
+
+CI_SLICE: list[tuple[str, tuple[int, ...], str]] = [
+    # elementwise, unary and binary
+    ("exp", (0, 1), "unary elementwise"),
+    ("sigmoid", (0, 1), "unary elementwise"),
+    ("nn.functional.relu", (0, 1), "kink at zero, float only"),
+    ("mul", (0, 1, 2), "binary, broadcasting"),
+    ("div.no_rounding_mode", (0, 1), "binary"),
+    ("pow", (0, 1), "binary, two differentiable inputs"),
+    ("atan2", (0, 1), "binary, float only"),
+    ("where", (0, 2), "bool condition input"),
+    ("clamp", (0, 2), "kinks (min/max)"),
+    # complex-specific
+    ("abs", (1,), "C->R"),
+    ("angle", (1,), "C->R, non-holomorphic"),
+    ("sgn", (1,), "complex sign"),
+    ("conj_physical", (1,), "conjugation"),
+    ("real", (0, 1), "C->R view"),
+    ("imag", (0, 1), "C->R view, complex only"),
+    ("view_as_real", (0, 1), "complex -> real view, complex only"),
+    ("view_as_complex", (0,), "real -> complex view, float only"),
+    ("polar", (0, 1), "R->C, two inputs"),
+    # reductions and scans
+    ("sum", (0, 1, 2), "reduction"),
+    ("prod", (0,), "reduction, nondet_tol 1e-12, op fast mode"),
+    ("mean", (0, 1), "reduction"),
+    ("std", (0, 3), "reduction with correction"),
+    ("logsumexp", (0, 1), "reduction, the op turns fast mode off"),
+    ("norm.inf", (0,), "kinks, the op turns fast mode off"),
+    ("linalg.vector_norm", (0, 1), "norm"),
+    ("cumsum", (2,), "scan"),
+    ("cumprod", (0,), "scan, the op turns fast mode off"),
+    # linalg
+    ("mm", (3,), "matmul"),
+    ("trace", (0,), "matrix -> scalar"),
+    ("linalg.det", (0, 1), "linalg"),
+    ("linalg.inv", (1, 2), "linalg"),
+    ("linalg.solve", (0,), "linalg, two inputs"),
+    ("linalg.slogdet", (0, 1), "two outputs (sign, logabsdet)"),
+    ("linalg.eigh", (0, 1), "hermitian wrapper, two outputs"),
+    ("linalg.svd", (0, 1), "three outputs, output_process_fn_grad"),
+    ("linalg.qr", (2,), "two outputs"),
+    ("cholesky", (1,), "hermitian wrapper"),
+    ("linalg.eig", (0, 1), "complex outputs from a real input"),
+    ("linalg.pinv.hermitian", (0, 1), "hermitian wrapper"),
+    ("linalg.lstsq", (0,), "several outputs, some not differentiable"),
+    ("linalg.multi_dot", (0, 1), "tensor-list input, nondet_tol"),
+    # multiple outputs, integer outputs
+    ("max.reduction_with_dim", (1,), "values + int64 indices"),
+    ("sort", (1, 2), "values + int64 indices"),
+    ("topk", (1, 2), "values + int64 indices"),
+    ("kthvalue", (0, 1), "values + int64 indices"),
+    ("aminmax", (0,), "two outputs"),
+    ("cummax", (0, 1), "int64 indices, nondet_tol"),
+    ("unbind", (0,), "tuple of views"),
+    ("split", (3,), "tuple of views"),
+    # indexing, nondet_tol
+    ("gather", (0, 1), "int64 index input, nondet_tol"),
+    ("index_add", (0, 1), "nondet_tol, two differentiable inputs"),
+    ("take_along_dim", (0, 1), "nondet_tol"),
+    ("addr", (1,), "nondet_tol"),
+    ("nn.functional.embedding", (0, 1), "integer input first"),
+    # tensor lists, views, nn, random, masked, sparse
+    ("cat", (0, 1), "tensor-list input"),
+    ("stack", (0, 1), "tensor-list input"),
+    ("expand", (0, 1), "broadcasting view"),
+    ("nn.functional.linear", (0, 1), "nn, nondet_tol"),
+    ("nn.functional.avg_pool1d", (0, 2), "nn, nondet_tol"),
+    ("nn.functional.layer_norm", (0,), "nn, several inputs"),
+    ("nn.functional.cross_entropy", (0, 1), "nn, int64 target"),
+    ("nn.functional.binary_cross_entropy", (0, 1), "the op turns fast mode off"),
+    ("nn.functional.dropout", (0, 1), "random op under wrapper_set_seed"),
+    ("softmax", (1,), "softmax"),
+    ("masked.sum", (0, 1), "masked gradcheck wrapper"),
+    ("masked.normalize", (0,), "masked wrapper, op fast mode"),
+    ("to_sparse", (0,), "sparse output"),
+    ("addmm", (4, 5), "leaf input with the conj bit set, transposed (conj view of a plain tensor)"),
+    ("float", (2,), "output of another dtype than the input (float64 -> float32)"),
+    # torch itself fails a check on these
+    ("cov", (0, 2), "torch: batched-grad failure, and a RuntimeError in fast mode (#2)"),
+    ("as_strided_scatter", (0,), "torch: Jacobian mismatch (xfail in PyTorch)"),
+    ("bernoulli", (0,), "torch: batched gradients of a random op"),
+    ("logcumsumexp", (0,), "torch: forward-AD mismatch for complex (xfail in PyTorch)"),
+    ("native_batch_norm", (5,), "torch: IndexError while reporting a fast-mode forward-AD failure"),
+]
+
+CI_MODES = ("slow", "fast")
+CI_DTYPES = ("float64", "complex128")
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread_per_worker():
+    """Under pytest-xdist, one intra-op thread per worker (the workers are the parallelism)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        old = torch.get_num_threads()
+        torch.set_num_threads(1)
+        yield
+        torch.set_num_threads(old)
+    else:
+        yield
+
+
+def _assert_all_agree(summary: sweep.Summary) -> None:
+    assert summary.results, "no sample was compared:\n" + summary.format()
+    bad = summary.disagreements + summary.undecided
+    assert not bad, "agcheck and torch disagree:\n" + summary.format()
+
+
+def _jsonl_sink():
+    out_dir = os.environ.get("AGCHECK_OPINFO_JSONL")
+    if not out_dir:
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    path = os.path.join(out_dir, f"opinfo_{worker}.jsonl")
+
+    def write(record: dict) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return write
+
+
+# --------------------------------------------------------------------------------------
+# the harness itself (cheap; no agcheck needed)
+# --------------------------------------------------------------------------------------
+
+
+def _outcome(kind, exc=None):
+    o = sweep.Outcome(kind)
+    if exc is not None:
+        o.exc, o.exc_type = exc, type(exc).__name__
+    return o
+
+
+def test_verdict_rules():
+    from torch.autograd.gradcheck import GradcheckError as TorchGCE
+
+    agree = sweep.verdicts_agree
+    assert agree(_outcome("pass"), _outcome("pass"))
+    assert not agree(_outcome("pass"), _outcome("gradcheck_error", RuntimeError("x")))
+    assert agree(_outcome("gradcheck_error", TorchGCE("a")), _outcome("gradcheck_error", RuntimeError("b")))
+    assert not agree(_outcome("gradcheck_error", TorchGCE("a")), _outcome("pass"))
+    # torch's non-GradcheckError: the same type (or a subclass) on the other side
+    assert agree(_outcome("exception", NotImplementedError("a")), _outcome("exception", NotImplementedError("b")))
+    assert not agree(_outcome("exception", NotImplementedError("a")), _outcome("exception", ValueError("b")))
+    assert not agree(_outcome("exception", RuntimeError("a")), _outcome("gradcheck_error", TorchGCE("b")))
+    assert agree(_outcome("exception", AttributeError("a")), _outcome("exception", type("Sub", (AttributeError,), {})("b")))
+    # a timeout on either side is undecided
+    assert agree(_outcome("timeout"), _outcome("pass")) is None
+
+
+def test_is_gradcheck_error_knows_both_classes():
+    from torch.autograd.gradcheck import GradcheckError as TorchGCE
+
+    import agcheck
+
+    assert sweep.is_gradcheck_error(TorchGCE("x"))
+    assert sweep.is_gradcheck_error(agcheck.GradcheckError("x"))
+    assert not sweep.is_gradcheck_error(RuntimeError("x"))
+
+
+def test_harness_torch_against_itself():
+    """The harness is deterministic: torch agrees with torch, also on a random op and on
+    an op where torch's verdict is a failure."""
+    s = sweep.Summary(against="torch")
+    for name in ("exp", "nn.functional.dropout", "cov"):
+        s.extend(sweep.run_op(sweep.find_op(name), samples=(0, 2), against="torch"))
+    _assert_all_agree(s)
+    assert any(r.ref.kind != "pass" for r in s.results), "cov's forward AD failure should be among the samples"
+
+
+def test_harness_reports_a_disagreement():
+    """A candidate that gets the verdict wrong is reported, not agreed with."""
+
+    def always_fails(fn, inputs, **kw):
+        raise sweep.TorchGradcheckError("always fails")
+
+    s = sweep.run_op(sweep.find_op("exp"), samples=(0,), dtypes=("float64",), against=always_fails)
+    assert s.results and len(s.disagreements) == len(s.results)
+    text = s.format()
+    assert "disagreements:" in text and "--sample 0" in text
+
+
+def test_ci_slice_is_well_formed():
+    names = [n for n, _, _ in CI_SLICE]
+    assert len(names) == len(set(names))
+    known = {op.full_name for op in sweep.autograd_ops()}
+    assert set(names) <= known, set(names) - known
+
+
+# --------------------------------------------------------------------------------------
+# CI slice
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", CI_MODES)
+@pytest.mark.parametrize("name,samples,covers", CI_SLICE, ids=[n for n, _, _ in CI_SLICE])
+def test_ci_slice(name, samples, covers, mode):
+    op = sweep.find_op(name)
+    s = sweep.run_op(op, dtypes=CI_DTYPES, modes=(mode,), samples=samples, against="agcheck")
+    _assert_all_agree(s)
+
+
+# --------------------------------------------------------------------------------------
+# the whole sweep (pytest -m opinfo -n 2)
+# --------------------------------------------------------------------------------------
+
+
+def _env_modes() -> tuple[str, ...]:
+    return sweep._parse_modes(os.environ.get("AGCHECK_OPINFO_FAST", "both"))
+
+
+def _env_dtypes() -> tuple[str, ...]:
+    return sweep._parse_dtypes(os.environ.get("AGCHECK_OPINFO_DTYPES", "float64,complex128"))
+
+
+def _env_number(name, kind):
+    v = os.environ.get(name)
+    return kind(v) if v else None
+
+
+ALL_OPS = [op.full_name for op in sweep.autograd_ops()]
+
+
+@pytest.mark.opinfo
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_opinfo_sweep(name):
+    op = sweep.find_op(name)
+    dtypes = _env_dtypes()
+    write = _jsonl_sink()
+    s = sweep.run_op(
+        op,
+        dtypes=dtypes,
+        modes=_env_modes(),
+        limit_samples=_env_number("AGCHECK_OPINFO_LIMIT", int),
+        timeout=_env_number("AGCHECK_OPINFO_TIMEOUT", float),
+        against="agcheck",
+        on_result=(lambda r: write(r.to_json())) if write else None,
+    )
+    if write:
+        for sk in s.skips:
+            write({"skip": sk.to_json()})
+    if not s.results:
+        # nothing comparable: say why (e.g. no float64/complex128 backward support)
+        reasons = sorted({sk.reason for sk in s.skips})
+        pytest.skip(f"{name}: no sample to compare ({'; '.join(reasons) or 'no samples'})")
+    _assert_all_agree(s)
