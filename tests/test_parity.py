@@ -355,14 +355,11 @@ DELIBERATE = {
     "quirk_nodiff_depends_fwd_only": (("fail", "fail"),
                                       "torch crashes (IndexError) in fast forward mode; agcheck reports the mismatch"),
 }
-SPARSE_PENDING = {"sparse_coo_masked", "sparse_csr_masked", "sparse_coo_unmasked"}
 
 
 @pytest.mark.parametrize("fast_mode", MODES)
 @pytest.mark.parametrize("case", CASE_PARAMS)
 def test_parity(case: Case, fast_mode: bool):
-    if case.name in SPARSE_PENDING:
-        pytest.xfail("sparse inputs are issue 3; the torch backend checks dense tensors for now")
     if case.name in DELIBERATE:
         outcomes, reason = DELIBERATE[case.name]
         inputs = case.make_inputs()
@@ -397,7 +394,7 @@ FAILING_PARAMS = [
     for c in CASES
     for mode in (False, True)
     if c.expected(mode) == FAIL and c.kwargs.get("raise_exception", True)
-    and c.name not in DELIBERATE and c.name not in SPARSE_PENDING
+    and c.name not in DELIBERATE
 ]
 
 
@@ -439,7 +436,7 @@ def test_category_halves(category: str):
     for c in CASES:
         if c.category != category or (c.broken and c.parity_only) or c.quirk:
             continue
-        if c.name in DELIBERATE or c.name in SPARSE_PENDING:
+        if c.name in DELIBERATE:
             continue  # checked against its deliberate outcome in test_parity
         for mode in (False, True):
             out = run_agcheck(c, mode, c.make_inputs())
