@@ -204,16 +204,6 @@ def _stack_gradients(be, grads_per_cotangent: list, inputs: Sequence, shape_repo
     return jacobians
 
 
-def _max_difference(be, pairs) -> float | None:
-    worst = None
-    for a, b in pairs:
-        if be.numel(a) == 0:
-            continue
-        d = be.max_abs(a - b)
-        worst = d if worst is None else max(worst, d)
-    return worst
-
-
 def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dtypes):
     """Compute the gradients twice, check their shapes, dtypes and reentrancy."""
     report = GradientShape()
