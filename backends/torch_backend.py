@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from agcheck.backend import Backend, Perturber, Trace
+from agcheck.backend import Backend, Trace
 
 from . import torch_sparse
 
@@ -45,7 +45,7 @@ class TorchTrace(Trace):
             ))
 
 
-class TorchPerturber(Perturber):
+class TorchPerturber(torch_sparse._InPlacePerturber):
     """Moves ``x.data`` in place: closures over ``x`` see the move, autograd graphs that
     saved ``x`` stay valid (the version counter of ``.data`` is separate)."""
 
@@ -57,29 +57,6 @@ class TorchPerturber(Perturber):
         self._as_tuple = as_tuple
         self._original = None
         self.args = None
-
-    def index(self, flat: int) -> tuple:
-        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
-
-    def _entry(self, flat: int) -> torch.Tensor:
-        if self._flat is not None:
-            return self._flat[flat]
-        return self.data[self.index(flat)]
-
-    def _call(self, fn) -> tuple:
-        outs = self._as_tuple(fn(*self.args))
-        return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs)
-
-    def _evaluate_moved(self, target: torch.Tensor, fn, step, sign) -> tuple:
-        original = target.clone()
-        try:
-            target.copy_(original - step if sign < 0 else original + step)
-            return self._call(fn)
-        finally:
-            target.copy_(original)
-
-    def evaluate_element(self, fn, flat, step, sign) -> tuple:
-        return self._evaluate_moved(self._entry(flat), fn, step, sign)
 
     def evaluate_direction(self, fn, step, sign) -> tuple:
         # the whole input moves: keep one copy of it for every direction evaluated
