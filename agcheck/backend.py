@@ -323,6 +323,12 @@ class Backend:
 
         return np.asarray(x)
 
+    def array_like(self, values, like):
+        """The NumPy array ``values`` as an array of ``like``'s framework, on its device."""
+        import array_api_compat
+
+        return self.xp(like).asarray(values, device=array_api_compat.device(like))
+
     # -- randomness -------------------------------------------------------------------
     def generator(self, like, seed: int):
         """A private random generator on ``like``'s device (the global state is untouched)."""

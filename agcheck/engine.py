@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 
+from . import compressed
 from . import jacobian as jac
 
 __all__ = ["EngineFallback", "compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
@@ -178,6 +179,8 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
     p = _Problem(run, fn, trace, args, checked)
     if not any([p.batched_ok(q) for q in checked]):
         raise EngineFallback("no input can be moved in batches")
+    if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
+        return
     inputs = [args[q] for q in checked]
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
@@ -280,6 +283,14 @@ def compare_slow_forward(run, fn, trace, args, checked, diff) -> None:
     p = _Problem(run, fn, trace, args, checked)
     if not hasattr(be, "jvp_rows"):
         raise EngineFallback("no batched JVP")
+    if opts.engine == "auto" and hasattr(be, "jvp_along"):
+        def jvp_signed(j, signs):
+            x = args[checked[j]]
+            stacked = be.reshape(be.array_like(signs.astype(be.to_numpy(x).dtype), x), (len(signs), *x.shape))
+            return [None if a is None else be.to_numpy(a) for a in be.jvp_along(fn, args, checked, j, stacked)]
+
+        if compressed.try_compressed_forward(p, checked, diff, jvp_signed):
+            return
     for j, q in enumerate(checked):
         for s, e, rows in p.numerical_row_chunks(q):
             analytical = be.jvp_rows(fn, args, checked, j, list(range(s, e)))

@@ -91,11 +91,16 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
         Compare random projections ``v^T J u`` instead of full Jacobians.
     masked : bool or None
         For sparse inputs: compare only the specified elements.
-    engine : {"auto", "reference"}
-        Beyond torch. ``"auto"`` computes slow-mode Jacobians in batches (many
+    engine : {"auto", "batched", "reference"}
+        Beyond torch. ``"batched"`` computes slow-mode Jacobians in batches (many
         evaluations per call, compared chunk by chunk) wherever that pays and hands any
-        failure to the reference engine, so verdicts and messages are the reference's;
-        ``"reference"`` runs torch's element-by-element algorithm only.
+        failure to the reference engine, so verdicts and messages are the reference's.
+        ``"auto"`` (default) first tries compressed differences where each output
+        element depends on at most one element of each input (elementwise, broadcast,
+        indexing): every entry from ``O(log n)`` evaluations, verified over rounds of
+        sign patterns; anything else goes to the batched path (see
+        docs/performance.md). ``"reference"`` runs torch's element-by-element algorithm
+        only.
     memory_budget : int, optional
         Beyond torch. Bytes the batched engine may hold in Jacobians and batches
         (default 1 GiB); it recomputes rather than exceed it.
@@ -338,7 +343,7 @@ class _Run:
         if not diff:
             no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, self.eps_for, self.stencil)
             return
-        if opts.engine == "auto":
+        if opts.engine in ("auto", "batched"):
             batched = engine.compare_slow_forward if forward else engine.compare_slow_reverse
             try:
                 batched(self, fn, trace, args, checked, diff)

@@ -61,8 +61,8 @@ class GradcheckOptions:
             raise AssertionError(
                 "Setting check_batched_forward_grad=True requires check_forward_ad to be True"
             )
-        if self.engine not in ("auto", "reference"):
-            raise ValueError(f"engine must be 'auto' or 'reference', got {self.engine!r}")
+        if self.engine not in ("auto", "batched", "reference"):
+            raise ValueError(f"engine must be 'auto', 'batched' or 'reference', got {self.engine!r}")
         if self.memory_budget is not None and (
             isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int) or self.memory_budget <= 0
         ):

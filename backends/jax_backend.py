@@ -533,6 +533,11 @@ class JaxBackend(Backend):
         """Forward-mode Jacobian rows ``flat`` of input ``checked[j]``: one batched JVP.
 
         Returns, per floating output, a ``(len(flat), output.numel)`` array."""
+        return self.jvp_along(fn, args, checked, j, self.one_hots(args[checked[j]], flat))
+
+    def jvp_along(self, fn, args, checked, j, stacked):
+        """JVPs of ``fn`` along each of ``stacked`` (tangents of input ``checked[j]``, the
+        other inputs' tangents zero): per floating output a ``(len(stacked), numel)`` array."""
         zero = [_zeros_like(args[q]) for q in checked]
 
         def single(t):
@@ -540,8 +545,8 @@ class JaxBackend(Backend):
             tangents[j] = t
             return tuple(d for _, d in self.jvp(fn, args, checked, tangents))
 
-        rows = jax.vmap(single)(self.one_hots(args[checked[j]], flat))
-        return [jnp.reshape(r, (len(flat), -1)) for r in rows]
+        rows = jax.vmap(single)(stacked)
+        return [jnp.reshape(r, (stacked.shape[0], -1)) for r in rows]
 
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):
@@ -711,6 +716,9 @@ class JaxBackend(Backend):
 
     def _from_numpy(self, values, like, dtype):
         return _back(np.asarray(values).astype(np.dtype(dtype)), like)
+
+    def array_like(self, values, like):
+        return self._from_numpy(values, like, np.asarray(values).dtype)
 
     def uniform_unit_vector(self, like, generator, real):
         dtype = like.dtype

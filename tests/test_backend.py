@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+import hypothesis
+import hypothesis.strategies as st
 import torch
 
 import agcheck
@@ -78,3 +80,25 @@ def test_torch_tensor_roundtrip_to_numpy():
     be = get_backend("torch")
     z = torch.tensor([1 + 2j], dtype=torch.complex128).conj()
     assert be.to_numpy(z)[0] == 1 - 2j
+
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-5, 1e300, float("inf"), float("-inf"), float("nan")]
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(
+    st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64), st.sampled_from(_SPECIAL)),
+             min_size=1, max_size=8),
+    st.lists(st.floats(-1e-3, 1e-3), min_size=8, max_size=8),
+    st.sampled_from([(1e-3, 1e-5), (0.0, 0.0), (1e-7, 1e-12)]),
+    st.booleans(),
+)
+def test_torch_allclose_shortcut_agrees_with_torch_allclose(values, shifts, tolerances, complex_):
+    be = agcheck.get_backend("torch")
+    a = torch.tensor(values, dtype=torch.float64)
+    b = a + torch.tensor(shifts[: len(values)], dtype=torch.float64)
+    if complex_:
+        a, b = torch.complex(a, b.flip(0)), torch.complex(b, a.flip(0))
+    rtol, atol = tolerances
+    assert be.allclose(a, b, rtol, atol) == bool(torch.allclose(a, b, rtol, atol))
+    assert be.allclose(b, a, rtol, atol) == bool(torch.allclose(b, a, rtol, atol))

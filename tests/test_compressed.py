@@ -1,0 +1,191 @@
+"""The compressed path of the slow-mode engine: where it applies it decides passing checks
+from a few dozen evaluations; every failure it sees goes to the exact engines, so the
+verdict is always the reference engine's."""
+import numpy as np
+import pytest
+import torch
+
+import agcheck
+from agcheck import compressed
+from agcheck.gradcheck import _Run
+from agcheck.options import GradcheckOptions
+
+N = 600  # 600 x 600 Jacobian entries: above compressed.MIN_ENTRIES
+
+
+def run(fn, inputs, **kw):
+    r = _Run(fn, inputs, agcheck.get_backend("torch"), GradcheckOptions(**kw))
+    try:
+        r.all_checks()
+        r.verdict = True
+    except agcheck.GradcheckError:
+        r.verdict = False
+    return r
+
+
+def compressed_log(r):
+    return [how for where, how in r.engine_log if where == "compressed"]
+
+
+def custom(forward, backward):
+    """``forward`` with a hand-written ``backward(x, grad)``, vmappable (so the batched
+    engines can move its input in batches)."""
+
+    class Fn(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return forward(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return backward(x, g)
+
+    return Fn.apply
+
+
+def x_of(n=N, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, dtype=dtype, generator=g).requires_grad_()
+
+
+def at(n, i):
+    return (torch.arange(n) == i).double()
+
+
+PERMUTATION = torch.randperm(N, generator=torch.Generator().manual_seed(3))
+CORRECT = {
+    "elementwise": (lambda x: x.sin() * 2, lambda: (x_of(),)),
+    "two inputs": (lambda a, b: a * b.exp() + a.tanh(), lambda: (x_of(), x_of(seed=1))),
+    "transpose and slice": (lambda c: c.t()[::2].exp(), lambda: (x_of(40 * 30).reshape(40, 30),)),
+    "permutation": (lambda x: x[PERMUTATION].cos(), lambda: (x_of(),)),
+    "some outputs constant": (lambda x: torch.cat([x.sin(), torch.zeros(50, dtype=x.dtype)]),
+                              lambda: (x_of(),)),
+    "complex": (lambda z: z * z.conj() + z.exp(), lambda: (x_of(dtype=torch.complex128),)),
+    "two outputs": (lambda x: (x.sin(), x.exp()), lambda: (x_of(),)),
+    "custom function": (custom(lambda x: x.sin() * 2, lambda x, g: g * 2 * x.cos()), lambda: (x_of(),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_correct_functions_pass_on_the_compressed_path(name):
+    fn, make = CORRECT[name]
+    r = run(fn, make())
+    assert r.verdict is True
+    assert "passed" in compressed_log(r) and not r.engine_fallbacks
+
+
+def test_forward_mode_and_five_point_stencil_are_compressed():
+    r = run(lambda x: x.sin() * 2, (x_of(),), check_forward_ad=True)
+    assert r.verdict and compressed_log(r) == ["passed", "passed"]
+    r = run(lambda x: x.sin() * 2, (x_of(),), stencil="five-point")
+    assert r.verdict and compressed_log(r) == ["passed"]
+
+
+def test_inputs_stay_unchanged():
+    x = x_of()
+    before = x.detach().clone()
+    run(lambda x: x.sin() * 2, (x,))
+    assert torch.equal(x.detach(), before) and x.grad is None
+
+
+BROKEN = {
+    # wrong on the pattern: read off entry by entry
+    "scaled": custom(lambda x: x.sin() * 2, lambda x, g: g * 2.01 * x.cos()),
+    "sign": custom(lambda x: x.sin() * 2, lambda x, g: -g * 2 * x.cos()),
+    "one entry off": custom(lambda x: x.sin() * 2, lambda x, g: g * 2 * x.cos() + 0.05 * g * at(N, 7)),
+    "one entry zero": custom(lambda x: x.sin() * 2, lambda x, g: g * 2 * x.cos() * (1 - at(N, 11))),
+    # derivatives off the pattern: stray entries in the compressed sums
+    "spurious dependence": custom(lambda x: x.sin(), lambda x, g: g * x.cos() + 0.01 * g.roll(3)),
+    "one spurious entry": custom(lambda x: x.sin(), lambda x, g: g * x.cos() + 0.01 * g[3] * at(N, 7)),
+    # a stray entry well inside rtol * |entry|: only the rounds' signs reveal it
+    "stray masked by rtol": custom(lambda x: 1000 * x.sin(),
+                                   lambda x, g: 1000 * g * x.cos() + 1e-3 * g.roll(1)),
+    # strays that cancel when every sign is + (round 0)
+    "cancelling strays": custom(lambda x: x.sin(),
+                                lambda x, g: g * x.cos() + 0.05 * (g.roll(1) - g.roll(-1))),
+    # forward mixes elements, backward forgets it: not compressible, exact engine
+    "missing dependence": custom(lambda x: x.sin() + 0.1 * (x.roll(1) - x.roll(-1)), lambda x, g: g * x.cos()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_backwards_fail_with_the_reference_verdict(name):
+    fn = BROKEN[name]
+    r = run(fn, (x_of(),))
+    assert r.verdict is False
+    log = compressed_log(r)
+    assert log and "passed" not in log
+    assert r.engine_fallbacks  # the failure was the reference engine's
+    assert run(fn, (x_of(),), engine="reference").verdict is False
+
+
+def test_stray_masked_by_rtol_is_caught_by_the_rounds():
+    r = run(BROKEN["stray masked by rtol"], (x_of(),))
+    assert compressed_log(r) == ["disagreement: output 0, input 0: rounds disagree"]
+
+
+def test_forward_mode_broken_jvp_fails():
+    class Fn(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x.sin()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+            ctx.x = inputs[0]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.saved_tensors[0].cos()
+
+        @staticmethod
+        def jvp(ctx, t):
+            return t * ctx.x.cos() + 0.01 * t.roll(2)
+
+    r = run(Fn.apply, (x_of(),), check_forward_ad=True)
+    assert r.verdict is False and "passed" not in compressed_log(r)[1:]
+
+
+def test_small_checks_and_the_batched_engine_skip_compression():
+    r = run(lambda x: x.sin(), (x_of(100),))
+    assert compressed_log(r) == [] and r.verdict
+    r = run(lambda x: x.sin(), (x_of(),), engine="batched")
+    assert compressed_log(r) == [] and r.verdict
+
+
+def test_broadcast_inputs_with_wide_fan_out_are_left_to_the_batched_engine():
+    # every element of b reaches 40 outputs: 40 VJPs per round would cost more than 1200
+    r = run(lambda a, b: (a * b).sin(), (x_of(40 * 30).reshape(40, 30), x_of(30, seed=1).reshape(1, 30)))
+    assert r.verdict and compressed_log(r) == ["not worth it"]
+
+
+def test_dense_functions_are_not_compressed():
+    r = run(lambda x: x.softmax(0), (x_of(),))
+    assert r.verdict and compressed_log(r) == ["not compressible: an output element depends on several input elements"]
+
+
+def test_index_signs_separate_every_pair():
+    signs = compressed._index_signs(1000, 1 + compressed._bits(1000) + 4, np.random.default_rng(0))
+    assert (signs[0] == 1).all()
+    # any two indices get opposite relative signs in some round
+    codes = signs[1:1 + compressed._bits(1000)].T
+    assert len({tuple(c) for c in codes}) == 1000
+
+
+def test_pattern_colours_separate_outputs_sharing_an_input_element():
+    dep = np.array([2, 0, 2, -1, 1, 2, 0])
+    pat = compressed._Pattern(dep, 3)
+    for j in range(3):
+        colours = pat.colour[dep == j]
+        assert len(set(colours)) == len(colours)
+    assert pat.n_colours == 3
