@@ -1,0 +1,146 @@
+"""A small progress display: a rich progress bar when wanted, silence otherwise.
+
+Used by the main job (``python -m agcheck``) and meant to be reused by the core (a
+``progress=True`` option of long checks)::
+
+    from agcheck.progress import Progress
+
+    with Progress(enabled=True) as bar:
+        bar.start(total=len(items), description="checking")
+        for item in items:
+            bar.update(description=f"checking {item}")
+            ...
+            bar.advance()
+
+- ``enabled=False`` makes every method a no-op (nothing is imported, nothing printed).
+- The bar is drawn with `rich <https://github.com/Textualize/rich>`_, imported lazily in
+  :meth:`Progress.start`; without rich the object is silent.
+- It writes to ``sys.stderr`` by default (stdout stays clean for results) and is
+  *transient*: it disappears when closed. When the stream is not a terminal (a pipe, a
+  file, a test's captured output) nothing is drawn, so logs get no control codes.
+
+This module imports no array framework; importing it imports nothing beyond the
+standard library.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """A progress bar with ``start(total, description)``, ``advance(n=1)`` and ``close()``.
+
+    Parameters
+    ----------
+    enabled : bool
+        ``False``: silent, every method does nothing.
+    file : file object, optional
+        Where to draw (default ``sys.stderr``, looked up when the bar starts).
+    transient : bool
+        Remove the bar from the screen when it closes (default ``True``).
+    console : rich.console.Console, optional
+        Draw on this console instead (``file`` is then ignored); lets a caller share one
+        console between the bar and its own output.
+
+    The object is a context manager (``__exit__`` closes it), may be started again after
+    closing, and is safe to advance from several threads.
+    """
+
+    def __init__(self, enabled: bool = True, *, file=None, transient: bool = True, console=None):
+        self.enabled = bool(enabled)
+        self.file = file
+        self.transient = transient
+        self.console = console
+        self.total: int | None = None
+        self.completed = 0
+        self.description = ""
+        self._bar = None  # the rich.progress.Progress while started
+        self._task = None
+        self._lock = threading.Lock()
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the three verbs ------------------------------------------------------------------
+    def start(self, total: int | None, description: str = "") -> "Progress":
+        """Show a bar of ``total`` steps (``None``: unknown length) labelled ``description``.
+
+        Starting an already started bar resets it to the new total and description.
+        """
+        with self._lock:
+            self.total = None if total is None else int(total)
+            self.completed = 0
+            self.description = str(description)
+            if not self.enabled:
+                return self
+            if self._bar is None:
+                self._bar = self._make_bar()
+                if self._bar is None:
+                    return self
+                self._bar.start()
+                self._task = self._bar.add_task(self.description, total=self.total)
+            else:
+                self._bar.reset(self._task, total=self.total, description=self.description)
+            return self
+
+    def advance(self, n: int = 1) -> None:
+        """Mark ``n`` more steps done."""
+        with self._lock:
+            self.completed += n
+            if self._bar is not None:
+                self._bar.advance(self._task, n)
+
+    def update(self, *, description: str | None = None, total: int | None = None) -> None:
+        """Change the label (e.g. the item in progress) or the total of a started bar."""
+        with self._lock:
+            if description is not None:
+                self.description = str(description)
+            if total is not None:
+                self.total = int(total)
+            if self._bar is not None:
+                kwargs = {}
+                if description is not None:
+                    kwargs["description"] = self.description
+                if total is not None:
+                    kwargs["total"] = self.total
+                self._bar.update(self._task, **kwargs)
+
+    def close(self) -> None:
+        """Stop drawing (and, when transient, erase the bar). Idempotent."""
+        with self._lock:
+            bar, self._bar, self._task = self._bar, None, None
+            if bar is not None:
+                bar.stop()
+
+    # -- rich -----------------------------------------------------------------------------
+    def _make_bar(self):
+        try:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                       TextColumn, TimeElapsedColumn)
+        except ImportError:  # rich is a dependency of agcheck, but stay silent without it
+            return None
+        console = self.console
+        if console is None:
+            console = Console(file=self.file if self.file is not None else sys.stderr)
+        if not (console.is_terminal or console.is_jupyter):
+            return None  # a pipe or a file: no bar at all (rich would still write a newline)
+        return RichProgress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=self.transient,
+        )
+
+    def __repr__(self) -> str:
+        state = "started" if self._bar is not None else ("disabled" if not self.enabled else "idle")
+        return f"<Progress {state} {self.completed}/{self.total} {self.description!r}>"
