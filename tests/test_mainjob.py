@@ -1,0 +1,367 @@
+"""The main job (``agcheck`` without a subcommand), its catalog and the progress display.
+
+Every gradient test has two halves: each catalog function passes agcheck.gradcheck and
+agrees across backends (the whole main job, run once as a subprocess), and each one with
+its derivative deliberately scaled by 1.5 fails agcheck.gradcheck.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import agcheck
+from agcheck import catalog, mainjob
+from agcheck.progress import Progress
+
+torch = pytest.importorskip("torch")
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:  # the main job runs without jax; the jax halves skip
+    jax = jnp = None
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTRIES = list(catalog.CATALOG)
+IDS = [e.name for e in ENTRIES]
+BACKENDS = ["torch"] + (["jax"] if jax is not None else []) + ["numpy"]
+#: the whole main job must finish well within this (measured: about 30 s of CPU time)
+WHOLE_JOB_LIMIT_S = 240
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("COLUMNS", None)
+    return env
+
+
+def _agcheck(*args, cwd, timeout=300, prelude=None):
+    """``python -m agcheck ARGS`` (or, with ``prelude``, the same through ``-c`` after it)."""
+    if prelude is None:
+        cmd = [sys.executable, "-m", "agcheck", *args]
+    else:
+        code = f"{prelude}\nimport sys\nfrom agcheck.__main__ import main\nsys.exit(main({list(args)!r}))"
+        cmd = [sys.executable, "-c", code]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(stdout: str) -> dict:
+    """The summary table's rows: {function: [cells...]}."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = line.split()
+        if cells and cells[0] in IDS + ["exp_broken_backward"]:
+            rows[cells[0]] = cells
+    return rows
+
+
+@contextlib.contextmanager
+def _x64():
+    if jax is None:
+        yield
+        return
+    with jax.enable_x64(True):
+        yield
+
+
+# -- the catalog ----------------------------------------------------------------------------
+
+def test_catalog_covers_the_kinds():
+    assert len(ENTRIES) >= 30
+    assert len(set(IDS)) == len(IDS)
+    assert not set(IDS) & set(catalog.KINDS)  # --only takes both
+    for e in ENTRIES:
+        assert e.kinds and set(e.kinds) <= set(catalog.KINDS), e.name
+    for kind in catalog.KINDS:
+        assert sum(kind in e.kinds for e in ENTRIES) >= 2, kind
+    complex_ = [e for e in ENTRIES if "complex" in e.kinds]
+    assert all(any(a.dtype == "complex128" for a in e.args) for e in complex_)
+    assert all(a.dtype in ("float64", "complex128") for e in ENTRIES for a in e.args)
+    assert sum(e.vjp is not None for e in ENTRIES) >= 10  # the NumPy backend takes part
+    assert any(e.reverse_only for e in ENTRIES) and any(e.ports for e in ENTRIES)
+
+
+def test_catalog_inputs_are_seeded_and_away_from_kinks():
+    for e in ENTRIES:
+        a, b = e.inputs(), e.inputs()
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), e.name
+        for arg, x in zip(e.args, a):
+            assert x.shape == arg.shape and x.dtype == np.dtype(arg.dtype), e.name
+    by = catalog.by_name()
+    assert np.all(by["sqrt"].inputs()[0] >= 0.5)
+    assert np.all(by["log1p"].inputs()[0] > -0.5)
+    assert np.all(np.abs(by["complex_abs"].inputs()[0]) >= 0.5)
+    assert np.all(np.abs(by["vector_norm"].inputs()[0]) >= 0.5)
+    x = np.sort(by["max"].inputs()[0], axis=1)
+    assert np.min(np.diff(x, axis=1)) > 0.2  # no ties
+    (a,) = by["det"].inputs()
+    assert np.linalg.cond(a) < 10
+
+
+def test_select_names_and_kinds():
+    assert [e.name for e in catalog.select(["sin", "det"])] == ["sin", "det"]
+    assert all("complex" in e.kinds for e in catalog.select(["complex"]))
+    with pytest.raises(KeyError, match="nope"):
+        catalog.select(["sin", "nope"])
+
+
+def test_importing_catalog_and_progress_imports_no_framework():
+    code = ("import sys, agcheck.catalog, agcheck.progress, agcheck.mainjob\n"
+            "bad = [m for m in ('torch', 'jax', 'rich') if m in sys.modules]\n"
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- each function with a broken derivative fails gradcheck (the second half) ---------------
+
+def _scaled_torch(fn):
+    """``fn`` with value unchanged and derivatives (reverse and forward) scaled by 1.5."""
+    def broken(*xs):
+        out = fn(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        outs = tuple(y + 0.5 * (y - y.detach()) for y in outs)
+        return outs if isinstance(out, tuple) else outs[0]
+
+    return broken
+
+
+def _scaled_jax(fn):
+    def broken(*xs):
+        out = fn(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        outs = tuple(y + 0.5 * (y - jax.lax.stop_gradient(y)) for y in outs)
+        return outs if isinstance(out, tuple) else outs[0]
+
+    return broken
+
+
+def _scaled_numpy(derivative):
+    def broken(inputs, vectors):
+        out = derivative(inputs, vectors)
+        if isinstance(out, tuple):
+            return tuple(None if g is None else 1.5 * g for g in out)
+        return 1.5 * out
+
+    return broken
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_broken_derivative_fails_on_torch(entry):
+    fn = _scaled_torch(entry.function("torch"))
+    inputs = mainjob._convert(entry.inputs(), "torch")
+    assert agcheck.gradcheck(entry.function("torch"), inputs, check_forward_ad=entry.forward_ad("torch"))
+    assert not agcheck.gradcheck(fn, inputs, raise_exception=False)
+    if entry.forward_ad("torch"):
+        assert not agcheck.gradcheck(fn, inputs, check_forward_ad=True, check_backward_ad=False,
+                                     check_undefined_grad=False, raise_exception=False)
+
+
+@pytest.mark.skipif(jax is None, reason="needs jax")
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_broken_derivative_fails_on_jax(entry):
+    with _x64():
+        inputs = mainjob._convert(entry.inputs(), "jax")
+        broken = jax.jit(_scaled_jax(entry.function("jax")))
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
+            agcheck.gradcheck(broken, inputs, backend="jax")
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.vjp is not None], ids=lambda e: e.name)
+def test_broken_derivative_fails_on_numpy(entry):
+    inputs = entry.inputs()
+    assert agcheck.gradcheck(entry.fn, inputs, backend="numpy", vjp=entry.vjp, jvp=entry.jvp,
+                             check_forward_ad=entry.jvp is not None)
+    assert not agcheck.gradcheck(entry.fn, inputs, backend="numpy", vjp=_scaled_numpy(entry.vjp),
+                                 raise_exception=False)
+    if entry.jvp is not None:
+        assert not agcheck.gradcheck(entry.fn, inputs, backend="numpy", jvp=_scaled_numpy(entry.jvp),
+                                     check_forward_ad=True, check_backward_ad=False, raise_exception=False)
+
+
+# -- the whole main job, once (the first half: everything passes and agrees) ----------------
+
+@pytest.fixture(scope="module")
+def whole_job(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("mainjob")
+    start = time.perf_counter()
+    proc = _agcheck(cwd=cwd, timeout=WHOLE_JOB_LIMIT_S + 60)
+    elapsed = time.perf_counter() - start
+    return proc, elapsed, cwd
+
+
+def test_whole_main_job(whole_job):
+    proc, elapsed, cwd = whole_job
+    print(f"whole main job: {elapsed:.1f}s")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert elapsed < WHOLE_JOB_LIMIT_S
+    out = proc.stdout
+    assert re.search(r"function\s+kind\s+torch\s+" + (r"jax\s+" if jax is not None else "") + r"numpy\s+crosscheck\s+time", out)
+    assert f"all {len(ENTRIES)} functions passed" in out
+    assert "\x1b[" not in out  # a pipe gets plain text
+    report = cwd / mainjob.DEFAULT_REPORT
+    assert report.exists()
+    text = report.read_text(encoding="utf-8")
+    assert text.startswith("<!doctype html>") and "all checks passed" in text
+    assert all(f"<b>{name}</b>" in text for name in IDS)
+    assert "<script src" not in text and "<link" not in text  # self-contained
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_every_function_passes_and_agrees_across_backends(whole_job, entry):
+    proc, _, _ = whole_job
+    row = _rows(proc.stdout).get(entry.name)
+    assert row is not None, proc.stdout
+    n_kinds = len(", ".join(entry.kinds).split())
+    cells = dict(zip(BACKENDS + ["crosscheck"], row[1 + n_kinds:]))
+    for b in BACKENDS:
+        assert cells[b] == ("pass" if entry.supports(b) else "-"), (b, row)
+    assert cells["crosscheck"] == "agree", row
+
+
+# -- subsets, failures, options -------------------------------------------------------------
+
+def test_subset(tmp_path):
+    proc = _agcheck("--only", "sin,det,abs_squared,softplus_custom", "--report", "out.html", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    assert set(rows) == {"sin", "det", "abs_squared", "softplus_custom"}
+    assert rows["sin"][2:4] == ["pass", "pass"] and "agree" in rows["sin"]
+    assert "all 4 functions passed" in proc.stdout
+    assert not (tmp_path / mainjob.DEFAULT_REPORT).exists()
+    text = (tmp_path / "out.html").read_text(encoding="utf-8")
+    assert all(name in text for name in rows)
+    assert "cholesky" not in text
+
+
+def test_demo_failure_exits_1_with_the_report(tmp_path):
+    proc = _agcheck("--only", "exp", "--demo-failure", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    row = _rows(out)["exp_broken_backward"]
+    assert row[3] == "FAIL" and row[4:7] == ["pass", "pass", "DIFFER"]  # torch is wrong, not jax/numpy
+    assert _rows(out)["exp"][2:6] == ["pass", "pass", "pass", "agree"]
+    assert "Jacobian mismatch for output 0 with respect to input 0" in out
+    assert "[factor] analytical = 2.00 x numerical" in out
+    assert "FAILED: 1 of 2 functions (exp_broken_backward)" in out
+    text = (tmp_path / mainjob.DEFAULT_REPORT).read_text(encoding="utf-8")
+    assert "exp_broken_backward: gradcheck on torch" in text and "exp_broken_backward: crosscheck" in text
+    assert "[factor]" in text and "Jacobian mismatch" in text
+    if _has("matplotlib"):
+        assert "data:image/png;base64," in text  # the failure report's heatmaps
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_usage_errors_and_list(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from agcheck.__main__ import main
+
+    for argv, message in [(["--only", "nope"], "unknown function or kind: nope"),
+                          (["--only", ","], "--only needs"),
+                          (["--backends", "tf"], "unknown backend tf"),
+                          (["--backends", ""], "--backends needs"),
+                          (["--bogus"], "unrecognized arguments")]:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in IDS) and f"{len(ENTRIES)} functions" in out
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--demo-failure" in out and "crosscheck" in out
+    assert list(tmp_path.iterdir()) == []  # --list and --help write no report
+
+
+def test_subcommands_still_dispatched(capsys):
+    from agcheck.__main__ import main
+
+    assert main(["check", "--help"]) == 0
+    assert "MODULE:FUNCTION" in capsys.readouterr().out
+    assert main(["crosscheck", "nocolon", "-i", "3"]) == 2
+    assert "MODULE:FUNCTION" in capsys.readouterr().err
+
+
+def test_quiet_and_no_report(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert mainjob.main(["--only", "sin", "--backends", "torch,numpy", "--quiet", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "all 1 function passed" in out and "function" not in out.split("all")[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_jax_runs_on_torch_alone(tmp_path):
+    proc = _agcheck("--only", "sin,det", "--no-report", cwd=tmp_path, prelude="import sys; sys.modules['jax'] = None")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "jax is not installed: checking on torch alone" in proc.stdout
+    assert "jax" not in proc.stdout.split("function", 1)[1].splitlines()[0]  # no jax column
+    assert _rows(proc.stdout)["det"][2:5] == ["pass", "-", "-"]  # torch, numpy, crosscheck
+    proc = _agcheck("--backends", "jax", cwd=tmp_path, prelude="import sys; sys.modules['jax'] = None")
+    assert proc.returncode == 2 and "jax is not installed" in proc.stderr
+
+
+def test_without_torch_and_jax_runs_numpy_only(tmp_path):
+    proc = _agcheck("--no-report", cwd=tmp_path,
+                    prelude="import sys; sys.modules['jax'] = None; sys.modules['torch'] = None")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "neither torch nor jax is installed" in proc.stdout and "numpy only" in proc.stdout
+    n = sum(e.vjp is not None or e.jvp is not None for e in ENTRIES)
+    assert f"all {n} functions passed" in proc.stdout
+
+
+@pytest.mark.skipif(jax is None, reason="needs jax")
+@pytest.mark.parametrize("setting", [None, False, True])
+def test_jax_config_is_restored(setting, tmp_path, monkeypatch, capsys):
+    """The main job switches x64 on only inside contexts: the caller's setting survives."""
+    monkeypatch.chdir(tmp_path)
+    outer = contextlib.nullcontext() if setting is None else jax.enable_x64(setting)
+    with outer:
+        before = bool(jax.config.jax_enable_x64)
+        assert mainjob.main(["--only", "abs_squared,softplus_custom", "--no-report", "-q"]) == 0
+        assert bool(jax.config.jax_enable_x64) == before
+        assert jnp.asarray(1.0).dtype == (jnp.float64 if before else jnp.float32)
+    capsys.readouterr()
+
+
+# -- the progress display -------------------------------------------------------------------
+
+def test_progress_disabled_is_silent():
+    buf = io.StringIO()
+    with Progress(enabled=False, file=buf) as p:
+        p.start(3, "x")
+        p.advance()
+        p.update(description="y")
+        p.advance(2)
+    assert buf.getvalue() == "" and p.completed == 3 and p.total == 3
+
+
+def test_progress_draws_on_a_terminal_and_not_in_a_pipe():
+    from rich.console import Console
+
+    buf = io.StringIO()
+    with Progress(console=Console(file=buf, force_terminal=True, width=80), transient=False) as p:
+        p.start(4, "checking")
+        p.advance()
+        p.update(description="checking more")
+        p.advance(3)
+    assert "checking more" in buf.getvalue() and "4/4" in buf.getvalue()
+    pipe = io.StringIO()  # not a terminal: rich draws nothing, a transient bar leaves nothing
+    with Progress(file=pipe) as p:
+        p.start(2, "quiet")
+        p.advance(2)
+    assert pipe.getvalue() == ""
+    p.start(5, "again")  # restartable after close
+    assert p.completed == 0 and p.total == 5
+    p.close()
+    p.close()  # idempotent
