@@ -103,8 +103,15 @@ class _Problem:
                 return False
         return True
 
-    def numerical_row_chunks(self, pos):
-        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input."""
+    def numerical_row_chunks(self, pos, report=True):
+        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
+        (and advance the run's progress bar by each chunk's rows when ``report``)."""
+        for start, stop, rows in self._row_chunks(pos):
+            if report:
+                self.run.progress.advance(stop - start)
+            yield start, stop, rows
+
+    def _row_chunks(self, pos):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
         if not self.batched_ok(pos):
@@ -164,6 +171,10 @@ class _Problem:
         return rows
 
 
+def n_in_total(be, args, checked) -> int:
+    return sum(be.numel(args[q]) for q in checked)
+
+
 def _require_dense(be, args) -> None:
     """Sparse and opaque layouts (torch's sparse and MKL-DNN tensors) are left to the
     reference engine: it moves stored elements, and densifies unmasked inputs."""
@@ -180,6 +191,7 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
     if not any([p.batched_ok(q) for q in checked]):
         raise EngineFallback("no input can be moved in batches")
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
+        run.progress.advance(n_in_total(be, args, checked))
         return
     inputs = [args[q] for q in checked]
     n_in = sum(be.numel(x) for x in inputs)
@@ -196,7 +208,8 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
         block = max(1, (p.budget // 2) // max(n_in * p.itemsize, 1))
         for b0 in range(0, m, block):
             b1 = min(m, b0 + block)
-            numerical = {q: _keep_columns(be, p.numerical_row_chunks(q), k, b0, b1) for q in checked}
+            numerical = {q: _keep_columns(be, p.numerical_row_chunks(q, report=(k == diff[0] and b0 == 0)), k, b0, b1)
+                         for q in checked}
             for c0, c1 in _column_blocks(p, b1 - b0, n_in):
                 _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
 
@@ -290,6 +303,7 @@ def compare_slow_forward(run, fn, trace, args, checked, diff) -> None:
             return [None if a is None else be.to_numpy(a) for a in be.jvp_along(fn, args, checked, j, stacked)]
 
         if compressed.try_compressed_forward(p, checked, diff, jvp_signed):
+            run.progress.advance(n_in_total(be, args, checked))
             return
     for j, q in enumerate(checked):
         for s, e, rows in p.numerical_row_chunks(q):

@@ -10,6 +10,7 @@ from . import jacobian as jac
 from .backend import get_backend, infer_backend
 from .checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
 from .options import GradcheckOptions
+from .progress import Progress
 from .stencil import auto_eps, get_stencil
 from .report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure, complete_report,
                      jacobian_mismatch_message)
@@ -53,7 +54,7 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
               check_undefined_grad=True, check_grad_dtypes=False, check_batched_grad=False,
               check_batched_forward_grad=False, check_forward_ad=False, check_backward_ad=True,
               fast_mode=False, masked=None, engine="auto", memory_budget=None, stencil="central",
-              **backend_options) -> bool:
+              progress=False, **backend_options) -> bool:
     """Check analytical derivatives of ``fn`` against finite differences.
 
     Same keywords, defaults, verdicts and messages as ``torch.autograd.gradcheck``.
@@ -108,6 +109,9 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
         Beyond torch. The finite-difference formula: torch's two-point central
         difference, or the fourth-order five-point stencil (more accurate for the same
         step; the recipe for float32 functions, see docs/accuracy.md).
+    progress : bool
+        Beyond torch. Show a progress bar (on stderr, when it is a terminal; needs
+        ``rich``) while slow-mode Jacobians are computed. Quiet by default.
     **backend_options
         Keywords of the chosen backend (e.g. ``wrt=`` for JAX, ``vjp=``/``jvp=`` for
         NumPy); the torch backend takes none.
@@ -131,7 +135,7 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
         check_batched_grad=check_batched_grad, check_batched_forward_grad=check_batched_forward_grad,
         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
         fast_mode=fast_mode, masked=masked, engine=engine, memory_budget=memory_budget,
-        stencil=stencil,
+        stencil=stencil, progress=progress,
     )
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
@@ -188,6 +192,7 @@ class _Run:
         self.engine_log: list[tuple] = []
         self.engine_fallbacks: list[str] = []
         self.stencil = get_stencil(opts.stencil)
+        self.progress = Progress(enabled=opts.progress)
 
     def eps_for(self, x) -> float:
         """The finite-difference step for input ``x``."""
@@ -207,6 +212,12 @@ class _Run:
 
     # -- the order of the checks is torch's ---------------------------------------------
     def all_checks(self) -> None:
+        try:
+            self._all_checks()
+        finally:
+            self.progress.close()
+
+    def _all_checks(self) -> None:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
         before = [be.snapshot(self.args[p]) for p in self.checked]
@@ -343,6 +354,8 @@ class _Run:
         if not diff:
             no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, self.eps_for, self.stencil)
             return
+        self.progress.start(sum(be.numel(args[p]) for p in checked),
+                            f"{'forward' if forward else 'reverse'}-mode Jacobians")
         if opts.engine in ("auto", "batched"):
             batched = engine.compare_slow_forward if forward else engine.compare_slow_reverse
             try:
@@ -350,8 +363,10 @@ class _Run:
                 return
             except Exception as reason:  # the reference engine decides, and explains
                 self.engine_fallbacks.append(f"{type(reason).__name__}: {reason}")
+            self.progress.start(sum(be.numel(args[p]) for p in checked), "Jacobians, element by element")
         moved = self.numerical_args(args)
-        numerical = [jac.numerical_jacobians(be, fn, moved, p, outputs, self.eps_for(args[p]), self.stencil)
+        numerical = [jac.numerical_jacobians(be, fn, moved, p, outputs, self.eps_for(args[p]), self.stencil,
+                                             on_element=self.progress.advance)
                      for p in checked]
         inputs = [args[p] for p in checked]
         if forward:

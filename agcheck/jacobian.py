@@ -89,7 +89,7 @@ def _stack_rows(be, rows: list, n_cols: int, like, dtype):
 
 
 def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float,
-                        stencil=STENCILS["central"], elements=None) -> dict:
+                        stencil=STENCILS["central"], elements=None, on_element=None) -> dict:
     """Finite-difference Jacobians of every floating/complex output w.r.t. ``args[position]``.
 
     Returns ``{output_position: matrix (input.numel, output.numel)}`` (only the rows of
@@ -110,6 +110,8 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
             cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
             for k in float_positions:
                 rows[k].append(cols[k])
+            if on_element is not None:
+                on_element()
         placement = _dense_rows(perturber) if elements is None else None
     result = {}
     for k in float_positions:

@@ -46,6 +46,8 @@ class GradcheckOptions:
     memory_budget: int | None = None
     #: beyond torch: "central" (torch's) or "five-point" finite differences
     stencil: str = "central"
+    #: beyond torch: show a progress bar while slow-mode Jacobians are computed
+    progress: bool = False
 
     def __post_init__(self):
         # The impossible combinations raise AssertionError, as in torch.
