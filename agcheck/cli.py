@@ -148,7 +148,10 @@ def make_inputs(specs, backend: str, seed: int = 0) -> tuple:
     if backend == "jax":
         import jax
 
-        if any(a.dtype.name in ("float64", "complex128", "int64") for a in arrays):
+        global _x64_before
+        if any(a.dtype.name in ("float64", "complex128", "int64") for a in arrays) and not jax.config.jax_enable_x64:
+            if _x64_before is None:
+                _x64_before = False
             jax.config.update("jax_enable_x64", True)
         import jax.numpy as jnp
 
@@ -384,6 +387,23 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"agcheck {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        _restore_jax_x64()
+
+
+#: JAX's ``jax_enable_x64`` before :func:`make_inputs` switched it on (None: untouched)
+_x64_before = None
+
+
+def _restore_jax_x64() -> None:
+    """Undo :func:`make_inputs`'s switch to x64, so that an in-process call leaves the
+    caller's JAX configuration as it found it."""
+    global _x64_before
+    if _x64_before is not None:
+        import jax
+
+        jax.config.update("jax_enable_x64", _x64_before)
+        _x64_before = None
 
 
 if __name__ == "__main__":

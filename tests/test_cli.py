@@ -202,3 +202,17 @@ def test_subprocess_failure_and_usage(user_module):
     assert proc.returncode == 2
     assert "--input" in proc.stderr
 
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="needs jax")
+def test_jax_configuration_is_restored_after_an_in_process_command(user_module, capsys):
+    import jax
+
+    before = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        rc = cli.main(["check", f"{user_module}:xp_sin", "-i", "3", "--backend", "jax", "--plain"])
+        assert rc == 0
+        assert bool(jax.config.jax_enable_x64) is False
+    finally:
+        jax.config.update("jax_enable_x64", before)
