@@ -41,6 +41,9 @@ _INTERMEDIATES = 4
 #: and a close call costs nothing either way
 _CLEARLY_SLOWER = 1.5
 PROBE_SEED = 5113
+#: the element-by-element check costs about this many evaluations per input element
+#: (its numerical side, and two analytical passes of about one evaluation each)
+_LOOP_EVALUATIONS = 3
 
 
 class EngineFallback(Exception):
@@ -88,6 +91,8 @@ class _Problem:
             start = time.perf_counter()
             sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, eps, self.run.stencil)
             self._element_cost[pos] = (time.perf_counter() - start) * (2 if be.is_complex(x) else 1)
+            if self._setup_outweighs_saving(pos):
+                return False
             step = be.reshape(u, x.shape) * eps
             moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
             batched = be.evaluate_batch(self.fn, self.args, pos, moved)
@@ -102,6 +107,17 @@ class _Problem:
             ):
                 return False
         return True
+
+    def _setup_outweighs_saving(self, pos) -> bool:
+        """A batched form of fn that costs a one-time setup (e.g. an import) is used only
+        when the element-by-element loop it replaces would take longer than the setup."""
+        first_cost = getattr(self.run.fn, "agcheck_first_batch_cost", None)
+        setup = first_cost() if first_cost is not None else 0.0
+        loop = _LOOP_EVALUATIONS * self._element_cost[pos] * self.be.numel(self.args[pos])
+        if setup and loop < setup:
+            self.run.engine_log.append((pos, "element by element (batching setup not worth it)"))
+            return True
+        return False
 
     def numerical_row_chunks(self, pos, report=True):
         """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input

@@ -189,3 +189,56 @@ def test_pattern_colours_separate_outputs_sharing_an_input_element():
         colours = pat.colour[dep == j]
         assert len(set(colours)) == len(colours)
     assert pat.n_colours == 3
+
+
+# -- gradgradcheck: the VJP of an elementwise function is elementwise in (x, v) ---------
+
+def _logged_gradgradcheck(monkeypatch, fn, x, first_cost):
+    import sys
+
+    torch_backend = sys.modules["agcheck.backends.torch_backend"]
+    monkeypatch.setattr(torch_backend, "_func_vjp_first_cost", lambda: first_cost)
+    gradcheck_module = sys.modules["agcheck.gradcheck"]
+    runs = []
+    original = gradcheck_module._Run.all_checks
+
+    def recording(self):
+        runs.append(self)
+        return original(self)
+
+    monkeypatch.setattr(gradcheck_module._Run, "all_checks", recording)
+    verdict = agcheck.gradgradcheck(fn, (x,), raise_exception=False)
+    return verdict, [how for r in runs for where, how in r.engine_log]
+
+
+def test_gradgradcheck_is_compressed_once_batching_is_set_up(monkeypatch):
+    verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of(), first_cost=0.0)
+    assert verdict is True and "passed" in log
+
+
+def test_gradgradcheck_keeps_the_loop_when_setting_up_batching_costs_more(monkeypatch):
+    verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of(), first_cost=100.0)
+    assert verdict is True and "element by element (batching setup not worth it)" in log and "passed" not in log
+
+
+class _WrongSecondDerivative(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.sin()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos().detach()  # first derivative right, its derivative lost
+
+
+def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch):
+    verdict, log = _logged_gradgradcheck(monkeypatch, _WrongSecondDerivative.apply, x_of(), first_cost=0.0)
+    assert verdict is False and "passed" not in log
+    assert torch.autograd.gradgradcheck(_WrongSecondDerivative.apply, (x_of(),), raise_exception=False) is False
