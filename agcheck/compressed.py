@@ -208,9 +208,15 @@ class _Side:
         return result
 
 
-def _close(a, b, rtol, atol) -> bool:
+def allclose_like_torch(a, b, rtol, atol) -> bool:
     """torch.allclose's rule, |a - b| <= atol + rtol |b|, on NumPy arrays."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
     return bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=False))
+
+
+_close = allclose_like_torch
 
 
 def _small(values, bound) -> bool:
@@ -375,3 +381,152 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
 def _forward_done(run, ok, why):
     run.engine_log.append(("compressed", "passed" if ok else f"disagreement: {why}"))
     return ok
+
+
+# -- patterns read off the analytical Jacobian ---------------------------------------------
+#
+# When the analytical Jacobian is computed in full anyway (it fits the memory budget), its
+# nonzero pattern tells which input elements never meet in an output element. Those are
+# moved together (Curtis-Powell-Reid colouring); the finite differences of each colour
+# class give every entry of the pattern, and the rounds of signs expose a numerical
+# derivative outside the pattern (a dependence the backward forgot), as above.
+
+def _valid_colouring(colour, rows, cols) -> bool:
+    keys = rows.astype(np.int64) * (int(colour.max()) + 1) + colour[cols]
+    return int(np.bincount(keys).max()) <= 1
+
+
+def colour_columns(rows, cols, n_cols, limit):
+    """A colouring of the input elements ``cols`` such that no output element (``rows``)
+    meets two of one colour; ``None`` if more than ``limit`` colours are needed.
+
+    Strided colourings (element index modulo, or divided by, the widest row) are tried
+    first, as they fit banded and blocked patterns with the fewest colours; otherwise
+    greedy colouring."""
+    if not len(rows):
+        return np.zeros(n_cols, dtype=np.int64)
+    width = int(np.bincount(rows).max())
+    if width <= limit:
+        index = np.arange(n_cols)
+        for colour in (index % width, index // -(-n_cols // width)):
+            if _valid_colouring(colour, rows, cols):
+                return colour
+    order = np.argsort(cols, kind="stable")
+    rows, cols = rows[order], cols[order]
+    bounds = np.searchsorted(cols, np.arange(n_cols + 1))
+    used = np.zeros((int(rows.max()) + 1 if len(rows) else 1, limit + 1), dtype=bool)
+    colour = np.zeros(n_cols, dtype=np.int64)
+    for j in range(n_cols):
+        r = rows[bounds[j]:bounds[j + 1]]
+        if not len(r):
+            continue
+        free = np.flatnonzero(~used[r].any(axis=0))
+        c = int(free[0])
+        if c >= limit:
+            return None
+        colour[j] = c
+        used[r, c] = True
+    return colour
+
+
+def _rank_in_class(colour):
+    order = np.argsort(colour, kind="stable")
+    ranks = np.empty(len(colour), dtype=np.int64)
+    sorted_colour = colour[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_colour)) + 1]
+    first = np.zeros(len(colour), dtype=np.int64)
+    first[starts] = starts
+    first = np.maximum.accumulate(first)
+    ranks[order] = np.arange(len(colour)) - first
+    return ranks
+
+
+def try_from_analytical(p, checked, diff, analytical) -> bool:
+    """Numerical side by coloured compressed differences, against the full analytical
+    Jacobian ``analytical[k][j]`` (``(n_q, m)``, input ``checked[j]``, output ``k``).
+
+    True when every pattern entry matched in every round; False otherwise (the caller
+    then computes the numerical side exactly)."""
+    be, run, opts = p.be, p.run, p.opts
+    coloured = 0
+    try:
+        for j, q in enumerate(checked):
+            jac = {k: analytical[k][j] for k in diff}
+            try:
+                if not _input_from_analytical(p, q, diff, jac):
+                    return False
+                coloured += 1
+            except _NotCompressible as reason:
+                # this input's rows exactly, the others' still coloured
+                run.engine_log.append(("coloured", f"input {q} not compressible: {reason}"))
+                for s, e, rows in p.numerical_row_chunks(q, report=False):
+                    for k in diff:
+                        if not allclose_like_torch(jac[k][s:e], be.to_numpy(rows[k]), opts.rtol, opts.atol):
+                            return False
+    except Exception as reason:  # noqa: BLE001 - the exact path meets it again
+        run.engine_log.append(("coloured", f"{type(reason).__name__}: {reason}"))
+        return False
+    if not coloured:
+        return False
+    run.engine_log.append(("coloured", "passed"))
+    return True
+
+
+def _input_from_analytical(p, q, diff, jac) -> bool:
+    be, run, opts = p.be, p.run, p.opts
+    x = p.args[q]
+    n = be.numel(x)
+    if be.is_complex(x):
+        raise _NotCompressible("complex input")
+    points = len(run.stencil.offsets)
+    rows, cols, offset = [], [], 0
+    entries = {k: np.nonzero(jac[k]) for k in diff}  # (n, m): input element, output element
+    for k in diff:
+        c_idx, r_idx = entries[k]
+        rows.append(r_idx + offset)
+        cols.append(c_idx)
+        offset += jac[k].shape[1]
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    limit = n // 4
+    colour = colour_columns(rows, cols, n, limit) if limit else None
+    if colour is None:
+        raise _NotCompressible("too many colours")
+    n_colours = int(colour.max()) + 1
+    rank = _rank_in_class(colour)
+    n_rounds = 1 + _bits(int(rank.max()) + 1) + RANDOM_ROUNDS
+    evaluations = n_rounds * n_colours * points
+    if 2 * evaluations > points * n or evaluations * (n + p.out_numel) * p.itemsize > p.budget // 2:
+        raise _NotCompressible("not worth it")
+    rng = np.random.default_rng(SIGN_SEED)
+    rank_signs = _index_signs(int(rank.max()) + 1, n_rounds, rng)
+    signs = rank_signs[:, rank]  # (R, n): each element signed by the bits of its rank in its class
+    xs = be.to_numpy(x).reshape(-1)
+    eps = run.eps_for(x)
+    moves = np.broadcast_to(xs, (n_rounds, n_colours, points, n)).copy()
+    members = [np.flatnonzero(colour == c) for c in range(n_colours)]
+    for pt, m in enumerate(run.stencil.offsets):
+        h = eps if abs(m) == 1 else abs(m) * eps
+        for c, idx in enumerate(members):
+            forward = (signs[:, idx] > 0) == (m > 0)
+            moves[:, c, pt, idx] = np.where(forward, xs[idx] + h, xs[idx] - h)
+    side = _Side(p, [q], diff)
+    outs = side.evaluate(q, moves.reshape(-1, n).astype(xs.dtype, copy=False))
+    tau = opts.atol / 2
+    for k in diff:
+        o = outs[k].reshape(n_rounds, n_colours, points, -1)
+        diffs = run.stencil.combine([o[:, :, i] for i in range(points)], eps)  # (R, C, m)
+        c_idx, r_idx = entries[k]
+        n_entries = diffs[:, colour[c_idx], r_idx] * signs[:, c_idx]
+        a_entries = jac[k][c_idx, r_idx]
+        if not _close(np.broadcast_to(a_entries, n_entries.shape), n_entries, opts.rtol, opts.atol):
+            run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: entries differ"))
+            return False
+        expected = np.zeros(diffs.shape[1:], dtype=bool)
+        expected[colour[c_idx], r_idx] = True
+        if not _small(diffs[:, ~expected], opts.atol):
+            run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: derivative where none expected"))
+            return False
+        if not _small(n_entries - n_entries[:1], tau):
+            run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: rounds disagree"))
+            return False
+    return True

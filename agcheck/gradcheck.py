@@ -96,12 +96,13 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
         Beyond torch. ``"batched"`` computes slow-mode Jacobians in batches (many
         evaluations per call, compared chunk by chunk) wherever that pays and hands any
         failure to the reference engine, so verdicts and messages are the reference's.
-        ``"auto"`` (default) first tries compressed differences where each output
+        ``"auto"`` (default) first tries compressed differences: where each output
         element depends on at most one element of each input (elementwise, broadcast,
-        indexing): every entry from ``O(log n)`` evaluations, verified over rounds of
-        sign patterns; anything else goes to the batched path (see
-        docs/performance.md). ``"reference"`` runs torch's element-by-element algorithm
-        only.
+        indexing), every entry from ``O(log n)`` evaluations; where the analytical
+        Jacobian's pattern is banded or blocked, input elements that never meet are
+        moved together. Both are verified over rounds of sign patterns, and anything
+        else goes to the batched path (see docs/performance.md). ``"reference"`` runs
+        torch's element-by-element algorithm only.
     memory_budget : int, optional
         Beyond torch. Bytes the batched engine may hold in Jacobians and batches
         (default 1 GiB); it recomputes rather than exceed it.

@@ -242,3 +242,87 @@ def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch):
     verdict, log = _logged_gradgradcheck(monkeypatch, _WrongSecondDerivative.apply, x_of(), first_cost=0.0)
     assert verdict is False and "passed" not in log
     assert torch.autograd.gradgradcheck(_WrongSecondDerivative.apply, (x_of(),), raise_exception=False) is False
+
+
+# -- coloured differences: the pattern read off the analytical Jacobian ---------------------
+
+def coloured_log(r):
+    return [how for where, how in r.engine_log if where == "coloured"]
+
+
+def mats(n=48, seeds=(0, 1)):
+    return tuple(x_of(n * n, seed=s).reshape(n, n) for s in seeds)
+
+
+def conv_input():
+    return (x_of(400).reshape(1, 1, 400), x_of(5, seed=1).reshape(1, 1, 5))
+
+
+COLOURED = {
+    "matmul tanh": (lambda a, b: torch.tanh(a @ b), mats),
+    "banded": (lambda x: x[1:-1] * x[:-2] + x[2:].sin(), lambda: (x_of(),)),
+    "conv1d": (lambda x, w: torch.nn.functional.conv1d(x, w).tanh(), conv_input),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COLOURED))
+def test_blocked_and_banded_patterns_pass_coloured(name):
+    fn, make = COLOURED[name]
+    r = run(fn, make())
+    assert r.verdict is True and coloured_log(r)[-1] == "passed" and not r.engine_fallbacks
+
+
+def _matmul_with_backward(grad_a):
+    class MatmulTanh(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(a, b):
+            return torch.tanh(a @ b)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs, output)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b, y = ctx.saved_tensors
+            gz = g * (1 - y * y)
+            return grad_a(gz, a, b), a.transpose(-1, -2) @ gz
+
+    return MatmulTanh.apply
+
+
+BROKEN_COLOURED = {
+    "scaled": lambda gz, a, b: 1.01 * (gz @ b.transpose(-1, -2)),
+    "not transposed": lambda gz, a, b: gz @ b,
+    "one entry off": lambda gz, a, b: gz @ b.transpose(-1, -2) + 0.05 * gz[..., :1, :1] * (a * 0 + 1)[..., :1, :1],
+    # a stray dependence: grad of row i picks up row i+1 of the cotangent
+    "stray rows": lambda gz, a, b: gz @ b.transpose(-1, -2) + 0.01 * gz.roll(1, dims=-2) @ b.transpose(-1, -2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_COLOURED))
+def test_broken_blocked_backwards_fail_with_the_reference_verdict(name):
+    fn = _matmul_with_backward(BROKEN_COLOURED[name])
+    r = run(fn, mats())
+    assert r.verdict is False and "passed" not in coloured_log(r) and r.engine_fallbacks
+    assert run(fn, mats(), engine="reference").verdict is False
+
+
+def test_correct_custom_matmul_passes_coloured():
+    fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2))
+    r = run(fn, mats())
+    assert r.verdict is True and coloured_log(r) == ["passed"]
+
+
+def test_colouring_separates_elements_that_meet():
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 50, size=400)
+    cols = rng.integers(0, 120, size=400)
+    colour = compressed.colour_columns(rows, cols, 120, limit=120)
+    assert colour is not None
+    seen = {}
+    for r, c in zip(rows, cols):
+        assert seen.setdefault((r, colour[c]), c) == c
+    assert compressed.colour_columns(rows, cols, 120, limit=2) is None
