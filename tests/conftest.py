@@ -12,3 +12,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not has_cuda:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    # pytest-xdist runs one worker per core: torch's intra-op threads on top of that
+    # oversubscribe the cores, and OpenMP's spinning then makes tiny ops thousands of
+    # times slower whenever another process competes for a core.
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            import torch
+        except ImportError:
+            return
+        torch.set_num_threads(1)
