@@ -308,7 +308,7 @@ def summary_table(results, backends):
     from rich.text import Text
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("function", no_wrap=True)
+    table.add_column("function", no_wrap=True, min_width=max([len(r.entry.name) for r in results] + [8]))
     table.add_column("kind", no_wrap=True)
     for b in backends:
         table.add_column(b, no_wrap=True)
@@ -329,7 +329,10 @@ def catalog_table(entries):
     from rich.text import Text
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for name in ("function", "kind", "inputs", "numpy derivatives", "what"):
+    # names are never cut, however narrow the terminal: the other columns wrap instead
+    table.add_column("function", no_wrap=True, min_width=max([len(e.name) for e in entries] + [8]))
+    table.add_column("kind", no_wrap=True, min_width=max([len(", ".join(e.kinds)) for e in entries] + [4]))
+    for name in ("inputs", "numpy derivatives", "what"):
         table.add_column(name)
     for e in entries:
         numpy = " + ".join(n for n, f in (("vjp", e.vjp), ("jvp", e.jvp)) if f is not None) or "-"
