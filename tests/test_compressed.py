@@ -326,3 +326,55 @@ def test_colouring_separates_elements_that_meet():
     for r, c in zip(rows, cols):
         assert seen.setdefault((r, colour[c]), c) == c
     assert compressed.colour_columns(rows, cols, 120, limit=2) is None
+
+
+# -- property: on random elementwise-like functions with random planted bugs, the default
+#    engine's verdict is the reference engine's ----------------------------------------
+
+import hypothesis  # noqa: E402
+import hypothesis.strategies as st  # noqa: E402
+
+_UNARY = {
+    "sin": (torch.sin, torch.cos),
+    "tanh": (torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
+    "exp": (torch.exp, torch.exp),
+    "square": (lambda x: x * x, lambda x: 2 * x),
+    "softplus": (torch.nn.functional.softplus, torch.sigmoid),
+}
+_BUGS = {
+    "none": lambda x, d, g: d * g,
+    "scale": lambda x, d, g: 1.02 * d * g,
+    "one entry": lambda x, d, g: d * g + 0.05 * g * at(x.numel(), 17),
+    "stray": lambda x, d, g: d * g + 0.02 * g.roll(5),
+    "small stray": lambda x, d, g: d * g + 3e-4 * g.roll(1),
+    "sign": lambda x, d, g: -d * g,
+    "stray pair": lambda x, d, g: d * g + 0.03 * (g.roll(2) - g.roll(-2)),
+}
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(st.lists(st.sampled_from(sorted(_UNARY)), min_size=1, max_size=3),
+                  st.sampled_from(sorted(_BUGS)), st.sampled_from([1.0, 100.0]),
+                  st.integers(0, 2**16))
+def test_default_engine_verdict_is_the_reference_verdict(chain, bug, scale, seed):
+    def forward(x):
+        for name in chain:
+            x = _UNARY[name][0](x)
+        return scale * x
+
+    def derivative(x):
+        d = torch.ones_like(x)
+        for name in chain:
+            f, df = _UNARY[name]
+            d = d * df(x)
+            x = f(x)
+        return scale * d
+
+    fn = custom(forward, lambda x, g: _BUGS[bug](x, derivative(x), g))
+    x = x_of(N, seed=seed) * 0.5
+    expected = run(fn, (x,), engine="reference").verdict
+    assert run(fn, (x,)).verdict is expected
+    if bug in ("scale", "one entry", "stray", "sign", "stray pair"):
+        assert expected is False
+    if bug == "none":
+        assert expected is True
