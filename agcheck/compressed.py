@@ -266,6 +266,8 @@ def try_compressed_reverse(p, checked, diff) -> bool:
         run.engine_log.append(("compressed", f"not compressible: {reason}"))
         return False
     except Exception as reason:  # noqa: BLE001 - the exact engine meets it again, and reports it
+        if getattr(reason, "agcheck_raised_by_fn", False):
+            raise
         run.engine_log.append(("compressed", f"{type(reason).__name__}: {reason}"))
         return False
     run.engine_log.append(("compressed", "passed" if ok else f"disagreement: {why}"))
@@ -373,6 +375,8 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
         run.engine_log.append(("compressed", f"not compressible: {reason}"))
         return False
     except Exception as reason:  # noqa: BLE001
+        if getattr(reason, "agcheck_raised_by_fn", False):
+            raise
         run.engine_log.append(("compressed", f"{type(reason).__name__}: {reason}"))
         return False
     return _forward_done(run, True, "")
@@ -464,6 +468,8 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
                         if not allclose_like_torch(jac[k][s:e], be.to_numpy(rows[k]), opts.rtol, opts.atol):
                             return False
     except Exception as reason:  # noqa: BLE001 - the exact path meets it again
+        if getattr(reason, "agcheck_raised_by_fn", False):
+            raise
         run.engine_log.append(("coloured", f"{type(reason).__name__}: {reason}"))
         return False
     if not coloured:

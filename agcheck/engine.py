@@ -50,6 +50,24 @@ class EngineFallback(Exception):
     """The batched engine cannot decide this check; the reference engine will."""
 
 
+def raised_by_fn(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a plain (unbatched) call of the user's function or its
+    backward: such an error is the user's and propagates as torch's would, instead of
+    sending the check to the reference engine (which might not meet it again)."""
+    return getattr(exc, "agcheck_raised_by_fn", False)
+
+
+def _fn_call(call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except Exception as e:
+        try:
+            e.agcheck_raised_by_fn = True
+        except AttributeError:  # an exception class with __slots__: cannot be marked
+            pass
+        raise
+
+
 def _rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
     per_call = max(budget // _CHUNK_SHARE, 1)
     return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
@@ -89,14 +107,16 @@ class _Problem:
         eps = self.run.eps_for(x)
         try:
             start = time.perf_counter()
-            sequential = jac.numerical_directional(be, self.fn, self.args, pos, u, eps, self.run.stencil)
+            sequential = _fn_call(jac.numerical_directional, be, self.fn, self.args, pos, u, eps, self.run.stencil)
             self._element_cost[pos] = (time.perf_counter() - start) * (2 if be.is_complex(x) else 1)
             if self._setup_outweighs_saving(pos):
                 return False
             step = be.reshape(u, x.shape) * eps
             moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
             batched = be.evaluate_batch(self.fn, self.args, pos, moved)
-        except Exception:
+        except Exception as e:
+            if raised_by_fn(e):
+                raise
             return False
         for k in self.floats:
             minus, plus = batched[k][0], batched[k][1]
@@ -158,10 +178,11 @@ class _Problem:
         chunk = _rows_per_chunk(per_row, self.budget, max(end - begin, 1))
         for start in range(begin, end, chunk):
             stop = min(end, start + chunk)
-            yield start, stop, jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps,
-                                                       self.run.stencil, elements=range(start, stop))
+            yield start, stop, _fn_call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
+                                        self.run.stencil, elements=range(start, stop))
         if begin == end == 0:
-            yield 0, 0, jac.numerical_jacobians(be, self.fn, self.args, pos, self.outputs, eps, self.run.stencil)
+            yield 0, 0, _fn_call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
+                                 self.run.stencil)
 
     def _batched_rows(self, pos, flat, eps, complex_input):
         be, x = self.be, self.args[pos]
@@ -293,7 +314,7 @@ def _looped_columns(p, k, c0, c1, inputs):
     out = p.outputs[k]
     per_input = [[] for _ in inputs]
     for j in range(c0, c1):
-        grads = p.trace.vjp([k], [be.one_hot(out, j)])
+        grads = _fn_call(p.trace.vjp, [k], [be.one_hot(out, j)])
         for i, (g, x) in enumerate(zip(grads, inputs)):
             if g is None:
                 g = be.zeros(tuple(x.shape), like=x)

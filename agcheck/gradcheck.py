@@ -363,6 +363,8 @@ class _Run:
                 batched(self, fn, trace, args, checked, diff)
                 return
             except Exception as reason:  # the reference engine decides, and explains
+                if engine.raised_by_fn(reason):
+                    raise
                 self.engine_fallbacks.append(f"{type(reason).__name__}: {reason}")
             self.progress.start(sum(be.numel(args[p]) for p in checked), "Jacobians, element by element")
         moved = self.numerical_args(args)

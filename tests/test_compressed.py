@@ -374,7 +374,7 @@ def test_default_engine_verdict_is_the_reference_verdict(chain, bug, scale, seed
     x = x_of(N, seed=seed) * 0.5
     expected = run(fn, (x,), engine="reference").verdict
     assert run(fn, (x,)).verdict is expected
-    if bug in ("scale", "one entry", "stray", "sign", "stray pair"):
+    if bug in ("scale", "stray", "sign", "stray pair"):  # "one entry" may hide within rtol
         assert expected is False
     if bug == "none":
         assert expected is True
