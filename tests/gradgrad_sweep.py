@@ -81,6 +81,17 @@ def gradgrad_kwargs(op, mode: str, variant: str, non_contig: bool = False) -> di
     return kw
 
 
+def slow_jacobian_entries(fn, inputs) -> int:
+    """Entries of the Jacobians a slow-mode gradgradcheck of ``fn`` builds: its VJP takes
+    the inputs and one cotangent per output element and returns one gradient per input."""
+    n_in = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+    with torch.no_grad():
+        outs = fn(*inputs)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    n_out = sum(o.numel() for o in outs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
+    return (n_in + n_out) * n_in
+
+
 def torch_gradgradcheck(fn, inputs, **kw):
     return torch.autograd.gradgradcheck(fn, inputs, **kw)
 
@@ -175,7 +186,8 @@ class GGSummary:
 def run_op(op, *, dtypes: Sequence[str] = ("float64", "complex128"), modes: Sequence[str] = MODES,
            variants: Sequence[str] | None = None, non_contig: Sequence[bool] = (False,),
            samples: Sequence[int] | None = None, limit_samples: int | None = None,
-           timeout: float | None = None, reference: Callable = torch_gradgradcheck,
+           timeout: float | None = None, max_slow_entries: int | None = None,
+           reference: Callable = torch_gradgradcheck,
            candidate: Callable = agcheck_gradgradcheck,
            on_result: Callable[[GGResult], None] | None = None) -> GGSummary:
     """Compare the two gradgradchecks on every (dtype, mode, variant, sample) of one op."""
@@ -219,6 +231,17 @@ def run_op(op, *, dtypes: Sequence[str] = ("float64", "complex128"), modes: Sequ
                     for i in runnable:
                         fn_r, in_r = sweep.build_check(op, ref_samples[i])
                         fn_c, in_c = sweep.build_check(op, cand_samples[i])
+                        if not kw["fast_mode"] and max_slow_entries:  # "op" mode may be slow too
+                            try:
+                                entries = slow_jacobian_entries(fn_r, in_r)
+                            except Exception:  # noqa: BLE001 - the checkers will meet it
+                                entries = 0
+                            if entries > max_slow_entries:
+                                summ.skips.append(sweep.Skip(
+                                    name, dt, i, f"slow-mode Jacobians over --max-slow-entries ({max_slow_entries:.0e})",
+                                    detail=f"{entries} entries ({mode} mode, {variant})"))
+                                ref_samples[i] = cand_samples[i] = None
+                                continue
                         ref = sweep.run_checker(reference, fn_r, in_r, kw, sweep.CALL_SEED + i, timeout)
                         cand = sweep.run_checker(candidate, fn_c, in_c, kw, sweep.CALL_SEED + i, timeout)
                         agree = sweep.verdicts_agree(ref, cand)
@@ -243,6 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sample", default=None, help="sample indices, e.g. 0,2")
     ap.add_argument("--limit", type=int, default=None, help="samples per op and dtype")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per call")
+    ap.add_argument("--max-slow-entries", type=float, default=2e7,
+                    help="skip (and report as skipped) slow-mode samples whose VJP Jacobians have more "
+                         "entries, (inputs + cotangents) x inputs elements (default 2e7; 0: no limit)")
+    ap.add_argument("--start-at", default=None, help="skip the ops before this one (resume a sweep)")
     ap.add_argument("--jsonl", default=None, help="write one JSON line per call to this file")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every call")
     args = ap.parse_args(argv)
@@ -260,8 +287,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose or r.agree is False:
             print(r.line(), flush=True)
 
-    for op in gradgrad_ops(args.ops):
+    ops = gradgrad_ops(args.ops)
+    if args.start_at:
+        names = [op.full_name for op in ops]
+        if args.start_at not in names:
+            ap.error(f"--start-at: {args.start_at!r} is not among the selected ops")
+        ops = ops[names.index(args.start_at):]
+    for op in ops:
         total.extend(run_op(op, dtypes=args.dtypes.split(","), modes=args.modes.split(","),
+                            max_slow_entries=int(args.max_slow_entries) if args.max_slow_entries else None,
                             variants=args.variants.split(","),
                             non_contig=(False, True) if args.non_contig else (False,),
                             samples=samples, limit_samples=args.limit, timeout=args.timeout,

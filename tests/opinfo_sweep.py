@@ -39,6 +39,14 @@ Usage::
     python -m tests.opinfo_sweep --against torch            # torch against itself
     python -m tests.opinfo_sweep --ops max.reduction_with_dim --dtypes complex128 \
         --fast slow --sample 3 -v                            # one sample, for a repro
+    python -m tests.opinfo_sweep --start-at slice -v         # resume at an op (op_db order)
+
+Slow-mode samples whose dense Jacobians have more than ``--max-slow-entries`` entries
+(input elements requiring grad x floating/complex output elements; default
+``DEFAULT_MAX_SLOW_ENTRIES``) are reported as skips, not compared: torch's slow-mode
+gradcheck holds eight to nine Jacobian-sized buffers at once (about 140 bytes per entry in
+complex128), so ``slice``'s second complex128 sample (a 24,000 x 21,600 Jacobian) alone
+needs some 70 GB (docs/verification.md). ``--max-slow-entries 0`` compares everything.
 
 The module is importable: :func:`iter_ops`, :func:`run_op`, :class:`Summary` are what
 ``tests/test_opinfo.py`` uses.
@@ -68,6 +76,12 @@ MODES = ("slow", "fast")
 ALL_MODES = ("slow", "fast", "op")
 SAMPLE_SEED = 1234  # torch.manual_seed before generating an op's samples
 CALL_SEED = 0  # torch.manual_seed(CALL_SEED + sample index) before each gradcheck call
+#: slow-mode samples with larger dense Jacobians (input x output elements) are skipped:
+#: torch's slow gradcheck peaks at ~140 bytes per entry in complex128, ~60 in float64
+#: (docs/verification.md), so a sample at the limit needs up to ~7 GB. 47 of op_db's
+#: ~24,800 float64/complex128 samples are over it (slice, slice_scatter, sort, msort,
+#: grid_sampler_3d, nn.functional.conv_transpose3d); the largest kept is 2.25e7 entries.
+DEFAULT_MAX_SLOW_ENTRIES = 50_000_000
 
 # The test names of PyTorch's own gradient tests, to report their skip / xfail marks.
 _TORCH_SUITE_TESTS = (
@@ -290,6 +304,30 @@ def build_check(op, sample) -> tuple[Callable, tuple]:
     return fn, gradcheck_args
 
 
+def slow_jacobian_entries(fn, inputs) -> int:
+    """Entries of the dense Jacobians a slow-mode gradcheck of ``fn`` builds: elements of
+    the inputs requiring grad times elements of the floating / complex outputs (one
+    evaluation of ``fn``, without grad)."""
+    n_in = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad)
+    with torch.no_grad():
+        outs = fn(*inputs)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    n_out = sum(o.numel() for o in outs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
+    return n_in * n_out
+
+
+def too_large_for_slow_mode(fn, inputs, max_entries: int | None) -> int | None:
+    """The Jacobian entries of a slow-mode check of ``fn`` when they exceed
+    ``max_entries`` (the sample is to be skipped), else None."""
+    if not max_entries:
+        return None
+    try:
+        entries = slow_jacobian_entries(fn, inputs)
+    except Exception:  # noqa: BLE001 - the checkers will meet it and report it
+        return None
+    return entries if entries > max_entries else None
+
+
 def check_kwargs(op, mode: str) -> dict:
     """The gradcheck keywords for ``op`` in ``mode`` (slow / fast / op)."""
     if mode == "slow":
@@ -470,6 +508,9 @@ class Outcome:
     seconds: float = 0.0  # wall clock
     cpu_seconds: float = 0.0  # process CPU time (all threads): robust on a loaded machine
     exc: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: the exception was raised inside torch/autograd/gradcheck.py itself (read from the
+    #: traceback before it is dropped: its frames hold the check's Jacobians)
+    in_torch_gradcheck: bool = False
 
     @property
     def verdict(self) -> str:
@@ -513,6 +554,29 @@ def _qualname(t: type) -> str:
     return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
 
 
+def _raised_in_torch_gradcheck(exc: BaseException | None) -> bool:
+    tb = None if exc is None else exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return bool(last) and last.replace("\\", "/").endswith("torch/autograd/gradcheck.py")
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions chained to it: their frames
+    keep the failed check's locals alive (a slow-mode check's Jacobians, gigabytes), and
+    the outcome is held while the other checker runs."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+
+
 def run_checker(check: Callable, fn: Callable, inputs: tuple, kwargs: dict, seed: int, timeout: float | None) -> Outcome:
     torch.manual_seed(seed)
     c0 = time.process_time()
@@ -524,11 +588,14 @@ def run_checker(check: Callable, fn: Callable, inputs: tuple, kwargs: dict, seed
                 ok = check(fn, inputs, raise_exception=True, **kwargs)
         return Outcome("pass" if ok else "false", seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
     except CallTimeout as e:
+        _drop_frames(e)
         return Outcome("timeout", "CallTimeout", str(e), time.perf_counter() - t0, time.process_time() - c0, e)
     except Exception as e:  # noqa: BLE001 - every failure is an outcome
         dt, ct = time.perf_counter() - t0, time.process_time() - c0
         kind = "gradcheck_error" if is_gradcheck_error(e) else "exception"
-        return Outcome(kind, _qualname(type(e)), _first_line(e), dt, ct, e)
+        inside = _raised_in_torch_gradcheck(e)
+        _drop_frames(e)
+        return Outcome(kind, _qualname(type(e)), _first_line(e), dt, ct, e, in_torch_gradcheck=inside)
 
 
 def verdicts_agree(ref: Outcome, cand: Outcome) -> bool | None:
@@ -552,12 +619,7 @@ def torch_checker_crashed(ref: Outcome) -> bool:
     a deliberate difference (docs/semantics.md)."""
     if ref.kind != "exception" or ref.exc is None:
         return False
-    tb = ref.exc.__traceback__
-    last = None
-    while tb is not None:
-        last = tb.tb_frame.f_code.co_filename
-        tb = tb.tb_next
-    return bool(last) and last.replace("\\", "/").endswith("torch/autograd/gradcheck.py")
+    return ref.in_torch_gradcheck or _raised_in_torch_gradcheck(ref.exc)
 
 
 def torch_gradcheck(fn, inputs, **kw):
@@ -631,6 +693,7 @@ class Skip:
     dtype: str | None
     index: int | None
     reason: str
+    detail: str = ""  # e.g. the Jacobian entries of a sample too large for slow mode
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -790,9 +853,13 @@ def run_op(
     against: str | Callable = "agcheck",
     reference: str | Callable = "torch",
     timeout: float | None = None,
+    max_slow_entries: int | None = DEFAULT_MAX_SLOW_ENTRIES,
     on_result: Callable[[SampleResult], None] | None = None,
 ) -> Summary:
-    """Compare the two checkers on every (dtype, mode, sample) of one op."""
+    """Compare the two checkers on every (dtype, mode, sample) of one op.
+
+    Slow-mode samples whose dense Jacobians exceed ``max_slow_entries`` entries are
+    skipped (a :class:`Skip`, never an agreement); ``None`` or 0 compares every sample."""
     cand_check = CHECKERS[against] if isinstance(against, str) else against
     ref_check = CHECKERS[reference] if isinstance(reference, str) else reference
     summ = Summary(against=against if isinstance(against, str) else getattr(against, "__name__", "candidate"))
@@ -843,6 +910,14 @@ def run_op(
                         continue
                 fn_r, in_r = build_check(op, ref_samples[i])
                 fn_c, in_c = build_check(op, cand_samples[i])
+                if not kw["fast_mode"]:  # "op" mode may be slow too
+                    entries = too_large_for_slow_mode(fn_r, in_r, max_slow_entries)
+                    if entries is not None:
+                        summ.skips.append(Skip(
+                            name, dt, i, f"slow-mode Jacobians over --max-slow-entries ({max_slow_entries:.0e})",
+                            detail=f"{entries} entries ({mode} mode)"))
+                        ref_samples[i] = cand_samples[i] = None
+                        continue
                 desc = describe_sample(ref_samples[i])
                 seed = CALL_SEED + i
                 ref = run_checker(ref_check, fn_r, in_r, kw, seed, timeout)
@@ -940,6 +1015,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="fast_mode to sweep: on (fast), off (slow), both (default), op (the op's gradcheck_fast_mode), all")
     ap.add_argument("--ops", default=None, help="comma list of op full names / names, substrings or globs (default: all autograd ops)")
     ap.add_argument("--exclude", default=None, help="comma list of patterns to leave out")
+    ap.add_argument("--start-at", default=None, metavar="OP",
+                    help="resume: skip the selected ops before the one with this full name (op_db order)")
     ap.add_argument("--limit-samples", type=int, default=None, metavar="N", help="at most N samples per op and dtype")
     ap.add_argument("--sample", type=_parse_indices, default=None, metavar="IDX",
                     help="only the samples with these indices: 3, 0,2,5 or 1:4")
@@ -947,6 +1024,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--against", choices=sorted(CHECKERS), default="agcheck",
                     help="the checker compared with torch.autograd.gradcheck (torch: validate the harness; none: time torch alone)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S", help="per-call time limit in seconds (timeouts are 'undecided')")
+    ap.add_argument("--max-slow-entries", type=float, default=DEFAULT_MAX_SLOW_ENTRIES, metavar="N",
+                    help="skip (and report as skipped) slow-mode samples whose dense Jacobians have more "
+                         f"than N entries, input x output elements (default {DEFAULT_MAX_SLOW_ENTRIES:.0e}; "
+                         "torch needs ~140 bytes per entry in complex128); 0 compares every sample")
     ap.add_argument("--jsonl", default=None, metavar="PATH", help="write one JSON record per sample (and per skip) to PATH")
     ap.add_argument("--list-ops", action="store_true", help="list the selected ops with their dtypes and settings, then exit")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -960,6 +1041,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exclude:
         drop = {op.full_name for op in iter_ops(args.exclude)}
         ops = [op for op in ops if op.full_name not in drop]
+    if args.start_at:
+        names = [op.full_name for op in ops]
+        if args.start_at not in names:
+            ap.error(f"--start-at: {args.start_at!r} is not among the selected ops")
+        ops = ops[names.index(args.start_at):]
     if args.list_ops:
         for op in ops:
             dts = op_dtypes(op, args.dtypes)
@@ -995,6 +1081,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 samples=args.sample,
                 against=args.against,
                 timeout=args.timeout,
+                max_slow_entries=int(args.max_slow_entries),
                 on_result=on_result,
             )
             total.extend(s)

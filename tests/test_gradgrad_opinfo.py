@@ -11,7 +11,9 @@ op's settings, what "agreement" means). Two tiers:
   ``opinfo`` (deselected by default): ``pytest -m opinfo -n 2 tests/test_gradgrad_opinfo.py``.
   Environment knobs: ``AGCHECK_GRADGRAD_MODES`` (comma list of slow, fast, op; default
   ``slow,fast``), ``AGCHECK_GRADGRAD_LIMIT`` (samples per op and dtype; default all),
-  ``AGCHECK_GRADGRAD_TIMEOUT`` (seconds per call), ``AGCHECK_OPINFO_DTYPES``,
+  ``AGCHECK_GRADGRAD_TIMEOUT`` (seconds per call), ``AGCHECK_GRADGRAD_MAX_SLOW_ENTRIES``
+  (slow-mode samples whose Jacobians have more entries are skipped; default 2e7, a few
+  hundred MB per Jacobian), ``AGCHECK_OPINFO_DTYPES``,
   ``AGCHECK_GRADGRAD_JSONL`` (a directory: one JSON line per call, a file per worker).
 """
 from __future__ import annotations
@@ -130,6 +132,7 @@ def test_gradgrad_opinfo_sweep(name):
         s = gg.run_op(_find(name), dtypes=dtypes, modes=modes,
                       limit_samples=_env("AGCHECK_GRADGRAD_LIMIT", int),
                       timeout=_env("AGCHECK_GRADGRAD_TIMEOUT", float),
+                      max_slow_entries=int(_env("AGCHECK_GRADGRAD_MAX_SLOW_ENTRIES", float, 2e7)),
                       on_result=(lambda r: sink.write(json.dumps(r.to_json()) + "\n")) if sink else None)
     finally:
         if sink is not None:
