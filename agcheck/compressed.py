@@ -395,6 +395,29 @@ def _forward_done(run, ok, why):
 # class give every entry of the pattern, and the rounds of signs expose a numerical
 # derivative outside the pattern (a dependence the backward forgot), as above.
 
+class DenseBlock:
+    """One analytical Jacobian block held whole, as NumPy, rows by output element.
+
+    ``by_output`` is ``(m, n)`` (output element, input element), C-contiguous, so that
+    a block of output columns is written and its pattern read without strided copies;
+    ``by_input`` is the ``(n, m)`` view the comparisons use."""
+
+    def __init__(self, by_output: np.ndarray):
+        self.by_output = by_output
+        self._pattern = None
+
+    @property
+    def by_input(self) -> np.ndarray:
+        return self.by_output.T
+
+    def pattern(self):
+        """``(output indices, input indices)`` of the nonzero (or NaN) entries."""
+        if self._pattern is None:
+            flat = np.flatnonzero(self.by_output != 0)
+            self._pattern = np.divmod(flat, self.by_output.shape[1])
+        return self._pattern
+
+
 def _valid_colouring(colour, rows, cols) -> bool:
     keys = rows.astype(np.int64) * (int(colour.max()) + 1) + colour[cols]
     return int(np.bincount(keys).max()) <= 1
@@ -447,7 +470,7 @@ def _rank_in_class(colour):
 
 def try_from_analytical(p, checked, diff, analytical) -> bool:
     """Numerical side by coloured compressed differences, against the full analytical
-    Jacobian ``analytical[k][j]`` (``(n_q, m)``, input ``checked[j]``, output ``k``).
+    Jacobian ``analytical[k][j]`` (a :class:`DenseBlock`, input ``checked[j]``, output ``k``).
 
     True when every pattern entry matched in every round; False otherwise (the caller
     then computes the numerical side exactly)."""
@@ -465,7 +488,8 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
                 run.engine_log.append(("coloured", f"input {q} not compressible: {reason}"))
                 for s, e, rows in p.numerical_row_chunks(q, report=False):
                     for k in diff:
-                        if not allclose_like_torch(jac[k][s:e], be.to_numpy(rows[k]), opts.rtol, opts.atol):
+                        if not allclose_like_torch(jac[k].by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
+                                                   opts.atol):
                             return False
     except Exception as reason:  # noqa: BLE001 - the exact path meets it again
         if getattr(reason, "agcheck_raised_by_fn", False):
@@ -486,12 +510,12 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
         raise _NotCompressible("complex input")
     points = len(run.stencil.offsets)
     rows, cols, offset = [], [], 0
-    entries = {k: np.nonzero(jac[k]) for k in diff}  # (n, m): input element, output element
+    entries = {k: jac[k].pattern()[::-1] for k in diff}  # input element, output element
     for k in diff:
         c_idx, r_idx = entries[k]
         rows.append(r_idx + offset)
         cols.append(c_idx)
-        offset += jac[k].shape[1]
+        offset += jac[k].by_output.shape[0]
     rows, cols = np.concatenate(rows), np.concatenate(cols)
     limit = n // 4
     colour = colour_columns(rows, cols, n, limit) if limit else None
@@ -509,12 +533,12 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
     xs = be.to_numpy(x).reshape(-1)
     eps = run.eps_for(x)
     moves = np.broadcast_to(xs, (n_rounds, n_colours, points, n)).copy()
-    members = [np.flatnonzero(colour == c) for c in range(n_colours)]
+    every = np.arange(n)
     for pt, m in enumerate(run.stencil.offsets):
         h = eps if abs(m) == 1 else abs(m) * eps
-        for c, idx in enumerate(members):
-            forward = (signs[:, idx] > 0) == (m > 0)
-            moves[:, c, pt, idx] = np.where(forward, xs[idx] + h, xs[idx] - h)
+        forward = (signs > 0) == (m > 0)
+        # each element moves in its own colour's evaluations only
+        moves[:, colour, pt, every] = np.where(forward, xs + h, xs - h)
     side = _Side(p, [q], diff)
     outs = side.evaluate(q, moves.reshape(-1, n).astype(xs.dtype, copy=False))
     tau = opts.atol / 2
@@ -523,7 +547,7 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
         diffs = run.stencil.combine([o[:, :, i] for i in range(points)], eps)  # (R, C, m)
         c_idx, r_idx = entries[k]
         n_entries = diffs[:, colour[c_idx], r_idx] * signs[:, c_idx]
-        a_entries = jac[k][c_idx, r_idx]
+        a_entries = jac[k].by_output[r_idx, c_idx]
         if not _close(np.broadcast_to(a_entries, n_entries.shape), n_entries, opts.rtol, opts.atol):
             run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: entries differ"))
             return False

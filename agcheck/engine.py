@@ -44,6 +44,8 @@ PROBE_SEED = 5113
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
 _LOOP_EVALUATIONS = 3
+#: outputs below this many elements get the second analytical pass column by column
+_MIN_COLOURED_OUTPUTS = 64
 
 
 class EngineFallback(Exception):
@@ -243,7 +245,8 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
         for k in diff:
             for q, a in zip(checked, analytical[k]):
                 for s, e, rows in numerical[q]:
-                    if not compressed.allclose_like_torch(a[s:e], be.to_numpy(rows[k]), opts.rtol, opts.atol):
+                    if not compressed.allclose_like_torch(a.by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
+                                                          opts.atol):
                         raise EngineFallback("Jacobian mismatch")
         return
     if full <= p.budget // 2:
@@ -325,24 +328,102 @@ def _looped_columns(p, k, c0, c1, inputs):
 
 
 def _analytical_full(p, k, inputs) -> list:
-    """The whole analytical Jacobian of output ``k`` as NumPy arrays, per input
-    ``(n_q, m)``, computed twice block by block (the reentrancy check)."""
+    """The whole analytical Jacobian of output ``k``, per input a
+    :class:`compressed.DenseBlock` (rows: output elements), with the reentrancy check.
+
+    The first pass computes every column (batched one-hot VJPs). The second pass, which
+    only has to reproduce the first, is coloured when the first pass's pattern allows:
+    output elements that share no input element get one VJP (signed), and each entry is
+    read off its own slot. Where that does not reproduce the first pass exactly (within
+    ``nondet_tol``), the second pass is computed column by column as the first was, and
+    only a difference there is a failed reentrancy check."""
     import numpy as np
 
-    be, opts = p.be, p.opts
+    be = p.be
     m = be.numel(p.outputs[k])
-    full = None
+    rows = None
     for c0, c1 in _column_blocks(p, m, sum(be.numel(x) for x in inputs)):
         first = _analytical_columns(p, k, c0, c1, inputs)
+        if rows is None:
+            rows = [np.empty((m, be.numel(x)), dtype=be.to_numpy(a).dtype) for x, a in zip(inputs, first)]
+        for i, a in enumerate(first):
+            rows[i][c0:c1] = be.to_numpy(a).T
+    blocks = [compressed.DenseBlock(r) for r in rows]
+    if not _coloured_second_pass(p, k, inputs, blocks):
+        _exact_second_pass(p, k, inputs, blocks)
+    return blocks
+
+
+def _exact_second_pass(p, k, inputs, blocks) -> None:
+    import numpy as np
+
+    m = p.be.numel(p.outputs[k])
+    for c0, c1 in _column_blocks(p, m, sum(p.be.numel(x) for x in inputs)):
         second = _analytical_columns(p, k, c0, c1, inputs)
-        for i, (a1, a2) in enumerate(zip(first, second)):
-            if be.numel(a1) and be.max_abs(a1 - a2) > opts.nondet_tol:
+        for block, a2 in zip(blocks, second):
+            a2 = p.be.to_numpy(a2).T
+            if a2.size and np.max(np.abs(block.by_output[c0:c1] - a2)) > p.opts.nondet_tol:
                 raise EngineFallback("backward not reentrant")
-        if full is None:
-            full = [np.empty((be.numel(x), m), dtype=be.to_numpy(a).dtype) for x, a in zip(inputs, first)]
-        for i, a1 in enumerate(first):
-            full[i][:, c0:c1] = be.to_numpy(a1)
-    return full
+
+
+def _coloured_second_pass(p, k, inputs, blocks) -> bool:
+    """The reentrancy pass by coloured VJPs; True when it reproduced the first pass."""
+    import numpy as np
+
+    be, out = p.be, p.outputs[k]
+    m = be.numel(out)
+    if m < _MIN_COLOURED_OUTPUTS:
+        return False
+    rng = np.random.default_rng(compressed.SIGN_SEED)
+    by_colouring = {}
+    for i, block in enumerate(blocks):
+        out_idx, in_idx = block.pattern()
+        colour = compressed.colour_columns(in_idx, out_idx, m, m // 4)
+        if colour is None:
+            p.run.engine_log.append(("vjp", f"second pass column by column: input {i} reaches too many outputs"))
+            return False
+        by_colouring.setdefault(colour.tobytes(), (colour, []))[1].append(i)
+    for colour, members in by_colouring.values():
+        n_colours = int(colour.max()) + 1
+        signs = rng.choice(np.array([-1.0, 1.0]), size=m)
+        cot = np.zeros((n_colours, m))
+        cot[colour, np.arange(m)] = signs
+        stacked = be.reshape(be.array_like(cot.astype(be.to_numpy(out).dtype), out), (n_colours, *out.shape))
+        grads = _vjps_of(p, k, stacked, n_colours)
+        for i in members:
+            g = grads[i]
+            block = blocks[i]
+            n = block.by_output.shape[1]
+            if g is None:
+                got = np.zeros((n_colours, n), dtype=block.by_output.dtype)
+            else:
+                if tuple(g.shape) != (n_colours, *inputs[i].shape) or g.dtype != inputs[i].dtype:
+                    return False
+                got = be.to_numpy(be.to_dense(g)).reshape(n_colours, n)
+            out_idx, in_idx = block.pattern()
+            expected = np.zeros_like(got)
+            expected[colour[out_idx], in_idx] = signs[out_idx] * block.by_output[out_idx, in_idx]
+            if got.size and not np.max(np.abs(got - expected)) <= p.opts.nondet_tol:
+                p.run.engine_log.append(("vjp", "coloured second pass differs; computing it column by column"))
+                return False
+    p.run.engine_log.append(("vjp", "coloured second pass"))
+    return True
+
+
+def _vjps_of(p, k, stacked, count) -> list:
+    """VJPs of output ``k`` with each of ``count`` stacked cotangents, batched or looped
+    as the first pass found cheaper."""
+    be = p.be
+    if p._vjp_batched is not False:
+        return p.trace.vjp_batched(k, stacked)
+    per_input = None
+    for c in range(count):
+        grads = _fn_call(p.trace.vjp, [k], [stacked[c]])
+        if per_input is None:
+            per_input = [[] for _ in grads]
+        for i, g in enumerate(grads):
+            per_input[i].append(g)
+    return [None if any(g is None for g in gs) else be.stack(gs, axis=0) for gs in per_input]
 
 
 def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:

@@ -63,7 +63,10 @@ class TorchPerturber(torch_sparse._InPlacePerturber):
         if self._original is None:
             self._original = self.data.clone()
         try:
-            self.data.copy_(self._original - step if sign < 0 else self._original + step)
+            if isinstance(step, torch.Tensor) and step.dtype == self.data.dtype and step.device == self.data.device:
+                torch.add(self._original, step, alpha=-1 if sign < 0 else 1, out=self.data)  # no temporary
+            else:
+                self.data.copy_(self._original - step if sign < 0 else self._original + step)
             return self._call(fn)
         finally:
             self.data.copy_(self._original)

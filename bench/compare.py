@@ -105,6 +105,7 @@ def summarize(runs: list[dict]) -> dict:
     s = {
         "time_s": _median(r.get("time_s") for r in runs),
         "cpu_s": _median(r.get("cpu_s") for r in runs),
+        "warm_cpu_s": _median(r.get("warm_cpu_s") for r in runs),
         "peak_mb": _median(r.get("peak_mb") for r in runs),
         "verdict": verdicts[0],
         "verdicts_all_runs": verdicts,
@@ -169,7 +170,8 @@ def _speed(t: dict, a: dict, timeout: float) -> str:
 
 
 def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
-    cols = ["case", "work", "torch s", "agcheck s", "speed", "cpu speed", "torch MB", "agcheck MB", "mem",
+    cols = ["case", "work", "torch s", "agcheck s", "speed", "cpu speed", "warm cpu speed", "torch MB",
+            "agcheck MB", "mem",
             "torch verdict", "agcheck verdict", "agree"]
     rows = []
     for r in results:
@@ -180,11 +182,12 @@ def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
             mem_r = t["peak_mb"] / max(a["peak_mb"], 0.1)
         rows.append([
             r["case"], r["detail"], _fmt_t(t["time_s"]), _fmt_t(a["time_s"]),
-            _speed(t, a, timeout), _fmt_r(_ratio(t["cpu_s"], a["cpu_s"])), _fmt_mb(t["peak_mb"]), _fmt_mb(a["peak_mb"]),
+            _speed(t, a, timeout), _fmt_r(_ratio(t["cpu_s"], a["cpu_s"])),
+            _fmt_r(_ratio(t.get("warm_cpu_s"), a.get("warm_cpu_s"))), _fmt_mb(t["peak_mb"]), _fmt_mb(a["peak_mb"]),
             _fmt_r(mem_r), t["verdict"], a["verdict"], r["agree"].upper() if r["agree"] == "no" else r["agree"],
         ])
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    right = {2, 3, 4, 5, 6, 7, 8}
+    right = {2, 3, 4, 5, 6, 7, 8, 9}
 
     def line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -278,8 +281,10 @@ def main(argv=None) -> int:
               f"{os.cpu_count()} cpus, torch threads {a.threads or torch.get_num_threads()}; "
               f"{'quick' if a.quick else 'full'} sizes; repeat {a.repeat}; timeout {a.timeout:.0f} s; "
               f"agcheck.gradgradcheck {'present' if has_gg else 'absent'}\n"
-              f"time = perf_counter around the check only; peak = max RSS growth during the check "
-              f"(MiB); speed/mem = torch/agcheck (>1: agcheck better)")
+              f"time = perf_counter around the check only (the first check of the case in a fresh "
+              f"process, after a tiny warm-up check); warm = CPU time of the same check run again in that "
+              f"process; peak = max RSS growth during the first check (MiB); speed/mem = torch/agcheck "
+              f"(>1: agcheck better)")
     print(header, flush=True)
 
     results = []
@@ -293,7 +298,7 @@ def main(argv=None) -> int:
                 runs[side].append(rec)
                 la = rec.get("loadavg_before")
                 print(f"  {name:16s} {side:8s} time={_fmt_t(rec.get('time_s')):>8s} s  "
-                      f"cpu={_fmt_t(rec.get('cpu_s')):>8s} s  "
+                      f"cpu={_fmt_t(rec.get('cpu_s')):>8s} s  warm cpu={_fmt_t(rec.get('warm_cpu_s')):>8s} s  "
                       f"peak={_fmt_mb(rec.get('peak_mb')):>7s} MB  verdict={rec['verdict']}  "
                       f"(process {rec.get('wall_s', 0):.1f} s, load {'-' if la is None else f'{la:.1f}'})",
                       flush=True)

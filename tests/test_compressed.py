@@ -194,11 +194,12 @@ def test_pattern_colours_separate_outputs_sharing_an_input_element():
 # -- gradgradcheck: the VJP of an elementwise function is elementwise in (x, v) ---------
 
 def _logged_gradgradcheck(monkeypatch, fn, x, first_cost):
-    import sys
+    import importlib
 
-    torch_backend = sys.modules["agcheck.backends.torch_backend"]
+    # importing by name: the backend module is loaded lazily, maybe not yet in this process
+    torch_backend = importlib.import_module("agcheck.backends.torch_backend")
     monkeypatch.setattr(torch_backend, "_func_vjp_first_cost", lambda: first_cost)
-    gradcheck_module = sys.modules["agcheck.gradcheck"]
+    gradcheck_module = importlib.import_module("agcheck.gradcheck")
     runs = []
     original = gradcheck_module._Run.all_checks
 
@@ -378,3 +379,51 @@ def test_default_engine_verdict_is_the_reference_verdict(chain, bug, scale, seed
         assert expected is False
     if bug == "none":
         assert expected is True
+
+
+# -- the reentrancy pass, coloured: rows that share no input element share a VJP ---------
+
+def vjp_log(r):
+    return [how for where, how in r.engine_log if where == "vjp"]
+
+
+@pytest.mark.parametrize("name", ["matmul tanh", "banded"])
+def test_second_analytical_pass_is_coloured(name):
+    fn, make = COLOURED[name]
+    r = run(fn, make())
+    assert r.verdict is True and "coloured second pass" in vjp_log(r) and not r.engine_fallbacks
+
+
+def test_an_input_reaching_every_output_gets_the_exact_second_pass():
+    fn, make = COLOURED["conv1d"]  # each of the kernel's elements reaches every output
+    r = run(fn, make())
+    assert r.verdict is True and not r.engine_fallbacks
+    assert vjp_log(r) == ["second pass column by column: input 1 reaches too many outputs"]
+
+
+def _drifting_matmul(drift):
+    """tanh(a @ b) whose backward scales its result by ``1 + drift * calls``: a backward
+    that is not reentrant by ``drift`` relative."""
+    calls = [0]
+
+    def grad_a(gz, a, b):
+        calls[0] += 1
+        return (gz @ b.transpose(-1, -2)) * (1 + drift * calls[0])
+
+    return _matmul_with_backward(grad_a)
+
+
+@pytest.mark.parametrize("drift", [1e-3, 1e-13])
+def test_backward_not_reentrant_is_caught_when_the_second_pass_is_coloured(drift):
+    a, b = mats(16)  # 512 x 256 entries: coloured
+    r = run(_drifting_matmul(drift), (a, b))
+    assert r.verdict is False and r.engine_fallbacks
+    with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
+        agcheck.gradcheck(_drifting_matmul(drift), mats(16))
+    with pytest.raises(RuntimeError, match="Backward is not reentrant"):
+        torch.autograd.gradcheck(_drifting_matmul(drift), mats(16))
+
+
+def test_drift_within_nondet_tol_passes_like_torch():
+    assert agcheck.gradcheck(_drifting_matmul(1e-13), mats(16), nondet_tol=1e-9)
+    assert torch.autograd.gradcheck(_drifting_matmul(1e-13), mats(16), nondet_tol=1e-9)
