@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from . import compressed
 from . import jacobian as jac
 
@@ -141,6 +143,20 @@ class _Problem:
             return True
         return False
 
+    def evaluate_looped(self, pos, deltas, outputs) -> dict:
+        """``{k: (len(deltas), m) NumPy array}``: ``fn`` with ``args[pos]`` moved by each row
+        of ``deltas`` (flat NumPy), one plain call each, through the backend's in-place
+        perturber (closures see the move; the input is restored bitwise)."""
+        be, x = self.be, self.args[pos]
+        parts = {k: [] for k in outputs}
+        with be.perturber(self.args, pos) as perturber:
+            for delta in deltas:
+                step = be.reshape(be.array_like(delta, x), tuple(x.shape))
+                outs = _fn_call(perturber.evaluate_direction, self.fn, step, 1)
+                for k in outputs:
+                    parts[k].append(be.to_numpy(outs[k]).reshape(-1))
+        return {k: np.stack(v) for k, v in parts.items()}
+
     def numerical_row_chunks(self, pos, report=True):
         """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
         (and advance the run's progress bar by each chunk's rows when ``report``)."""
@@ -227,11 +243,13 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
     be, opts = run.be, run.opts
     _require_dense(be, args)
     p = _Problem(run, fn, trace, args, checked)
-    if not any([p.batched_ok(q) for q in checked]):
-        raise EngineFallback("no input can be moved in batches")
+    batchable = [p.batched_ok(q) for q in checked]
+    # compressed differences need a few dozen evaluations: worth it also one call at a time
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
         run.progress.advance(n_in_total(be, args, checked))
         return
+    if not any(batchable):
+        raise EngineFallback("no input can be moved in batches")
     inputs = [args[q] for q in checked]
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize

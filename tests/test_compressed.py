@@ -217,9 +217,10 @@ def test_gradgradcheck_is_compressed_once_batching_is_set_up(monkeypatch):
     assert verdict is True and "passed" in log
 
 
-def test_gradgradcheck_keeps_the_loop_when_setting_up_batching_costs_more(monkeypatch):
+def test_gradgradcheck_compresses_one_call_at_a_time_when_setting_up_batching_costs_more(monkeypatch):
+    # no vmap (its first use would import torch._dynamo), but still a few dozen plain calls
     verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of(), first_cost=100.0)
-    assert verdict is True and "element by element (batching setup not worth it)" in log and "passed" not in log
+    assert verdict is True and "element by element (batching setup not worth it)" in log and "passed" in log
 
 
 class _WrongSecondDerivative(torch.autograd.Function):
@@ -239,8 +240,9 @@ class _WrongSecondDerivative(torch.autograd.Function):
         return g * x.cos().detach()  # first derivative right, its derivative lost
 
 
-def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch):
-    verdict, log = _logged_gradgradcheck(monkeypatch, _WrongSecondDerivative.apply, x_of(), first_cost=0.0)
+@pytest.mark.parametrize("first_cost", [0.0, 100.0])
+def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch, first_cost):
+    verdict, log = _logged_gradgradcheck(monkeypatch, _WrongSecondDerivative.apply, x_of(), first_cost=first_cost)
     assert verdict is False and "passed" not in log
     assert torch.autograd.gradgradcheck(_WrongSecondDerivative.apply, (x_of(),), raise_exception=False) is False
 
@@ -427,3 +429,51 @@ def test_backward_not_reentrant_is_caught_when_the_second_pass_is_coloured(drift
 def test_drift_within_nondet_tol_passes_like_torch():
     assert agcheck.gradcheck(_drifting_matmul(1e-13), mats(16), nondet_tol=1e-9)
     assert torch.autograd.gradcheck(_drifting_matmul(1e-13), mats(16), nondet_tol=1e-9)
+
+
+# -- inputs that cannot be moved in batches: compressed with one plain call per move -------
+
+def unbatchable(backward):
+    """sin(x) * 2 as an autograd.Function with no vmap rule: vmap refuses it."""
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin() * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return backward(x, g)
+
+    return Fn.apply
+
+
+def test_unbatchable_function_is_compressed_one_call_at_a_time():
+    fn = unbatchable(lambda x, g: g * 2 * x.cos())
+    r = run(fn, (x_of(),))
+    assert r.verdict is True and compressed_log(r) == ["passed"] and not r.engine_fallbacks
+    assert (0, "element by element") in r.engine_log
+
+
+@pytest.mark.parametrize("bug", ["scaled", "one entry off"])
+def test_unbatchable_broken_backward_fails_with_the_reference_verdict(bug):
+    wrong = {"scaled": lambda x, g: 1.01 * g * 2 * x.cos(),
+             "one entry off": lambda x, g: g * 2 * x.cos() + 0.01 * g * at(N, 7)}[bug]
+    fn = unbatchable(wrong)
+    r = run(fn, (x_of(),))
+    assert r.verdict is False and "passed" not in compressed_log(r) and r.engine_fallbacks
+    assert torch.autograd.gradcheck(fn, (x_of(),), raise_exception=False) is False
+
+
+def test_input_read_through_a_closure_is_compressed_one_call_at_a_time():
+    w = x_of()
+
+    def module_like(_):  # reads the parameter it is given through a closure, like an nn.Module
+        return w.sin() * 2
+
+    r = run(module_like, (w,))
+    assert r.verdict is True and compressed_log(r) == ["passed"]
+    assert (0, "element by element") in r.engine_log
+    assert torch.autograd.gradcheck(module_like, (w,))
