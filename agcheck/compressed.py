@@ -115,9 +115,13 @@ class _Side:
         for b in range(bits):
             on = ((index >> b) & 1).astype(float)
             masks += [on, 1.0 - on]
-        deltas = np.stack([step * m for m in masks]).astype(xs.dtype, copy=False)
-        moves = (xs + deltas).astype(xs.dtype, copy=False)
-        outs = self.evaluate(q, moves, deltas)
+        masks = np.stack(masks)
+
+        def move_rows(start, stop, as_deltas):
+            deltas = (step * masks[start:stop]).astype(xs.dtype, copy=False)
+            return deltas if as_deltas else (xs + deltas).astype(xs.dtype, copy=False)
+
+        outs = self.evaluate(q, move_rows, len(masks))
         patterns = {}
         for k in self.diff:
             o = outs[k]
@@ -151,44 +155,48 @@ class _Side:
         return {k: v.reshape(n_rounds, -1) for k, v in rows.items()}
 
     def _difference(self, q, xs, signs, step, stencil) -> dict:
-        be, x = self.be, self.p.args[q]
-        up = signs > 0
-        moves, deltas = [], []
-        for m in stencil.offsets:
-            h = step if abs(m) == 1 else abs(m) * step
-            forward = up if m > 0 else ~up
-            # element by element as the sequential perturbation does: x + h or x - h
-            # (x + (-h) is x - h exactly, so a looped evaluation moving by deltas agrees)
-            moves.append(np.where(forward, xs + h, xs - h).astype(xs.dtype, copy=False))
-            deltas.append(np.where(forward, h, -h).astype(xs.dtype, copy=False))
-        points = len(moves)
-        n_rounds = signs.shape[0]
-        outs = self.evaluate(q, np.stack(moves, axis=1).reshape(points * n_rounds, -1),
-                             np.stack(deltas, axis=1).reshape(points * n_rounds, -1))
-        eps = self.run.eps_for(x)
-        result = {}
-        for k in self.diff:
-            o = outs[k].reshape(n_rounds, points, -1)
-            result[k] = stencil.combine([o[:, i] for i in range(points)], eps)
-        return result
+        eps = self.run.eps_for(self.p.args[q])
+        points = len(stencil.offsets)
+        offsets = np.asarray(stencil.offsets)
 
-    def evaluate(self, q, moves, deltas) -> dict:
-        """``{k: (len(moves), m) NumPy array}``: ``fn`` at each row of ``moves`` as
-        ``args[q]``, in batches that fit the memory budget; where ``args[q]`` cannot be
-        batched, one plain call per row, moving the input by the row of ``deltas``."""
+        def move_rows(start, stop, as_deltas):
+            # row i: round i // points, stencil point i % points; every element moves by
+            # +h or -h, as the sequential perturbation moves one: x + h or x - h
+            # (x + (-h) is x - h exactly, so a looped evaluation by deltas agrees)
+            i = np.arange(start, stop)
+            m = offsets[i % points]
+            h = np.where(np.abs(m) == 1, step, np.abs(m) * step).astype(xs.dtype)[:, None]
+            deltas = np.where((signs[i // points] > 0) == (m > 0)[:, None], h, -h)
+            return deltas if as_deltas else xs + deltas
+
+        return self.evaluate(q, move_rows, signs.shape[0] * points, reduce=_stencil_reduce(stencil, eps), group=points)
+
+    def evaluate(self, q, move_rows, n_rows, reduce=None, group=1) -> dict:
+        """``{k: NumPy array}``: ``fn`` at ``n_rows`` moves of ``args[q]``, one row per move
+        (``(n_rows, m)``), or per ``group`` of moves when ``reduce`` combines each group.
+
+        ``move_rows(start, stop, as_deltas)`` builds moves ``start:stop`` as flat NumPy rows:
+        the moved input, or (``as_deltas``) the move itself. Moves are built and evaluated a
+        chunk at a time, in vmapped batches that fit the memory budget; where ``args[q]``
+        cannot be batched, one plain call per move, moving the input by its delta."""
         be, p = self.be, self.p
-        if not p.batched_ok(q):
-            return p.evaluate_looped(q, deltas, self.diff)
         x = p.args[q]
+        batched = p.batched_ok(q)
         per_row = (be.numel(x) + p.out_numel) * p.itemsize * 4
-        rows = max(1, (p.budget // 4) // max(per_row, 1))
+        size = max(1, (p.budget // 4) // max(per_row, 1))
+        size = max(group, size // group * group)
         parts = {k: [] for k in self.diff}
-        for start in range(0, len(moves), rows):
-            chunk = moves[start:start + rows]
-            stacked = be.reshape(be.array_like(chunk, x), (len(chunk), *x.shape))
-            outs = be.evaluate_batch(p.fn, p.args, q, stacked)
+        for start in range(0, n_rows, size):
+            stop = min(n_rows, start + size)
+            if batched:
+                chunk = move_rows(start, stop, False)
+                stacked = be.reshape(be.array_like(chunk, x), (stop - start, *x.shape))
+                outs = be.evaluate_batch(p.fn, p.args, q, stacked)
+                outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in self.diff}
+            else:
+                outs = p.evaluate_looped(q, move_rows(start, stop, True), self.diff)
             for k in self.diff:
-                parts[k].append(be.to_numpy(outs[k]).reshape(len(chunk), -1))
+                parts[k].append(outs[k] if reduce is None else reduce(outs[k]))
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
     # -- analytical side ----------------------------------------------------------------
@@ -213,6 +221,17 @@ class _Side:
                 raise _NotCompressible("gradient of unexpected shape or dtype")
             result.append(be.to_numpy(be.to_dense(g)).reshape(n_rounds, n_colours, n))
         return result
+
+
+def _stencil_reduce(stencil, eps):
+    """Combines each run of ``len(stencil.offsets)`` evaluations into a derivative."""
+    points = len(stencil.offsets)
+
+    def reduce(o):
+        o = o.reshape(-1, points, o.shape[-1])
+        return stencil.combine([o[:, i] for i in range(points)], eps)
+
+    return reduce
 
 
 def allclose_like_torch(a, b, rtol, atol) -> bool:
@@ -539,21 +558,34 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
     signs = rank_signs[:, rank]  # (R, n): each element signed by the bits of its rank in its class
     xs = be.to_numpy(x).reshape(-1)
     eps = run.eps_for(x)
-    moves = np.broadcast_to(xs, (n_rounds, n_colours, points, n)).copy()
-    deltas = np.zeros((n_rounds, n_colours, points, n), dtype=xs.dtype)
-    every = np.arange(n)
-    for pt, m in enumerate(run.stencil.offsets):
-        h = eps if abs(m) == 1 else abs(m) * eps
-        forward = (signs > 0) == (m > 0)
-        # each element moves in its own colour's evaluations only
-        moves[:, colour, pt, every] = np.where(forward, xs + h, xs - h)
-        deltas[:, colour, pt, every] = np.where(forward, h, -h)
+    offsets = np.asarray(run.stencil.offsets)
+    by_colour = np.argsort(colour, kind="stable")
+    colour_size = np.bincount(colour, minlength=n_colours)
+    colour_start = np.cumsum(colour_size) - colour_size
+
+    def move_rows(start, stop, as_deltas):
+        # row i: round i // (C P), colour (i // P) % C, stencil point i % P; the elements
+        # of that colour move by +h or -h by their signs (x + (-h) is x - h to the bit),
+        # the others stay
+        i = np.arange(start, stop)
+        m = offsets[i % points]
+        c = (i // points) % n_colours
+        sizes = colour_size[c]
+        row = np.repeat(np.arange(stop - start), sizes)
+        first = np.repeat(np.cumsum(sizes) - sizes, sizes)
+        element = by_colour[np.repeat(colour_start[c], sizes) + np.arange(int(sizes.sum())) - first]
+        h = np.where(np.abs(m) == 1, eps, np.abs(m) * eps).astype(xs.dtype)[row]
+        forward = (signs[(i // (n_colours * points))[row], element] > 0) == (m[row] > 0)
+        out = np.zeros((stop - start, n), dtype=xs.dtype) if as_deltas else np.tile(xs, (stop - start, 1))
+        out[row, element] += np.where(forward, h, -h)
+        return out
+
     side = _Side(p, [q], diff)
-    outs = side.evaluate(q, moves.reshape(-1, n).astype(xs.dtype, copy=False), deltas.reshape(-1, n))
+    outs = side.evaluate(q, move_rows, n_rounds * n_colours * points, reduce=_stencil_reduce(run.stencil, eps),
+                         group=points)
     tau = opts.atol / 2
     for k in diff:
-        o = outs[k].reshape(n_rounds, n_colours, points, -1)
-        diffs = run.stencil.combine([o[:, :, i] for i in range(points)], eps)  # (R, C, m)
+        diffs = outs[k].reshape(n_rounds, n_colours, -1)  # (R, C, m)
         c_idx, r_idx = entries[k]
         n_entries = diffs[:, colour[c_idx], r_idx] * signs[:, c_idx]
         a_entries = jac[k].by_output[r_idx, c_idx]

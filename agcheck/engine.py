@@ -248,17 +248,18 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
         run.progress.advance(n_in_total(be, args, checked))
         return
-    if not any(batchable):
-        raise EngineFallback("no input can be moved in batches")
     inputs = [args[q] for q in checked]
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
     if full <= p.budget // 2 and opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES:
         # the analytical side first: its pattern may let the numerical side be coloured
+        # (in batches, or one plain call per colour class where the input cannot be batched)
         analytical = {k: _analytical_full(p, k, inputs) for k in diff}
         if compressed.try_from_analytical(p, checked, diff, analytical):
             run.progress.advance(n_in)
             return
+        if not any(batchable):
+            raise EngineFallback("no input can be moved in batches")
         numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
         for k in diff:
             for q, a in zip(checked, analytical[k]):
@@ -267,6 +268,8 @@ def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
                                                           opts.atol):
                         raise EngineFallback("Jacobian mismatch")
         return
+    if not any(batchable):
+        raise EngineFallback("no input can be moved in batches")
     if full <= p.budget // 2:
         numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
         for k in diff:

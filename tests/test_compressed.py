@@ -477,3 +477,65 @@ def test_input_read_through_a_closure_is_compressed_one_call_at_a_time():
     assert r.verdict is True and compressed_log(r) == ["passed"]
     assert (0, "element by element") in r.engine_log
     assert torch.autograd.gradcheck(module_like, (w,))
+
+
+class _RecordingMatmulTanh(torch.autograd.Function):
+    """tanh(a @ b) with no vmap rule; keeps a copy of every input it is called with."""
+
+    seen = []
+    recording = False
+
+    @staticmethod
+    def forward(ctx, a, b):
+        if _RecordingMatmulTanh.recording:
+            _RecordingMatmulTanh.seen.append((a.detach().clone(), b.detach().clone()))
+        y = torch.tanh(a @ b)
+        ctx.save_for_backward(a, b, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, y = ctx.saved_tensors
+        gz = g * (1 - y * y)
+        return gz @ b.transpose(-1, -2), a.transpose(-1, -2) @ gz
+
+
+def _only_moved_by_eps(seen, x, eps):
+    """Every finite-difference value ``fn`` saw is ``x``, ``x + eps`` or ``x - eps`` as torch
+    computes them in the input's dtype: the moves of the sequential perturbation, to the bit.
+    Returns how many evaluations moved ``x`` by about ``eps`` (the others are the pattern
+    probe's larger moves, 2^-6 |x|)."""
+    x = x.detach()
+    plus, minus = x + eps, x - eps
+    differences = [v for v in seen if (v - x).abs().max() <= 10 * eps]
+    assert all(bool(((v == x) | (v == plus) | (v == minus)).all()) for v in differences)
+    return len(differences)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, monkeypatch):
+    from agcheck import engine
+
+    looped = engine._Problem.evaluate_looped
+
+    def recorded(self, *args, **kwargs):  # what fn sees in the compressed paths' plain calls
+        _RecordingMatmulTanh.recording = True
+        try:
+            return looped(self, *args, **kwargs)
+        finally:
+            _RecordingMatmulTanh.recording = False
+
+    monkeypatch.setattr(engine._Problem, "evaluate_looped", recorded)
+    _RecordingMatmulTanh.seen.clear()
+    a, b = (t.detach().to(dtype).requires_grad_() for t in mats(48))
+    kw = dict(atol=1e-2, rtol=1e-2, eps=1e-3) if dtype == torch.float32 else {}
+    r = run(_RecordingMatmulTanh.apply, (a, b), **kw)
+    assert coloured_log(r) == ["passed"] and (0, "element by element") in r.engine_log
+    eps = kw.get("eps", 1e-6)
+    seen = _RecordingMatmulTanh.seen
+    # each input: 48 colours x 2 points x (1 + 6 bit rounds + 12 random rounds), with the
+    # other input unmoved; at most 2 x 25 pattern-probe moves besides
+    assert _only_moved_by_eps([s[0] for s in seen], a, eps) >= 2 * 48 * 19
+    assert _only_moved_by_eps([s[1] for s in seen], b, eps) >= 2 * 48 * 19
+    assert len(seen) <= 2 * (2 * 48 * 19 + 25)
+    seen.clear()
