@@ -8,6 +8,7 @@ from .backend import Backend, available_backends, get_backend, infer_backend, re
 from .crosscheck import CrosscheckResult, crosscheck
 from .gradcheck import CostWarning, OutputTypeError, gradcheck
 from .gradgradcheck import gradgradcheck
+from .matrices import analytical_jacobian, numerical_jacobian
 from .options import GradcheckOptions
 from .report import GradcheckError
 
@@ -17,6 +18,8 @@ __all__ = [
     "gradcheck",
     "gradgradcheck",
     "crosscheck",
+    "numerical_jacobian",
+    "analytical_jacobian",
     "CrosscheckResult",
     "GradcheckError",
     "GradcheckOptions",
