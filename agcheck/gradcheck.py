@@ -34,6 +34,9 @@ def _non_finite_note(be, numerical, analytical) -> str:
     return f"Note: the {' and '.join(notes)} Jacobian contains NaN or Inf ({hint}).\n"
 
 
+#: a slow-mode failure report holds at most this many failing (output, input) blocks
+MAX_REPORTED_BLOCKS = 16
+
 #: slow-mode checks with at least this many Jacobian entries warn with their size
 COSTLY_JACOBIAN_ENTRIES = 250_000_000
 
@@ -376,19 +379,54 @@ class _Run:
             analytical = jac.analytical_jacobians_forward(
                 be, fn, args, checked, check_grad_dtypes=opts.check_grad_dtypes
             )
+
+            def pair(i, j):  # torch pairs the i-th differentiable output with the i-th floating one
+                return analytical[j][i]
+        else:
+            computed = {}
+
+            def pair(i, j):
+                if i not in computed:  # a later output's Jacobians only for the report
+                    computed[i] = jac.analytical_jacobians_reverse(be, trace, diff[i], inputs, checks=False)
+                return computed[i][j]
+
+        for i, k in enumerate(diff):
+            if not forward:
+                computed[i] = jac.analytical_jacobians_reverse(
+                    be, trace, k, inputs, nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes
+                )
+            for j in range(len(checked)):
+                try:
+                    self._assert_close(pair(i, j), numerical[j][k], i, j, complex_indices, test_imag, forward,
+                                       opts.atol, where=(fn, args, checked[j], outputs, k))
+                except GradcheckError as error:
+                    self._report_other_blocks(error, pair, numerical, diff, checked, (i, j), complex_indices,
+                                              test_imag, forward, where=(fn, args, outputs))
+                    raise
+
+    def _report_other_blocks(self, error, pair, numerical, diff, checked, failed, complex_indices, test_imag,
+                             forward, where) -> None:
+        """Add every other failing (output, input) block of a slow-mode comparison to the
+        report of the first one (whose message is torch's). Never raises."""
+        be, opts = self.be, self.opts
+        fn, args, outputs = where
+        try:
             for i, k in enumerate(diff):
                 for j in range(len(checked)):
-                    # torch pairs the i-th differentiable output with the i-th floating one
-                    self._assert_close(analytical[j][i], numerical[j][k], i, j, complex_indices,
-                                       test_imag, forward, opts.atol, where=(fn, args, checked[j], outputs, k))
-            return
-        for i, k in enumerate(diff):
-            analytical = jac.analytical_jacobians_reverse(
-                be, trace, k, inputs, nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes
-            )
-            for j, a in enumerate(analytical):
-                self._assert_close(a, numerical[j][k], i, j, complex_indices, test_imag, forward, opts.atol,
-                                   where=(fn, args, checked[j], outputs, k))
+                    if (i, j) == failed:
+                        continue
+                    if len(error.report.blocks) >= MAX_REPORTED_BLOCKS:
+                        error.report.notes.append(f"only the first {MAX_REPORTED_BLOCKS} failing blocks are reported")
+                        return
+                    a = pair(i, j)
+                    n = be.to_device_of(numerical[j][k], a)
+                    if be.allclose(a, n, opts.rtol, opts.atol):
+                        continue
+                    attach_jacobian_failure(error, self, a, n, output=i, input=j, complex_indices=complex_indices,
+                                            test_imag=test_imag, forward=forward,
+                                            where=(fn, args, checked[j], outputs, k))
+        except Exception as ex:  # noqa: BLE001 - the first failure is what is raised
+            error.report.notes.append(f"other blocks not compared: {type(ex).__name__}: {ex}")
 
     def _assert_close(self, a, n, out_idx, in_idx, complex_indices, test_imag, forward, atol,
                       explain: Callable | None = None, where=None) -> None:

@@ -167,8 +167,11 @@ def _figure(report, blocks, header: bool):
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
     subfigs = fig.subfigures(len(blocks), 1, height_ratios=heights, squeeze=False)[:, 0]
     for sub, b, k in zip(subfigs, blocks, heights):
+        index = next((i for i, rb in enumerate(report.blocks) if rb is b), None)
+        kinds = [d.kind for d in report.diagnoses if d.block == index] if len(report.blocks) > 1 else []
         sub.suptitle(f"{b.title}: block {b.shape[0]} x {b.shape[1]}, {_count(b.mismatches, 'entry', 'entries')} outside tolerance, "
-                     f"max |diff| {b.max_abs_diff:.3g} (worst entry boxed in green)", x=0.01, ha="left", fontsize=10)
+                     f"max |diff| {b.max_abs_diff:.3g} (worst entry boxed in green)"
+                     + (f"; diagnosis: {', '.join(kinds)}" if kinds else ""), x=0.01, ha="left", fontsize=10)
         axes = sub.subplots(k, 3, squeeze=False)
         _draw_block(sub, axes, b)
     return fig
@@ -278,7 +281,7 @@ def render_html(report) -> str:
     if report.diagnoses:
         for d in report.diagnoses:
             extra = "".join(f"<li>{_e(ln)}</li>" for ln in d.lines[:10])
-            parts.append(f"<div class=diag><b>[{_e(d.kind)}]</b> {_e(d.message)}"
+            parts.append(f"<div class=diag>{_e(report.block_of(d))}<b>[{_e(d.kind)}]</b> {_e(d.message)}"
                          + (f"<ul>{extra}</ul>" if extra else "") + "</div>")
     else:
         parts.append("<p>No known pattern recognised.</p>")

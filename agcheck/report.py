@@ -479,7 +479,9 @@ class FailureReport:
         Facts of non-Jacobian checks (e.g. ``max_run_to_run_difference`` and
         ``nondet_tol`` for reentrancy).
     blocks : list of JacobianBlock
-        The failing Jacobian block (checks stop at the first failing pair, as torch's do).
+        The failing Jacobian blocks. The first is the one the message is about (torch's
+        checks stop there); in slow mode every other failing (output, input) pair of the
+        same comparison follows, in torch's order (at most 16).
     diagnoses : list of agcheck.diagnosis.Diagnosis
         Named hypotheses about the bug, each with its evidence.
     notes : list of str
@@ -507,6 +509,14 @@ class FailureReport:
         first = next((ln.strip() for ln in self.message.splitlines() if ln.strip()), "")
         return first.rstrip(",")
 
+    def block_of(self, diagnosis) -> str:
+        """``"output i / input j: "`` for a diagnosis of a report with several blocks
+        (``""`` when there is only one block to be about)."""
+        i = getattr(diagnosis, "block", None)
+        if len(self.blocks) < 2 or i is None or not 0 <= i < len(self.blocks):
+            return ""
+        return f"output {self.blocks[i].output} / input {self.blocks[i].input}: "
+
     def summary(self) -> str:
         """A short text summary (bounded in length however large the Jacobians)."""
         where = f", backend {self.backend}" if self.backend else ""
@@ -519,7 +529,11 @@ class FailureReport:
         if self.diagnoses:
             lines.append("diagnosis:")
             for d in self.diagnoses[:4]:
-                lines += ["  " + ln for ln in d.summary_lines()]
+                text = d.summary_lines()
+                where = self.block_of(d)
+                if where and text:
+                    text[0] = text[0].replace("- ", "- " + where, 1)
+                lines += ["  " + ln for ln in text]
             if len(self.diagnoses) > 4:
                 lines.append(f"  ... and {len(self.diagnoses) - 4} more in error.report.diagnoses")
         elif self.completed and self.blocks:

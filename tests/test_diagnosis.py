@@ -269,7 +269,8 @@ def test_correct_functions_with_absurd_tolerance_get_only_noise(name, fast):
     rep = info.value.report
     assert not set(kinds(rep)) & BUG_KINDS, rep.summary()
     if rep.blocks and rep.blocks[0].mismatches:  # fast mode's slow blocks may agree exactly
-        assert kinds(rep) == ["noise"], rep.summary()
+        # one "noise" per failing block (slow mode reports every failing block)
+        assert set(kinds(rep)) == {"noise"} and len(kinds(rep)) == len(rep.blocks), rep.summary()
         assert "tolerance" in the(rep, "noise").message
 
 

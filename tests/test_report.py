@@ -346,3 +346,95 @@ def test_scaled_sin_helper_reports_factor():
     finally:
         ScaledSin.factor = 1.0
     assert "analytical = 3.00 x numerical" in rep.diagnoses[0].message
+
+
+# -- several failing blocks ------------------------------------------------------------------
+
+def _two_by_two(grad_x_scale=1.0, grad_y_sign=1.0):
+    """(x * y, x + y) with a backward whose d(x*y)/dx is scaled and d(x+y)/dy sign-flipped."""
+
+    class TwoByTwo(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            ctx.save_for_forward(x, y)
+            return x * y, x + y
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            x, y = ctx.saved_tensors
+            return grad_x_scale * g1 * y + g2, g1 * x + grad_y_sign * g2
+
+        @staticmethod
+        def jvp(ctx, tx, ty):
+            x, y = ctx.saved_tensors
+            return grad_x_scale * tx * y + x * ty, tx + grad_y_sign * ty
+
+    return TwoByTwo.apply
+
+
+def _xy():
+    g = torch.Generator().manual_seed(5)
+    return tuple(torch.randn(4, dtype=torch.float64, generator=g).requires_grad_() for _ in range(2))
+
+
+@pytest.mark.parametrize("forward", [False, True])
+def test_every_failing_block_is_reported_with_its_own_diagnosis(forward):
+    fn = _two_by_two(grad_x_scale=2.0, grad_y_sign=-1.0)
+    kw = dict(check_forward_ad=True, check_backward_ad=False) if forward else {}
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(fn, _xy(), **kw)
+    with pytest.raises(RuntimeError) as torch_info:
+        torch.autograd.gradcheck(fn, _xy(), **kw)
+    rep = info.value.report
+    assert [(b.output, b.input) for b in rep.blocks] == [(0, 0), (1, 1)]
+    assert [(d.kind, d.block) for d in rep.diagnoses] == [("factor", 0), ("sign", 1)]
+    # the message is the first block's, as torch's is
+    phrase = "mismatch for output 0 with respect to input 0"
+    assert phrase in str(info.value) and phrase in str(torch_info.value)
+    assert ("forward mode" in str(info.value)) == ("forward mode" in str(torch_info.value)) == forward
+    summary = rep.summary()
+    assert "output 0 / input 0: [factor]" in summary and "output 1 / input 1: [sign]" in summary
+    again = FailureReport.from_dict(json.loads(rep.to_json()))
+    assert [(b.output, b.input) for b in again.blocks] == [(0, 0), (1, 1)]
+
+
+def test_one_wrong_block_gives_one_block():
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(_two_by_two(grad_y_sign=-1.0), _xy())
+    rep = info.value.report
+    assert [(b.output, b.input) for b in rep.blocks] == [(1, 1)]
+    assert "output 1 / input 1:" not in rep.summary()  # one block: no need to say which
+    assert agcheck.gradcheck(_two_by_two(), _xy())
+
+
+def test_several_blocks_render_to_html_and_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(_two_by_two(grad_x_scale=2.0, grad_y_sign=-1.0), _xy())
+    rep = info.value.report
+    html = open(rep.save(tmp_path / "r.html"), encoding="utf-8").read()
+    assert html.count("<h2>output ") == 2 and "output 1 / input 1: <b>[sign]</b>" in html
+    png = open(rep.save(tmp_path / "r.png"), "rb").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_error_while_comparing_other_blocks_becomes_a_note():
+    class Flaky(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2, x * 3
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            if g2.abs().sum() > 0:  # output 1's VJPs: computed only for the report
+                raise ValueError("boom")
+            return 4 * g1 + 3 * g2  # output 0's derivative is wrong (4 instead of 2)
+
+    x = torch.randn(4, dtype=torch.float64).requires_grad_()
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(Flaky.apply, (x,), engine="reference", check_undefined_grad=False)
+    rep = info.value.report
+    assert [(b.output, b.input) for b in rep.blocks] == [(0, 0)]
+    assert any("other blocks not compared: ValueError: boom" in n for n in rep.notes)
