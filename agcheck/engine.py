@@ -358,8 +358,6 @@ def _analytical_full(p, k, inputs) -> list:
     read off its own slot. Where that does not reproduce the first pass exactly (within
     ``nondet_tol``), the second pass is computed column by column as the first was, and
     only a difference there is a failed reentrancy check."""
-    import numpy as np
-
     be = p.be
     m = be.numel(p.outputs[k])
     rows = None
@@ -369,6 +367,8 @@ def _analytical_full(p, k, inputs) -> list:
             rows = [np.empty((m, be.numel(x)), dtype=be.to_numpy(a).dtype) for x, a in zip(inputs, first)]
         for i, a in enumerate(first):
             rows[i][c0:c1] = be.to_numpy(a).T
+    if rows is None:  # an empty output
+        rows = [np.zeros((0, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
     blocks = [compressed.DenseBlock(r) for r in rows]
     if not _coloured_second_pass(p, k, inputs, blocks):
         _exact_second_pass(p, k, inputs, blocks)
@@ -376,8 +376,6 @@ def _analytical_full(p, k, inputs) -> list:
 
 
 def _exact_second_pass(p, k, inputs, blocks) -> None:
-    import numpy as np
-
     m = p.be.numel(p.outputs[k])
     for c0, c1 in _column_blocks(p, m, sum(p.be.numel(x) for x in inputs)):
         second = _analytical_columns(p, k, c0, c1, inputs)
@@ -389,8 +387,6 @@ def _exact_second_pass(p, k, inputs, blocks) -> None:
 
 def _coloured_second_pass(p, k, inputs, blocks) -> bool:
     """The reentrancy pass by coloured VJPs; True when it reproduced the first pass."""
-    import numpy as np
-
     be, out = p.be, p.outputs[k]
     m = be.numel(out)
     if m < _MIN_COLOURED_OUTPUTS:
