@@ -400,30 +400,45 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
             p.run.engine_log.append(("vjp", f"second pass column by column: input {i} reaches too many outputs"))
             return False
         by_colouring.setdefault(colour.tobytes(), (colour, []))[1].append(i)
+    n_in = sum(be.numel(x) for x in inputs)
     for colour, members in by_colouring.values():
         n_colours = int(colour.max()) + 1
         signs = rng.choice(np.array([-1.0, 1.0]), size=m)
-        cot = np.zeros((n_colours, m))
-        cot[colour, np.arange(m)] = signs
-        stacked = be.reshape(be.array_like(cot.astype(be.to_numpy(out).dtype), out), (n_colours, *out.shape))
-        grads = _vjps_of(p, k, stacked, n_colours)
-        for i in members:
-            g = grads[i]
-            block = blocks[i]
-            n = block.by_output.shape[1]
-            if g is None:
-                got = np.zeros((n_colours, n), dtype=block.by_output.dtype)
-            else:
-                if tuple(g.shape) != (n_colours, *inputs[i].shape) or g.dtype != inputs[i].dtype:
-                    return False
-                got = be.to_numpy(be.to_dense(g)).reshape(n_colours, n)
-            out_idx, in_idx = block.pattern()
-            expected = np.zeros_like(got)
-            expected[colour[out_idx], in_idx] = signs[out_idx] * block.by_output[out_idx, in_idx]
-            if got.size and not np.max(np.abs(got - expected)) <= p.opts.nondet_tol:
+        # as many colour classes per batched VJP as the memory budget allows
+        for c0, c1 in _column_blocks(p, n_colours, n_in):
+            if not _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1):
                 p.run.engine_log.append(("vjp", "coloured second pass differs; computing it column by column"))
                 return False
     p.run.engine_log.append(("vjp", "coloured second pass"))
+    return True
+
+
+def _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1) -> bool:
+    """Colour classes ``c0:c1`` of the coloured second pass reproduce the first pass."""
+    be, out = p.be, p.outputs[k]
+    m = be.numel(out)
+    count = c1 - c0
+    chosen = np.flatnonzero((colour >= c0) & (colour < c1))
+    cot = np.zeros((count, m))
+    cot[colour[chosen] - c0, chosen] = signs[chosen]
+    stacked = be.reshape(be.array_like(cot.astype(be.to_numpy(out).dtype), out), (count, *out.shape))
+    grads = _vjps_of(p, k, stacked, count)
+    for i in members:
+        g, block = grads[i], blocks[i]
+        n = block.by_output.shape[1]
+        if g is None:
+            got = np.zeros((count, n), dtype=block.by_output.dtype)
+        else:
+            if tuple(g.shape) != (count, *inputs[i].shape) or g.dtype != inputs[i].dtype:
+                return False
+            got = be.to_numpy(be.to_dense(g)).reshape(count, n)
+        out_idx, in_idx = block.pattern()
+        here = (colour[out_idx] >= c0) & (colour[out_idx] < c1)
+        out_idx, in_idx = out_idx[here], in_idx[here]
+        expected = np.zeros_like(got)
+        expected[colour[out_idx] - c0, in_idx] = signs[out_idx] * block.by_output[out_idx, in_idx]
+        if got.size and not np.max(np.abs(got - expected)) <= p.opts.nondet_tol:
+            return False
     return True
 
 

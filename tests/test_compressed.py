@@ -539,3 +539,30 @@ def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, mon
     assert _only_moved_by_eps([s[1] for s in seen], b, eps) >= 2 * 48 * 19
     assert len(seen) <= 2 * (2 * 48 * 19 + 25)
     seen.clear()
+
+
+def test_coloured_second_pass_batches_follow_the_memory_budget(monkeypatch):
+    # each element of x reaches 64 outputs: 64 colour classes in the second pass
+    kernel = torch.randn(1, 1, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def fn(x):
+        return torch.nn.functional.conv1d(x, kernel).tanh()
+
+    from agcheck.backends import torch_backend
+
+    batches = []
+    original = torch_backend.TorchTrace.vjp_batched
+
+    def recording(self, k, stacked):
+        batches.append(int(stacked.shape[0]))
+        return original(self, k, stacked)
+
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", recording)
+    widest = {}
+    for budget in (None, 4 << 20):
+        batches.clear()
+        r = run(fn, (x_of(400).reshape(1, 1, 400),), memory_budget=budget)
+        assert r.verdict is True and "coloured second pass" in vjp_log(r)
+        widest[budget] = max(batches)
+    # (400 + 337) elements x 8 bytes x 8 per cotangent, a quarter of 4 MiB per call: 22
+    assert widest[None] >= 64 and widest[4 << 20] <= 22
