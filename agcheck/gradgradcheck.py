@@ -21,6 +21,7 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
                   raise_exception=True, nondet_tol=0.0, check_undefined_grad=True,
                   check_grad_dtypes=False, check_batched_grad=False, check_fwd_over_rev=False,
                   check_rev_over_rev=True, fast_mode=False, masked=False, order=2,
+                  engine="auto", memory_budget=None, stencil="central", progress=False,
                   **backend_options) -> bool:
     """Check second derivatives of ``fn`` (gradients of its VJP) by finite differences.
 
@@ -45,6 +46,11 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
         the VJP of ``fn``; ``order=N`` applies the construction ``N - 1`` times, with
         random cotangents at every level (``grad_outputs`` give the first level's).
         ``order=1`` is :func:`agcheck.gradcheck`.
+    engine, memory_budget, stencil, progress
+        Beyond torch, as in :func:`agcheck.gradcheck`; they apply to the check of the
+        VJP.
+    **backend_options
+        Keywords of the chosen backend, as in :func:`agcheck.gradcheck`.
 
     Returns
     -------
@@ -64,6 +70,7 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
         check_undefined_grad=check_undefined_grad, check_grad_dtypes=check_grad_dtypes,
         check_batched_grad=check_batched_grad, check_forward_ad=check_fwd_over_rev,
         check_backward_ad=check_rev_over_rev, fast_mode=fast_mode, masked=masked,
+        engine=engine, memory_budget=memory_budget, stencil=stencil, progress=progress,
     )
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
 

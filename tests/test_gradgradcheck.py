@@ -97,3 +97,18 @@ def test_order_three_catches_a_wrong_third_derivative():
 def test_bad_order():
     with pytest.raises(ValueError, match="order"):
         agcheck.gradgradcheck(lambda t: t, (make(2),), order=0)
+
+
+@pytest.mark.parametrize("kw", [{"engine": "reference"}, {"engine": "batched"},
+                                {"engine": "auto", "memory_budget": 4096},
+                                {"stencil": "five-point"}])
+def test_engine_keywords_reach_the_check_of_the_vjp(kw):
+    # The keywords beyond torch are accepted as in agcheck.gradcheck and do not change verdicts.
+    x = make(40)
+    assert agcheck.gradgradcheck(lambda t: t.sin() * t, (x,), **kw)
+    assert not agcheck.gradgradcheck(CubeWithFlatBackward.apply, (x,), raise_exception=False, **kw)
+
+
+def test_bad_engine_keyword_is_a_clear_error():
+    with pytest.raises(ValueError, match="engine must be"):
+        agcheck.gradgradcheck(lambda t: t.sin(), (make(3),), engine="fastest")
