@@ -30,6 +30,11 @@ of the message) and compared by *verdict*:
 - a GradcheckError (torch's or agcheck's class) on both sides agrees;
 - any other exception of torch agrees when agcheck raises an exception of the same type
   (an instance of torch's exception type that is not a GradcheckError);
+- torch's checker crashing inside its own module (not in the op) while agcheck passes
+  agrees *by explanation* when torch, rerun on a fresh sample with the function
+  restricted to its floating-point and complex outputs, passes (:func:`explain_crash`:
+  ``linalg.lstsq``, whose integer ``rank`` output derails torch's Jacobian assembly);
+  these are listed apart in the summary;
 - a call that exceeded ``--timeout`` on either side is *undecided*, counted apart.
 
 Usage::
@@ -622,6 +627,34 @@ def torch_checker_crashed(ref: Outcome) -> bool:
     return ref.in_torch_gradcheck or _raised_in_torch_gradcheck(ref.exc)
 
 
+def differentiable_outputs_only(fn: Callable) -> Callable:
+    """``fn`` returning only its floating-point and complex tensor outputs."""
+
+    def restricted(*args):
+        out = fn(*args)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return tuple(o for o in outs if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()))
+
+    return restricted
+
+
+def explain_crash(ref: Outcome, cand: Outcome, rerun: Callable[[], Outcome]) -> str:
+    """Why torch's crash beside agcheck's pass still counts as agreement, or "".
+
+    When torch's checker raised from inside its own module (``linalg.lstsq``: an integer
+    output between floating ones makes torch's numerical-Jacobian assembly write the
+    columns of one output into another's Jacobian) and agcheck passed, ``rerun`` runs
+    torch's checker again on the sample's differentiable outputs alone. Its pass is
+    torch's verdict on everything that has a derivative, and agcheck's pass agrees with
+    it; anything else stays a disagreement."""
+    if not (torch_checker_crashed(ref) and cand.kind == "pass"):
+        return ""
+    again = rerun()
+    if again.kind != "pass":
+        return ""
+    return "torch's checker crashed in its own code; on the differentiable outputs alone torch passes"
+
+
 def torch_gradcheck(fn, inputs, **kw):
     return torch.autograd.gradcheck(fn, inputs, **kw)
 
@@ -654,6 +687,8 @@ class SampleResult:
     agree: bool | None
     marks: list[str]
     regenerated: bool = True  # False: the candidate got a deep copy (samples not reproducible)
+    #: why an agreement that is not a plain match counts as one (see :func:`explain_crash`)
+    explanation: str = ""
 
     @property
     def status(self) -> str:
@@ -669,6 +704,7 @@ class SampleResult:
         return (
             f"{self.status:9s} {self.op} {self.dtype} {self.mode} #{self.index}: "
             f"torch={self.ref.short()} | cand={self.cand.short()}"
+            + (f" [explained: {self.explanation}]" if self.explanation else "")
         )
 
     def to_json(self) -> dict:
@@ -684,6 +720,7 @@ class SampleResult:
             "status": self.status,
             "marks": self.marks,
             "regenerated": self.regenerated,
+            "explanation": self.explanation,
         }
 
 
@@ -718,6 +755,10 @@ class Summary:
     @property
     def disagreements(self) -> list[SampleResult]:
         return [r for r in self.results if r.agree is False]
+
+    @property
+    def explained(self) -> list[SampleResult]:
+        return [r for r in self.results if r.agree is True and r.explanation]
 
     @property
     def undecided(self) -> list[SampleResult]:
@@ -767,7 +808,8 @@ class Summary:
         ops = sorted({r.op for r in self.results})
         out.append(f"OpInfo sweep: torch.autograd.gradcheck vs {self.against}")
         out.append(
-            f"samples compared: {n} (ops: {len(ops)}), agreements: {len(self.agreements)}, "
+            f"samples compared: {n} (ops: {len(ops)}), agreements: {len(self.agreements)} "
+            f"({len(self.explained)} by explanation), "
             f"disagreements: {len(self.disagreements)}, undecided (timeouts): {len(self.undecided)}, "
             f"skipped samples: {sum(s.index is not None for s in self.skips)}, "
             f"skipped op/dtype pairs: {sum(s.index is None for s in self.skips)}"
@@ -809,6 +851,15 @@ class Summary:
                 out.append(f"      repro:  {r.repro(self.against)}")
             if max_list is not None and len(self.disagreements) > max_list:
                 out.append(f"  ... and {len(self.disagreements) - max_list} more")
+        if self.explained:
+            out.append("")
+            out.append("agreements by explanation (torch's checker crashed in its own code):")
+            by_reason: dict[str, list[SampleResult]] = {}
+            for r in self.explained:
+                by_reason.setdefault(r.explanation, []).append(r)
+            for reason, rs in by_reason.items():
+                names = sorted({r.op for r in rs})
+                out.append(f"  {len(rs):5d}  {reason}  [{', '.join(names)}]")
         if self.undecided:
             out.append("")
             out.append("undecided (timeouts):")
@@ -926,9 +977,20 @@ def run_op(
                 else:
                     cand = run_checker(cand_check, fn_c, in_c, kw, seed, timeout)
                 agree = verdicts_agree(ref, cand)
+                explanation = ""
+                if agree is False and cand_check is not None:
+
+                    def rerun_on_differentiable_outputs():
+                        # torch may have crashed with the inputs perturbed: a fresh sample
+                        fresh = generate_samples(op, dt, limit)[i]
+                        fn_f, in_f = build_check(op, fresh)
+                        return run_checker(ref_check, differentiable_outputs_only(fn_f), in_f, kw, seed, timeout)
+
+                    explanation = explain_crash(ref, cand, rerun_on_differentiable_outputs)
+                    agree = True if explanation else agree
                 # the exceptions' tracebacks hold the samples' tensors and graphs: let them go
                 ref.exc = cand.exc = None
-                res = SampleResult(name, dt, mode, i, desc, kw, ref, cand, agree, marks, regenerated)
+                res = SampleResult(name, dt, mode, i, desc, kw, ref, cand, agree, marks, regenerated, explanation)
                 summ.results.append(res)
                 if on_result is not None:
                     on_result(res)

@@ -99,6 +99,69 @@ def test_harness_reports_a_disagreement():
     assert "disagreements:" in s.format()
 
 
+def test_random_grad_outputs_match_the_outputs():
+    x = torch.randn(3, 2, dtype=torch.complex128, requires_grad=True)
+
+    def fn(t):
+        return t.abs(), t * 2, t.abs().argmax()
+
+    a = gg.random_grad_outputs(fn, (x,), seed=1)
+    b = gg.random_grad_outputs(fn, (x,), seed=1, noncontiguous=True)
+    assert [(g.shape, g.dtype) for g in a] == [((3, 2), torch.float64), ((3, 2), torch.complex128)]
+    assert all(g.requires_grad for g in a) and not b[1].is_contiguous()
+    assert all(torch.equal(g, h) for g, h in zip(a, b))
+    z = a[1]
+    assert (z.real.abs() <= 1).all() and (z.imag.abs() <= 1).all() and (z.imag < 0).any()
+
+
+def _outcome(kind):
+    return gg.sweep.Outcome(kind)
+
+
+def test_shared_draw_explanation_rules():
+    seeds = []
+
+    def rerun(pattern):
+        def run(seed):
+            seeds.append(seed)
+            return pattern[len(seeds) - 1]
+        return run
+
+    fail, ok = _outcome("gradcheck_error"), _outcome("pass")
+    both_agree = [(fail, fail), (ok, ok), (fail, fail)]
+    text = gg.explain_by_shared_draws(fail, ok, rerun(both_agree))
+    assert "3 draws" in text and "GradcheckError, pass, GradcheckError" in text
+    seeds.clear()
+    # one shared draw on which they still disagree: no explanation, and no further draws
+    assert gg.explain_by_shared_draws(fail, ok, rerun([(ok, ok), (fail, ok), (ok, ok)])) == ""
+    assert len(seeds) == 2
+    seeds.clear()
+    # agreements and timeouts are not explained
+    assert gg.explain_by_shared_draws(ok, ok, rerun(both_agree)) == "" and not seeds
+    assert gg.explain_by_shared_draws(_outcome("timeout"), ok, rerun(both_agree)) == "" and not seeds
+
+
+def test_draw_dependent_verdict_of_cholesky_inverse_is_explained_and_a_wrong_checker_is_not():
+    """cholesky_inverse's forward-over-reverse check fails for some grad_outputs and passes
+    for others (on both checkers, given the same ones): sample 6 disagrees under the
+    checkers' own draws and is explained by the shared draws. A candidate that passes
+    everything is not explained away."""
+    op = _find("cholesky_inverse")
+    kw = dict(dtypes=("float64",), modes=("slow",), variants=("fwgrad_bwgrad",), samples=(6,))
+    s = gg.run_op(op, **kw)
+    [r] = s.results
+    assert r.ref.kind == "gradcheck_error" and r.cand.kind == "pass"
+    assert r.agree is True and "the verdict depends on the random draw" in r.explanation
+    assert "agreements by explanation" in s.format()
+
+    def always_passes(fn, inputs, **kw):
+        return True
+
+    s = gg.run_op(op, candidate=always_passes, **kw)
+    [r] = s.results
+    assert r.agree is False and r.explanation == ""
+
+
 @pytest.mark.parametrize("name,samples,modes,covers", CI_SLICE, ids=[n for n, _, _, _ in CI_SLICE])
 def test_gradgrad_ci_slice(name, samples, modes, covers):
     s = gg.run_op(_find(name), dtypes=CI_DTYPES, modes=modes, samples=samples)

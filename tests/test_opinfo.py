@@ -80,7 +80,7 @@ CI_SLICE: list[tuple[str, tuple[int, ...], str]] = [
     ("cholesky", (1,), "hermitian wrapper"),
     ("linalg.eig", (0, 1), "complex outputs from a real input"),
     ("linalg.pinv.hermitian", (0, 1), "hermitian wrapper"),
-    ("linalg.lstsq", (0,), "several outputs, some not differentiable"),
+    ("linalg.lstsq", (0, 16), "several outputs, some not differentiable; #16: torch's checker crashes (explained)"),
     ("linalg.multi_dot", (0, 1), "tensor-list input, nondet_tol"),
     # multiple outputs, integer outputs
     ("max.reduction_with_dim", (1,), "values + int64 indices"),
@@ -190,6 +190,60 @@ def test_verdict_rules():
     assert agree(_outcome("exception", AttributeError("a")), _outcome("exception", type("Sub", (AttributeError,), {})("b")))
     # a timeout on either side is undecided
     assert agree(_outcome("timeout"), _outcome("pass")) is None
+
+
+def test_explained_crash_rules():
+    crashed = _outcome("exception", RuntimeError("expanded size"))
+    crashed.in_torch_gradcheck = True
+    calls = []
+
+    def rerun(kind):
+        def run():
+            calls.append(kind)
+            return _outcome(kind)
+        return run
+
+    assert sweep.explain_crash(crashed, _outcome("pass"), rerun("pass"))
+    # torch fails on the differentiable outputs too: agcheck's pass stays a disagreement
+    assert sweep.explain_crash(crashed, _outcome("pass"), rerun("gradcheck_error")) == ""
+    assert calls == ["pass", "gradcheck_error"]
+    # only a crash inside torch's checker, beside agcheck's pass, is looked at
+    in_op = _outcome("exception", RuntimeError("in the op"))
+    assert sweep.explain_crash(in_op, _outcome("pass"), rerun("pass")) == ""
+    assert sweep.explain_crash(crashed, _outcome("gradcheck_error", RuntimeError("x")), rerun("pass")) == ""
+    assert calls == ["pass", "gradcheck_error"]
+
+
+def test_explained_crash_of_lstsq_and_a_broken_lstsq():
+    """linalg.lstsq: torch's checker crashes on its integer output, agcheck passes, and
+    the harness confirms agcheck with torch on the floating outputs alone; a broken
+    backward for the solution fails on both sides."""
+    op = sweep.find_op("linalg.lstsq")
+    s = sweep.run_op(op, dtypes=("float64",), modes=("slow",), samples=(16,))
+    [r] = s.results
+    assert r.ref.kind == "exception" and r.cand.kind == "pass"
+    assert r.agree is True and "differentiable outputs alone" in r.explanation
+    assert "agreements by explanation" in s.format()
+
+    import agcheck
+
+    class ScaledGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return 1.5 * g
+
+    fn, inputs = sweep.build_check(op, sweep.generate_samples(op, "float64", 17)[16])
+
+    def broken(*args):
+        out = fn(*args)
+        return (ScaledGrad.apply(out[0]),) + tuple(out[1:])
+
+    assert not agcheck.gradcheck(broken, inputs, raise_exception=False)
+    assert not torch.autograd.gradcheck(sweep.differentiable_outputs_only(broken), inputs, raise_exception=False)
 
 
 def test_is_gradcheck_error_knows_both_classes():
