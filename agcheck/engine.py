@@ -48,6 +48,13 @@ PROBE_SEED = 5113
 _LOOP_EVALUATIONS = 3
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
+#: the first batches of a batched pass are this small, so that an op whose batched form
+#: is pathologically slow or memory-hungry (cost growing faster than the batch) is caught
+#: cheaply, before a budget-sized batch is tried
+_RAMP = (8, 64)
+#: a small first batch that took this long, and costs clearly more per row or column than
+#: the loop, is judged on its own (fixed costs cannot explain it)
+_PROBE_SECONDS = 0.05
 
 
 class EngineFallback(Exception):
@@ -77,6 +84,27 @@ def _rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
     return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
 
 
+def _ramped(begin: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """``[begin, end)`` in blocks of at most ``chunk``, the first ones ``_RAMP``-sized."""
+    blocks, start = [], begin
+    for size in _RAMP:
+        if start >= end or size >= chunk:
+            break
+        blocks.append((start, min(end, start + size)))
+        start = blocks[-1][1]
+    blocks += [(c0, min(end, c0 + chunk)) for c0 in range(start, end, chunk)]
+    return blocks
+
+
+def _batching_loses(per_batched: float, per_looped: float, size: int, seconds: float) -> bool:
+    """Whether a batch of ``size`` rows (or columns) that took ``seconds`` shows batching
+    to be clearly slower than one at a time: judged once the batch is large enough to
+    amortise fixed costs, or took long enough that fixed costs cannot explain it."""
+    if per_batched <= _CLEARLY_SLOWER * per_looped:
+        return False
+    return size >= _RAMP[-1] or seconds >= _PROBE_SECONDS
+
+
 class _Problem:
     """One piece of ``fn`` (after the complex split) and what the engine learned of it."""
 
@@ -92,7 +120,8 @@ class _Problem:
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
-        self._vjp_batched = None  # whether batched VJPs beat one-at-a-time ones
+        self._vjp_batched = None  # False once batched VJPs were found clearly slower
+        self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -175,18 +204,17 @@ class _Problem:
         points = len(self.run.stencil.offsets)
         per_row = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * points * (2 if complex_input else 1)
         chunk = _rows_per_chunk(per_row, self.budget, n)
-        for start in range(0, n, chunk):
-            stop = min(n, start + chunk)
+        for start, stop in _ramped(0, n, chunk):
             began = time.perf_counter()
             rows = self._batched_rows(pos, list(range(start, stop)), eps, complex_input)
+            seconds = time.perf_counter() - began
             yield start, stop, rows
-            if start == 0 and stop < n:
-                per_row = (time.perf_counter() - began) / (stop - start)
-                if per_row > _CLEARLY_SLOWER * self._element_cost.get(pos, float("inf")):
-                    # vmap is slower here than a loop (no batching rule for some op)
-                    self.run.engine_log.append((pos, "element by element (batched was slower)"))
-                    yield from self._looped_row_chunks(pos, stop, n, eps)
-                    return
+            if stop < n and _batching_loses(seconds / (stop - start), self._element_cost.get(pos, float("inf")),
+                                            stop - start, seconds):
+                # vmap is slower here than a loop (no batching rule for some op)
+                self.run.engine_log.append((pos, "element by element (batched was slower)"))
+                yield from self._looped_row_chunks(pos, stop, n, eps)
+                return
 
     def _looped_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
@@ -295,27 +323,25 @@ def _keep_columns(be, chunks, k, b0, b1):
 
 def _column_blocks(p, m, n_in):
     per_col = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
-    chunk = _rows_per_chunk(per_col, p.budget, m)
-    return [(c0, min(m, c0 + chunk)) for c0 in range(0, m, chunk)]
+    return _ramped(0, m, _rows_per_chunk(per_col, p.budget, m))
 
 
 def _analytical_columns(p, k, c0, c1, inputs):
     """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
-    per column where batching turned out slower."""
-    if p._vjp_batched is None:
-        began = time.perf_counter()
-        cols = _batched_columns(p, k, c0, c1, inputs)
-        batched = (time.perf_counter() - began) / (c1 - c0)
+    per column once batching has been seen to be clearly slower (every batch is timed)."""
+    if p._vjp_batched is False:
+        return _looped_columns(p, k, c0, c1, inputs)
+    began = time.perf_counter()
+    cols = _batched_columns(p, k, c0, c1, inputs)
+    seconds = time.perf_counter() - began
+    if p._vjp_column_cost is None:
         began = time.perf_counter()
         _looped_columns(p, k, c0, c0 + 1, inputs)
-        looped = time.perf_counter() - began
-        p._vjp_batched = batched <= _CLEARLY_SLOWER * looped or c1 - c0 == 1
-        if not p._vjp_batched:
-            p.run.engine_log.append(("vjp", "one at a time (batched was slower)"))
-        return cols
-    if p._vjp_batched:
-        return _batched_columns(p, k, c0, c1, inputs)
-    return _looped_columns(p, k, c0, c1, inputs)
+        p._vjp_column_cost = time.perf_counter() - began
+    if _batching_loses(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0, seconds):
+        p._vjp_batched = False
+        p.run.engine_log.append(("vjp", "one at a time (batched was slower)"))
+    return cols
 
 
 def _batched_columns(p, k, c0, c1, inputs):

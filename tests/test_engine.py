@@ -1,4 +1,6 @@
 """The batched engine: same verdicts as the reference engine, on the paths it claims."""
+import time
+
 import pytest
 import torch
 
@@ -143,3 +145,64 @@ def test_nondeterministic_backward_is_caught_by_both_engines():
         with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
             agcheck.gradcheck(Noisy.apply, (make(30),), engine=engine)
         assert agcheck.gradcheck(Noisy.apply, (make(30),), engine=engine, nondet_tol=1e-6)
+
+
+def test_ramp_blocks_start_small_and_cover_the_range():
+    from agcheck.engine import _RAMP, _ramped
+
+    assert _ramped(0, 1000, 300) == [(0, _RAMP[0]), (_RAMP[0], _RAMP[0] + _RAMP[1])] + [
+        (c0, min(1000, c0 + 300)) for c0 in range(_RAMP[0] + _RAMP[1], 1000, 300)]
+    assert _ramped(0, 5, 300) == [(0, 5)]
+    assert _ramped(0, 100, 4) == [(c0, c0 + 4) for c0 in range(0, 100, 4)]  # budget below the ramp
+    assert _ramped(3, 3, 10) == []
+
+
+def test_batching_loses_only_when_clearly_slower_and_not_explained_by_fixed_costs():
+    from agcheck.engine import _batching_loses
+
+    assert not _batching_loses(1e-3, 1e-3, 8, 0.2)  # as fast
+    assert not _batching_loses(1e-3, 1e-4, 8, 0.008)  # small and quick: fixed costs may explain it
+    assert _batching_loses(1e-3, 1e-4, 8, 0.2)  # small but long: it will not get better
+    assert _batching_loses(1e-3, 1e-4, 64, 0.064)  # large enough to amortise fixed costs
+
+
+def _slowed(monkeypatch, name, owner=None):
+    """Make the engine's batched call ``name`` take 0.2 s more per call; count the calls."""
+    import agcheck.engine as engine
+
+    owner = owner or engine
+    original, calls = getattr(owner, name), []
+
+    def slow(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.2)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    return calls
+
+
+def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monkeypatch):
+    calls = _slowed(monkeypatch, "_batched_columns")
+    fn = lambda a, b: torch.tanh(a @ b)
+    r = run(fn, (make(24, 24), make(24, 24, seed=1)))
+    assert r.verdict and not r.engine_fallbacks
+    assert ("vjp", "one at a time (batched was slower)") in r.engine_log
+    assert len(calls) == 1  # the first, _RAMP-sized batch only
+    calls.clear()
+    broken = run(lambda a, b: OneEntryOff.apply(a @ b), (make(24, 24), make(24, 24, seed=1)))
+    assert broken.verdict is False and len(calls) == 1
+
+
+def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_batch(monkeypatch):
+    from agcheck.engine import _Problem
+
+    calls = _slowed(monkeypatch, "_batched_rows", owner=_Problem)
+    fn = lambda a, b: torch.tanh(a @ b)
+    r = run(fn, (make(24, 24), make(24, 24, seed=1)), engine="batched")
+    assert r.verdict and not r.engine_fallbacks
+    assert "element by element (batched was slower)" in paths(r)
+    assert len(calls) == 2  # one small batch per input
+    calls.clear()
+    broken = run(lambda a, b: OneEntryOff.apply(a @ b), (make(24, 24), make(24, 24, seed=1)), engine="batched")
+    assert broken.verdict is False and len(calls) == 2
