@@ -84,6 +84,12 @@ def _rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
     return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
 
 
+def _seconds(call, *args) -> float:
+    began = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - began
+
+
 def _ramped(begin: int, end: int, chunk: int) -> list[tuple[int, int]]:
     """``[begin, end)`` in blocks of at most ``chunk``, the first ones ``_RAMP``-sized."""
     blocks, start = [], begin
@@ -120,7 +126,7 @@ class _Problem:
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
-        self._vjp_batched = None  # False once batched VJPs were found clearly slower
+        self._vjp_batched = None  # False: found clearly slower; True: paid at scale
         self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
 
     # -- numerical side -----------------------------------------------------------------
@@ -323,7 +329,10 @@ def _keep_columns(be, chunks, k, b0, b1):
 
 def _column_blocks(p, m, n_in):
     per_col = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
-    return _ramped(0, m, _rows_per_chunk(per_col, p.budget, m))
+    chunk = _rows_per_chunk(per_col, p.budget, m)
+    if p._vjp_batched is None:  # not yet seen to pay at scale: start small
+        return _ramped(0, m, chunk)
+    return [(c0, min(m, c0 + chunk)) for c0 in range(0, m, chunk)]
 
 
 def _analytical_columns(p, k, c0, c1, inputs):
@@ -335,12 +344,13 @@ def _analytical_columns(p, k, c0, c1, inputs):
     cols = _batched_columns(p, k, c0, c1, inputs)
     seconds = time.perf_counter() - began
     if p._vjp_column_cost is None:
-        began = time.perf_counter()
-        _looped_columns(p, k, c0, c0 + 1, inputs)
-        p._vjp_column_cost = time.perf_counter() - began
+        # the best of two: a first plain call may pay one-time costs
+        p._vjp_column_cost = min(_seconds(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
     if _batching_loses(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0, seconds):
         p._vjp_batched = False
         p.run.engine_log.append(("vjp", "one at a time (batched was slower)"))
+    elif c1 - c0 >= _RAMP[-1]:
+        p._vjp_batched = True  # paid at scale; later batches are still timed
     return cols
 
 
