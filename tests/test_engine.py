@@ -211,3 +211,34 @@ def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_bat
     calls.clear()
     broken = run(lambda a, b: OneEntryOff.apply(a @ b), (make(24, 24), make(24, 24, seed=1)), engine="batched")
     assert broken.verdict is False and len(calls) == 2
+
+
+def test_forward_mode_on_an_unbatchable_fn_evaluates_it_as_often_as_torch():
+    """Where batched JVPs fail too, the forward engine hands over before it computes a
+    looped numerical Jacobian that the reference engine would compute again."""
+
+    def counting(fn):
+        calls = []
+
+        def wrapped(t):
+            calls.append(1)
+            return fn(t)
+
+        return wrapped, calls
+
+    m = make(40, 5, seed=2, requires_grad=False)
+    # dense (not compressible); a random op (with no effect) keeps vmap out, also of JVPs
+    not_vmappable = lambda t: t.sin() @ m + 0 * torch.rand(())  # noqa: E731
+    x = make(40)
+    ours, our_calls = counting(not_vmappable)
+    theirs, their_calls = counting(not_vmappable)
+    assert agcheck.gradcheck(ours, (x,), check_forward_ad=True)
+    assert torch.autograd.gradcheck(theirs, (x.detach().clone().requires_grad_(),), check_forward_ad=True)
+    assert len(our_calls) <= len(their_calls) + 10  # a few probe evaluations
+
+    broken = lambda t: ScaledSin.apply(t) @ m + 0 * torch.rand(())  # noqa: E731
+    ScaledSin.factor = 1.1
+    try:
+        assert agcheck.gradcheck(broken, (x,), check_forward_ad=True, raise_exception=False) is False
+    finally:
+        ScaledSin.factor = 1.0
