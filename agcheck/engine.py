@@ -526,10 +526,10 @@ def compare_slow_forward(run, fn, trace, args, checked, diff) -> None:
             run.progress.advance(n_in_total(be, args, checked))
             return
     for j, q in enumerate(checked):
-        if not p.batched_ok(q) and be.numel(args[q]) >= MIN_BATCHED_NUMEL:
-            # a batched JVP first: if it fails (random ops under vmap), it fails before a
-            # looped numerical side that the reference engine would compute again (a tiny
-            # input's loop costs less than the probe)
+        if not p.batched_ok(q) and be.numel(args[q]):
+            # a batched JVP first: if it fails (random ops or ops without a batching rule
+            # under vmap), it fails before a looped numerical side that the reference
+            # engine would compute again
             be.jvp_rows(fn, args, checked, j, [0])
         for s, e, rows in p.numerical_row_chunks(q):
             analytical = be.jvp_rows(fn, args, checked, j, list(range(s, e)))

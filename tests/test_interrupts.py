@@ -539,9 +539,9 @@ def _raising_once_at(k, exc):
     # call 0 is the first evaluation; call 1 the engine's probe of the input to batch (an
     # ordinary evaluation: its error is the caller's, not a reason to stop batching)
     ((5, 7), 1, {}),
-    # a scalar is never batched: the forward-mode engine moves it element by element, and
-    # call 3 is one of those plain evaluations
-    ((), 3, dict(check_forward_ad=True)),
+    # a scalar is never batched: the forward-mode engine tries one batched JVP (call 3),
+    # then moves it element by element, and call 4 is one of those plain evaluations
+    ((), 4, dict(check_forward_ad=True)),
 ], ids=["probe", "looped-forward"])
 def test_transient_error_in_a_plain_engine_call_propagates(shape, k, kw):
     fn, counter = _raising_once_at(k, ValueError)
