@@ -736,6 +736,19 @@ class Skip:
         return dataclasses.asdict(self)
 
 
+def _counted_by_reason(items, reason_of, max_names: int | None = None) -> list[str]:
+    """One line per reason, most frequent first: its count, the reason and its ops."""
+    by: dict[str, list] = {}
+    for item in items:
+        by.setdefault(reason_of(item), []).append(item)
+    lines = []
+    for reason, group in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        names = sorted({item.op for item in group})
+        shown = ", ".join(names[:max_names]) + (", ..." if max_names is not None and len(names) > max_names else "")
+        lines.append(f"  {len(group):5d}  {reason}  [{shown}]")
+    return lines
+
+
 @dataclasses.dataclass
 class Summary:
     results: list[SampleResult] = dataclasses.field(default_factory=list)
@@ -831,13 +844,7 @@ class Summary:
         if self.skips:
             out.append("")
             out.append("skips by reason:")
-            by: dict[str, list[Skip]] = {}
-            for s in self.skips:
-                by.setdefault(s.reason, []).append(s)
-            for reason, ss in sorted(by.items(), key=lambda kv: -len(kv[1])):
-                names = sorted({s.op for s in ss})
-                shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-                out.append(f"  {len(ss):5d}  {reason}  [{shown}]")
+            out += _counted_by_reason(self.skips, lambda s: s.reason, max_names=8)
         if self.disagreements:
             out.append("")
             out.append("disagreements:")
@@ -854,12 +861,7 @@ class Summary:
         if self.explained:
             out.append("")
             out.append("agreements by explanation (torch's checker crashed in its own code):")
-            by_reason: dict[str, list[SampleResult]] = {}
-            for r in self.explained:
-                by_reason.setdefault(r.explanation, []).append(r)
-            for reason, rs in by_reason.items():
-                names = sorted({r.op for r in rs})
-                out.append(f"  {len(rs):5d}  {reason}  [{', '.join(names)}]")
+            out += _counted_by_reason(self.explained, lambda r: r.explanation)
         if self.undecided:
             out.append("")
             out.append("undecided (timeouts):")
