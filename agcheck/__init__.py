@@ -4,13 +4,14 @@
 same defaults, same verdicts) on a core that imports no framework; backends supply the
 framework-specific parts.
 """
-from .backend import Backend, available_backends, get_backend, infer_backend, register_backend
-from .crosscheck import CrosscheckResult, crosscheck
-from .gradcheck import CostWarning, OutputTypeError, gradcheck
-from .gradgradcheck import gradgradcheck
-from .matrices import analytical_jacobian, numerical_jacobian
-from .options import GradcheckOptions
-from .report import GradcheckError
+from agcheck.backends.base import Backend
+from agcheck.backends.registry import available_backends, get_backend, infer_backend, register_backend
+from agcheck.crosscheck import CrosscheckResult, crosscheck
+from agcheck.gradcheck import CostWarning, OutputTypeError, gradcheck
+from agcheck.gradgradcheck import gradgradcheck
+from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
+from agcheck.options import GradcheckOptions
+from agcheck.report import GradcheckError
 
 __version__ = "0.1.0"
 

@@ -1,9 +1,9 @@
 """``python -m agcheck`` / the ``agcheck`` command.
 
-``agcheck check ...`` and ``agcheck crosscheck ...`` are handed to :mod:`agcheck.cli`
+``agcheck check ...`` and ``agcheck crosscheck ...`` are handed to :mod:`agcheck.frontends.cli`
 (checking a function of your own; see docs/cli.md). Without a subcommand, ``agcheck``
-runs the main job (:mod:`agcheck.mainjob`): every function of the bundled catalog
-(:mod:`agcheck.catalog`) is gradchecked on every installed backend and crosschecked
+runs the main job (:mod:`agcheck.frontends.mainjob`): every function of the bundled catalog
+(:mod:`agcheck.frontends.catalog`) is gradchecked on every installed backend and crosschecked
 across them, with a progress bar, a summary table and an HTML report. Exit status: 0
 when every check passed, 1 when one failed, 2 on a usage error.
 """
@@ -13,7 +13,7 @@ import sys
 
 
 def _subcommands() -> tuple:
-    from .cli import SUBCOMMANDS
+    from agcheck.frontends.cli import SUBCOMMANDS
 
     return tuple(SUBCOMMANDS)
 
@@ -22,10 +22,10 @@ def main(argv=None) -> int:
     """Run ``agcheck`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _subcommands():
-        from . import cli
+        from agcheck.frontends import cli
 
         return cli.main(argv)
-    from . import mainjob
+    from agcheck.frontends import mainjob
 
     return mainjob.main(argv)
 

@@ -5,16 +5,16 @@ import warnings
 from contextlib import contextmanager
 from typing import Callable
 
-from . import engine
-from . import jacobian as jac
-from .backend import get_backend, infer_backend
-from .checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
-from .options import GradcheckOptions
-from .progress import Progress
-from .stencil import auto_eps, get_stencil
-from .report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure, complete_report,
+from agcheck.engine import batched as engine
+from agcheck.core import jacobian as jac
+from agcheck.backends.registry import get_backend, infer_backend
+from agcheck.checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
+from agcheck.options import GradcheckOptions
+from agcheck.progress import Progress
+from agcheck.core.stencil import auto_eps, get_stencil
+from agcheck.report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure, complete_report,
                      jacobian_mismatch_message)
-from .wirtinger import input_part, output_part, split_inputs
+from agcheck.core.wirtinger import input_part, output_part, split_inputs
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .gradcheck import _numpy_rng_preserved, resolve_problem, run_gradcheck
-from .options import GradcheckOptions, GradgradcheckOptions
+from agcheck.gradcheck import _numpy_rng_preserved, resolve_problem, run_gradcheck
+from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
 __all__ = ["gradgradcheck"]
 

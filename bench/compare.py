@@ -75,13 +75,13 @@ def run_one(case: str, side: str, *, quick: bool, timeout: float, opinfo_ops: in
 
 
 def source_digest() -> str:
-    """Short sha256 of agcheck's sources (agcheck/ and backends/ *.py), so a table can be
+    """Short sha256 of agcheck's sources (agcheck/ *.py), so a table can be
     tied to the exact code even when the working tree is dirty."""
     import hashlib
 
     root = os.path.dirname(HERE)
     h = hashlib.sha256()
-    for sub in ("agcheck", "backends"):
+    for sub in ("agcheck",):
         for dirpath, dirnames, files in sorted(os.walk(os.path.join(root, sub))):
             dirnames.sort()
             for fname in sorted(files):

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
                     help="pin agcheck's timing-based choice between batched and looped evaluation")
     args = ap.parse_args(argv)
     if args.pin_engine:
-        from agcheck import engine
+        from agcheck.engine import batched as engine
 
         if not hasattr(engine, "_CLEARLY_SLOWER"):
             ap.error("--pin-engine: this agcheck's engine has no _CLEARLY_SLOWER threshold")

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from agcheck import cli
+from agcheck.frontends import cli
 
 pytest.importorskip("torch")
 
@@ -185,11 +185,11 @@ def test_crosscheck(user_module, capsys):
     assert "torch and jax disagree" in out and "DISAGREEMENT" in out
 
 
-# -- python -m agcheck.cli (subprocess) --------------------------------------------------------
+# -- python -m agcheck.frontends.cli (subprocess) --------------------------------------------------------
 
 def _run(*args, cwd):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "agcheck.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "agcheck.frontends.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=240)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import agcheck
-from agcheck import compressed
+from agcheck.engine import compressed
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
 
@@ -514,7 +514,7 @@ def _only_moved_by_eps(seen, x, eps):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, monkeypatch):
-    from agcheck import engine
+    from agcheck.engine import batched as engine
 
     looped = engine._Problem.evaluate_looped
 

@@ -309,7 +309,7 @@ def test_unavailable_and_unknown_backends():
         with pytest.raises(BackendUnavailableError, match="at least two backends"):
             agcheck.crosscheck(f_real, (x, y), backends=("torch", "nosuchfw"))
     finally:
-        from agcheck import backend as registry
+        from agcheck.backends import registry
 
         registry._REGISTRY.pop("nosuchfw", None)
     with pytest.raises(ValueError, match="unknown backend"):

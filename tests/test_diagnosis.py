@@ -1,4 +1,4 @@
-"""Diagnoses (agcheck.diagnosis): each usual bug is named, and correct functions stay silent.
+"""Diagnoses (agcheck.report.diagnosis): each usual bug is named, and correct functions stay silent.
 
 Every broken function below is a custom ``torch.autograd.Function`` with one deliberate
 bug in its backward (or a correct function at a non-differentiable point); the test asserts
@@ -14,7 +14,7 @@ import torch
 
 import agcheck
 from agcheck import GradcheckError
-from agcheck.diagnosis import Diagnosis, diagnose_block
+from agcheck.report.diagnosis import Diagnosis, diagnose_block
 from agcheck.report import FailureReport, JacobianBlock
 
 from .helpers import Snapshot, make
@@ -360,7 +360,7 @@ def test_single_nonzero_entry_factor_is_hedged():
 
 
 def test_other_checks_are_named():
-    from agcheck.diagnosis import diagnose
+    from agcheck.report.diagnosis import diagnose
 
     cases = {
         "batched_grad": ({"output": 0, "input": 0, "max_difference": 0.5}, "batched"),

@@ -148,7 +148,7 @@ def test_nondeterministic_backward_is_caught_by_both_engines():
 
 
 def test_ramp_blocks_start_small_and_cover_the_range():
-    from agcheck.engine import _RAMP, _ramped
+    from agcheck.engine.batched import _RAMP, _ramped
 
     assert _ramped(0, 1000, 300) == [(0, _RAMP[0]), (_RAMP[0], _RAMP[0] + _RAMP[1])] + [
         (c0, min(1000, c0 + 300)) for c0 in range(_RAMP[0] + _RAMP[1], 1000, 300)]
@@ -158,7 +158,7 @@ def test_ramp_blocks_start_small_and_cover_the_range():
 
 
 def test_batching_loses_only_when_clearly_slower_and_not_explained_by_fixed_costs():
-    from agcheck.engine import _batching_loses
+    from agcheck.engine.batched import _batching_loses
 
     assert not _batching_loses(1e-3, 1e-3, 8, 0.2)  # as fast
     assert not _batching_loses(1e-3, 1e-4, 8, 0.008)  # small and quick: fixed costs may explain it
@@ -168,7 +168,7 @@ def test_batching_loses_only_when_clearly_slower_and_not_explained_by_fixed_cost
 
 def _slowed(monkeypatch, name, owner=None):
     """Make the engine's batched call ``name`` take 0.2 s more per call; count the calls."""
-    import agcheck.engine as engine
+    import agcheck.engine.batched as engine
 
     owner = owner or engine
     original, calls = getattr(owner, name), []
@@ -200,7 +200,7 @@ def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monk
 
 
 def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_batch(monkeypatch):
-    from agcheck.engine import _Problem
+    from agcheck.engine.batched import _Problem
 
     calls = _slowed(monkeypatch, "_batched_rows", owner=_Problem)
     fn = lambda a, b: torch.tanh(a @ b)

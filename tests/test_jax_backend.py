@@ -567,8 +567,8 @@ EPS = 1e-4
 def _jacobians(be, fn, args):
     """Everything the core compares: numerical and analytical Jacobians (reverse, on the
     real/imaginary pieces for complex outputs, and forward), and a complex-cotangent VJP."""
-    from agcheck import jacobian as jac
-    from agcheck.wirtinger import output_part
+    from agcheck.core import jacobian as jac
+    from agcheck.core.wirtinger import output_part
 
     result = {}
     checked = be.checked_positions(args)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import agcheck
-from agcheck import catalog, mainjob
+from agcheck.frontends import catalog
+from agcheck.frontends import mainjob
 from agcheck.progress import Progress
 
 torch = pytest.importorskip("torch")
@@ -113,7 +114,7 @@ def test_select_names_and_kinds():
 
 
 def test_importing_catalog_and_progress_imports_no_framework():
-    code = ("import sys, agcheck.catalog, agcheck.progress, agcheck.mainjob\n"
+    code = ("import sys, agcheck.frontends.catalog, agcheck.progress, agcheck.frontends.mainjob\n"
             "bad = [m for m in ('torch', 'jax', 'rich') if m in sys.modules]\n"
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)

@@ -21,12 +21,12 @@ def _entry_point_installed() -> bool:
         eps = importlib.metadata.entry_points(group="pytest11")
     except TypeError:  # Python < 3.10
         eps = importlib.metadata.entry_points().get("pytest11", [])
-    return any(ep.value.startswith("agcheck.pytest_plugin") for ep in eps)
+    return any(ep.value.startswith("agcheck.frontends.pytest_plugin") for ep in eps)
 
 
 # once pyproject registers the pytest11 entry point the plugin loads by itself (and a
 # second registration through -p would be refused)
-PLUGIN_ARGS = () if _entry_point_installed() else ("-p", "agcheck.pytest_plugin")
+PLUGIN_ARGS = () if _entry_point_installed() else ("-p", "agcheck.frontends.pytest_plugin")
 
 
 def run(pytester, *args):
@@ -44,7 +44,7 @@ CHECKS = '''
 import pytest
 import torch
 import agcheck as ag
-from agcheck.pytest_plugin import AgcheckFailure
+from agcheck.frontends.pytest_plugin import AgcheckFailure
 
 
 class Twice(torch.autograd.Function):
@@ -129,7 +129,7 @@ def test_sin(agcheck_backend, agcheck):
         import jax.numpy as jnp
         assert agcheck.gradcheck(jnp.sin, (jnp.asarray(x),))
 ''')
-    from agcheck import backend as be
+    from agcheck.backends import registry as be
 
     # a registered backend whose framework is missing is skipped
     be.register_backend("fakefw", "agcheck.backends.fakefw_backend", "agcheck_no_such_framework", "fakefw")

@@ -1,4 +1,4 @@
-"""Failure reports (agcheck.report, agcheck.render): every GradcheckError carries a
+"""Failure reports (agcheck.report, agcheck.report.render): every GradcheckError carries a
 structured ``report`` — failing blocks as NumPy arrays with their largest differences,
 options, backend, diagnoses — with a short text summary appended after torch's message,
 a JSON-serialisable dict, and HTML / PNG renderings."""
@@ -229,7 +229,7 @@ def test_to_dict_handles_non_finite_and_every_check():
     rep = FailureReport(check="jacobian", message="Jacobian mismatch for output 0 with respect to input 1,",
                         details={"obj": object(), "arr": np.arange(3), "t": (1, 2)})
     rep.blocks = [block]
-    from agcheck.diagnosis import diagnose
+    from agcheck.report.diagnosis import diagnose
 
     rep.diagnoses = diagnose(rep)
     data = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
@@ -281,7 +281,7 @@ def test_html_and_png_of_a_300x300_failure(big_failure, tmp_path):
 
 
 def test_pooling_keeps_a_single_outlier():
-    from agcheck.render import pool_max_abs
+    from agcheck.report.render import pool_max_abs
 
     m = np.zeros((1000, 450))
     m[737, 21] = -5.0
@@ -326,7 +326,7 @@ def test_missing_matplotlib_names_the_install_command(monkeypatch, tmp_path):
 
 
 def test_core_imports_no_plotting_or_framework():
-    code = ("import sys, agcheck, agcheck.report, agcheck.diagnosis, agcheck.render; "
+    code = ("import sys, agcheck, agcheck.report, agcheck.report.diagnosis, agcheck.report.render; "
             "bad = [m for m in ('matplotlib', 'torch', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

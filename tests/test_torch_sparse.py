@@ -16,7 +16,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError as TorchGradcheckError
 
 import agcheck
-from agcheck import jacobian as jac
+from agcheck.core import jacobian as jac
 from agcheck.backend import get_backend
 from agcheck.backends import torch_sparse
 
@@ -426,7 +426,7 @@ def test_probe_vectors_are_torchs(layout):
 
 
 def test_engine_leaves_sparse_to_the_reference_engine():
-    from agcheck import engine
+    from agcheck.engine import batched as engine
     from agcheck.gradcheck import _Run
     from agcheck.options import GradcheckOptions
 

@@ -1,8 +1,8 @@
 """A function without differentiable outputs must not change when its inputs move."""
 from __future__ import annotations
 
-from ..jacobian import numerical_directional, numerical_jacobians
-from ..report import GradcheckError
+from agcheck.core.jacobian import numerical_directional, numerical_jacobians
+from agcheck.report import GradcheckError
 
 MESSAGE = "Numerical gradient for function expected to be zero"
 

@@ -18,7 +18,7 @@ arguments, a module or function that cannot be imported, a backend that is not
 installed, or a function that cannot run on the inputs).
 
 :func:`main` takes the arguments (``argv``, without the program name) and returns the
-exit status; ``python -m agcheck.cli check ...`` runs it.
+exit status; ``python -m agcheck.frontends.cli check ...`` runs it.
 """
 from __future__ import annotations
 
@@ -207,8 +207,9 @@ def _summary_of(error) -> str:
 # -- subcommands ---------------------------------------------------------------------------
 
 def _check(args) -> int:
-    from .backend import BackendUnavailableError, available_backends
-    from .report import GradcheckError
+    from agcheck.backends.base import BackendUnavailableError
+    from agcheck.backends.registry import available_backends
+    from agcheck.report import GradcheckError
 
     specs = _input_specs(args.input)
     fn = load_function(args.target)
@@ -225,8 +226,8 @@ def _check(args) -> int:
     for name in ("eps", "atol", "rtol"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
-    from .gradcheck import gradcheck
-    from .gradgradcheck import gradgradcheck
+    from agcheck.gradcheck import gradcheck
+    from agcheck.gradgradcheck import gradgradcheck
 
     what = "gradgradcheck" if args.gradgrad else "gradcheck"
     if args.gradgrad:
@@ -275,9 +276,9 @@ def _check(args) -> int:
 
 
 def _crosscheck(args) -> int:
-    from .backend import BackendUnavailableError
-    from .crosscheck import crosscheck
-    from .report import GradcheckError
+    from agcheck.backends.base import BackendUnavailableError
+    from agcheck.crosscheck import crosscheck
+    from agcheck.report import GradcheckError
 
     specs = _input_specs(args.input)
     fn = load_function(args.target)

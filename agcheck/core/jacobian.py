@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .report import GradcheckError
-from .stencil import STENCILS
+from agcheck.report import GradcheckError
+from agcheck.core.stencil import STENCILS
 
 __all__ = [
     "stencil_difference",
@@ -217,7 +217,7 @@ def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dty
         raise GradcheckError("Gradient has dtype mismatch", check="grad_dtype")
     if not report.dtypes_ok:
         raise GradcheckError("Analytical gradient has incorrect size", check="grad_size")
-    from .report import not_reentrant_message
+    from agcheck.report import not_reentrant_message
 
     for i, (a, b) in enumerate(zip(first, second)):
         if be.numel(a) == 0:

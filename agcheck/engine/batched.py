@@ -1,6 +1,6 @@
 """The batched slow-mode engine: full Jacobians in chunks, many evaluations per call.
 
-The reference engine (``agcheck.jacobian``) moves one input element at a time and runs
+The reference engine (``agcheck.core.jacobian``) moves one input element at a time and runs
 one backward per output element, as torch does. This engine reaches the same verdicts
 faster and in bounded memory:
 
@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from . import compressed
-from . import jacobian as jac
+from agcheck.engine import compressed
+from agcheck.core import jacobian as jac
 
 __all__ = ["EngineFallback", "compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
 

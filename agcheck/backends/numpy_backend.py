@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import array_api_compat
 import numpy as np
 
-from agcheck.backend import Backend, Perturber, Trace
+from agcheck.backends.base import Backend, Perturber, Trace
 from agcheck.report import GradcheckError
 
 __all__ = ["NumpyBackend", "NumpyTrace", "MissingDerivativeError", "BACKEND_CLASS", "owns"]
@@ -89,9 +89,9 @@ def _resolve(f):
     """What ``f`` is, relative to the function the user supplied derivatives for.
 
     Returns ``("base", user_function)``, ``("outputs", inner, part)`` (the real or imaginary
-    parts of ``inner``'s complex outputs, built by :func:`agcheck.wirtinger.output_part`)
+    parts of ``inner``'s complex outputs, built by :func:`agcheck.core.wirtinger.output_part`)
     or ``("inputs", inner, positions, originals, part)`` (``inner`` as a function of the
-    real or imaginary parts of its complex inputs, :func:`agcheck.wirtinger.input_part`).
+    real or imaginary parts of its complex inputs, :func:`agcheck.core.wirtinger.input_part`).
     """
     if isinstance(f, UserFunction):
         return ("base", f)
@@ -622,7 +622,7 @@ def _normalize_wrt(wrt):
 
 def _rebuild(be: NumpyBackend, args, positions, originals, part) -> tuple:
     """The complex inputs at ``positions`` rebuilt from their real (or imaginary) part in
-    ``args`` and the other part of ``originals`` (as :func:`agcheck.wirtinger.input_part`)."""
+    ``args`` and the other part of ``originals`` (as :func:`agcheck.core.wirtinger.input_part`)."""
     rebuilt = list(args)
     for k in positions:
         if part == "real":

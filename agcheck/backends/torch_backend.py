@@ -10,9 +10,9 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from agcheck.backend import Backend, Trace
+from agcheck.backends.base import Backend, Trace
 
-from . import torch_sparse
+from agcheck.backends import torch_sparse
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 

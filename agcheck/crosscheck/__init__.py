@@ -28,10 +28,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .backend import Backend, BackendUnavailableError, get_backend
-from .gradcheck import gradcheck as _gradcheck
-from .gradgradcheck import gradgradcheck as _gradgradcheck
-from .report import GradcheckError
+from agcheck.backends.base import Backend, BackendUnavailableError
+
+from agcheck.backends.registry import get_backend
+from agcheck.gradcheck import gradcheck as _gradcheck
+from agcheck.gradgradcheck import gradgradcheck as _gradgradcheck
+from agcheck.report import GradcheckError
 
 __all__ = ["crosscheck", "CrosscheckResult", "Difference", "DEFAULT_TOLERANCES"]
 

@@ -222,7 +222,7 @@ def _table(rows, header=None, numeric_from=99) -> str:
 
 
 def _block_html(report, block) -> str:
-    from .report import _index_text, fmt
+    from agcheck.report import _index_text, fmt
 
     parts = [f"<h2>{_e(block.title)}</h2>"]
     facts = [

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import jacobian as jac
-from .gradcheck import resolve_problem
-from .stencil import get_stencil
+from agcheck.core import jacobian as jac
+from agcheck.gradcheck import resolve_problem
+from agcheck.core.stencil import get_stencil
 
 __all__ = ["numerical_jacobian", "analytical_jacobian"]
 

@@ -1,9 +1,9 @@
 """The agcheck pytest plugin: an ``agcheck`` fixture, backend parametrization and failure
 reports saved next to the test run.
 
-Registered through the ``pytest11`` entry point (``agcheck = "agcheck.pytest_plugin"``),
+Registered through the ``pytest11`` entry point (``agcheck = "agcheck.frontends.pytest_plugin"``),
 so installing agcheck enables it; without the entry point, enable it with
-``-p agcheck.pytest_plugin`` or ``pytest_plugins = ["agcheck.pytest_plugin"]``.
+``-p agcheck.frontends.pytest_plugin`` or ``pytest_plugins = ["agcheck.frontends.pytest_plugin"]``.
 
 Fixtures
 --------
@@ -91,7 +91,7 @@ def configured_report_dir(config) -> str | None:
 
 def _installed(name: str) -> bool | None:
     """Whether the backend's framework is installed (``None``: unknown backend)."""
-    from .backend import available_backends
+    from agcheck.backends.registry import available_backends
 
     return available_backends().get(name)
 
@@ -153,7 +153,7 @@ def _saved_list(config) -> list:
 # -- the fixture object -----------------------------------------------------------------------
 
 def _make_failure_type():
-    from .report import GradcheckError
+    from agcheck.report import GradcheckError
 
     class AgcheckFailure(GradcheckError, AssertionError):
         """A check run through the ``agcheck`` fixture failed.
@@ -214,14 +214,14 @@ class AgcheckFixture:
     def gradcheck(self, fn, inputs, **kwargs):
         """:func:`agcheck.gradcheck` with this fixture's backend; failures become :class:`AgcheckFailure`."""
         __tracebackhide__ = True
-        from .gradcheck import gradcheck
+        from agcheck.gradcheck import gradcheck
 
         return self._run(gradcheck, fn, inputs, kwargs)
 
     def gradgradcheck(self, fn, inputs, grad_outputs=None, **kwargs):
         """:func:`agcheck.gradgradcheck` with this fixture's backend."""
         __tracebackhide__ = True
-        from .gradgradcheck import gradgradcheck
+        from agcheck.gradgradcheck import gradgradcheck
 
         if grad_outputs is not None:
             kwargs["grad_outputs"] = grad_outputs
@@ -231,7 +231,7 @@ class AgcheckFixture:
         """:func:`agcheck.crosscheck`; ``backends`` defaults to the ``--agcheck-backend``
         list when it names two or more backends."""
         __tracebackhide__ = True
-        from .crosscheck import crosscheck
+        from agcheck.crosscheck import crosscheck
 
         if "backends" not in kwargs and len(self.crosscheck_backends) >= 2:
             kwargs["backends"] = tuple(self.crosscheck_backends)
@@ -245,7 +245,7 @@ class AgcheckFixture:
 
     def _call(self, check, fn, inputs, kwargs):
         __tracebackhide__ = True
-        from .report import GradcheckError
+        from agcheck.report import GradcheckError
 
         try:
             return check(fn, inputs, **kwargs)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agcheck.backend import Backend, Perturber, Trace
+from agcheck.backends.base import Backend, Perturber, Trace
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .stencil import Stencil
+from agcheck.core.stencil import Stencil
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_block", "numerical_rows"]
 
@@ -57,7 +57,7 @@ class Diagnosis:
     Attributes
     ----------
     kind : str
-        ``"factor"``, ``"transposed"``, ``"kink"``, ... (see :mod:`agcheck.diagnosis`).
+        ``"factor"``, ``"transposed"``, ``"kink"``, ... (see :mod:`agcheck.report.diagnosis`).
     message : str
         The hypothesis and its key evidence, in one sentence or two.
     evidence : dict
@@ -84,7 +84,7 @@ class Diagnosis:
         return head + ["    " + ln for ln in self.lines[:5]]
 
     def to_dict(self) -> dict:
-        from .report import jsonable
+        from agcheck.report import jsonable
 
         return {"kind": self.kind, "message": self.message, "evidence": jsonable(self.evidence),
                 "lines": list(self.lines), "block": self.block}
@@ -126,7 +126,7 @@ def machine_eps(dtype_name, fallback=None) -> float:
 
 
 def _f(v) -> str:
-    from .report import fmt
+    from agcheck.report import fmt
 
     return fmt(v)
 
@@ -139,7 +139,7 @@ def _c(c) -> str:
 
 
 def _where(block, r, c) -> str:
-    from .report import _index_text, _unravel
+    from agcheck.report import _index_text, _unravel
 
     return f"input{_index_text(_unravel(r, block.input_shape))} / output{_index_text(_unravel(c, block.output_shape))}"
 
@@ -150,7 +150,7 @@ def numerical_rows(be, fn, args, position: int, output_position: int, rows, eps:
     """Rows ``rows`` of the numerical Jacobian of output ``output_position`` with respect
     to ``args[position]``, computed by the same code as the check's Jacobian with step
     ``eps`` and ``stencil``, as a NumPy array ``(len(rows), output.numel)``."""
-    from .jacobian import _columns_for_element
+    from agcheck.core.jacobian import _columns_for_element
 
     x = args[position]
     complex_input = be.is_complex(x)
@@ -448,7 +448,7 @@ def _structure(block, N, A, diff, r0, floor, add) -> None:
     k = int(np.count_nonzero(bad))
     if not k:
         return
-    from .report import _index_text, _unravel
+    from agcheck.report import _index_text, _unravel
 
     bad_rows = np.unique(np.nonzero(bad)[0])
     bad_cols = np.unique(np.nonzero(bad)[1])

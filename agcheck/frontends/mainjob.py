@@ -1,6 +1,6 @@
 """The main job: ``agcheck`` (``python -m agcheck``) without a subcommand.
 
-For every function of the bundled catalog (:mod:`agcheck.catalog`) and every installed
+For every function of the bundled catalog (:mod:`agcheck.frontends.catalog`) and every installed
 backend it runs :func:`agcheck.gradcheck` (slow mode, reverse and — where the backend
 supports it — forward-mode AD), then :func:`agcheck.crosscheck` across those backends.
 The NumPy backend takes part for the entries that come with hand-written derivatives.
@@ -27,7 +27,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 
-from . import catalog as _catalog
+from agcheck.frontends import catalog as _catalog
 
 __all__ = ["main", "build_parser", "run", "Verdict", "EntryResult", "detect_backends", "html_report"]
 
@@ -183,7 +183,7 @@ def _first_line(text: str) -> str:
 
 
 def _capture(verdict: Verdict, call) -> Verdict:
-    from .report import GradcheckError
+    from agcheck.report import GradcheckError
 
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -206,7 +206,7 @@ def _capture(verdict: Verdict, call) -> Verdict:
 
 
 def _gradcheck(entry, backend: str, fast_mode: bool) -> Verdict:
-    from .gradcheck import gradcheck
+    from agcheck.gradcheck import gradcheck
 
     forward = entry.forward_ad(backend)
     verdict = Verdict(mode=f"{'fast' if fast_mode else 'slow'} mode, reverse" + (" + forward" if forward else ""))
@@ -221,7 +221,7 @@ def _gradcheck(entry, backend: str, fast_mode: bool) -> Verdict:
 
 
 def _crosscheck(entry, backends: list, fast_mode: bool) -> Verdict:
-    from .crosscheck import crosscheck
+    from agcheck.crosscheck import crosscheck
 
     if len(backends) < 2:
         return Verdict(headline="fewer than two backends")
@@ -383,12 +383,12 @@ def _e(x) -> str:
 
 
 def _rendered_report(v: Verdict, n: int) -> str:
-    """The failure report of ``v`` as an HTML fragment (agcheck.render's page when it can
+    """The failure report of ``v`` as an HTML fragment (agcheck.report.render's page when it can
     be drawn, the text otherwise)."""
     report = getattr(v.error, "report", None)
     if v.status == "FAIL" and report is not None and report.blocks:
         try:
-            from .render import render_html
+            from agcheck.report.render import render_html
 
             page = render_html(report)
         except ImportError:
@@ -477,7 +477,7 @@ def _status_td(v: Verdict, text: str, anchor: str | None) -> str:
 
 def _version() -> str:
     try:
-        from . import __version__
+        from agcheck import __version__
 
         return __version__
     except Exception:
@@ -593,7 +593,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def _main(args) -> int:
-    from .progress import Progress
+    from agcheck.progress import Progress
 
     console = _console()
     entries = _select(args)

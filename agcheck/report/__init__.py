@@ -5,7 +5,7 @@ The messages keep the key phrases of ``torch.autograd.gradcheck`` (so tests that
 torch's messages match agcheck's) in agcheck's own words around them. After a failure,
 :attr:`GradcheckError.report` (a :class:`FailureReport`) holds what went wrong as data:
 the failing Jacobian blocks as NumPy arrays with their largest differences, the options
-and backend of the check, and named diagnoses (see :mod:`agcheck.diagnosis`); its
+and backend of the check, and named diagnoses (see :mod:`agcheck.report.diagnosis`); its
 :meth:`~FailureReport.summary` is appended to the exception message, after torch's text.
 
 Nothing here runs on the passing path: reports are filled in only once a check failed.
@@ -482,7 +482,7 @@ class FailureReport:
         The failing Jacobian blocks. The first is the one the message is about (torch's
         checks stop there); in slow mode every other failing (output, input) pair of the
         same comparison follows, in torch's order (at most 16).
-    diagnoses : list of agcheck.diagnosis.Diagnosis
+    diagnoses : list of agcheck.report.diagnosis.Diagnosis
         Named hypotheses about the bug, each with its evidence.
     notes : list of str
         Anything the report could not do (a diagnosis that failed, arrays omitted, ...).
@@ -577,7 +577,7 @@ class FailureReport:
     @classmethod
     def from_dict(cls, d: dict) -> "FailureReport":
         """Rebuild a report from :meth:`to_dict`'s data (e.g. after a JSON round trip)."""
-        from .diagnosis import Diagnosis
+        from agcheck.report.diagnosis import Diagnosis
 
         rep = cls(check=d["check"], message=d["message"], details=dict(d["details"]),
                   backend=d["backend"], options=d["options"])
@@ -605,12 +605,12 @@ class FailureReport:
                 f.write(self.to_json(indent=1))
             return path
         if ext in (".html", ".htm"):
-            from .render import write_html
+            from agcheck.report.render import write_html
 
             write_html(self, path)
             return path
         if ext == ".png":
-            from .render import write_png
+            from agcheck.report.render import write_png
 
             write_png(self, path)
             return path
@@ -619,7 +619,7 @@ class FailureReport:
 
 
 def _option_default(name):
-    from .options import GradcheckOptions
+    from agcheck.options import GradcheckOptions
 
     return getattr(GradcheckOptions, name, None)
 
@@ -665,7 +665,7 @@ def _to_scalar(be, v):
 
 def _resampler(run, fn, args, position, output_position):
     def resample(eps, rows, stencil=None):
-        from .diagnosis import numerical_rows
+        from agcheck.report.diagnosis import numerical_rows
 
         return numerical_rows(run.be, fn, args, position, output_position, rows, eps,
                               stencil if stencil is not None else run.stencil)
@@ -687,7 +687,7 @@ def complete_report(error: GradcheckError, backend=None, options=None) -> None:
         if options is not None:
             rep.options = options.as_dict() if hasattr(options, "as_dict") else dict(options)
         try:
-            from .diagnosis import diagnose
+            from agcheck.report.diagnosis import diagnose
 
             rep.diagnoses = diagnose(rep)
         except Exception as ex:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from agcheck.backend import Perturber
+from agcheck.backends.base import Perturber
 
 __all__ = [
     "SPARSE_LAYOUTS",

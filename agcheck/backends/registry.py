@@ -1,0 +1,111 @@
+"""The registry of backends: names mapped to lazily imported modules, and inference of
+the backend from the inputs' arrays."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Iterator
+
+from agcheck.backends.base import Backend, BackendUnavailableError
+
+__all__ = ["register_backend", "available_backends", "get_backend", "infer_backend"]
+
+_REGISTRY: dict[str, tuple[str, str, str]] = {}
+_INSTANCES: dict[str, Backend] = {}
+#: chosen by inference only when no other framework's arrays are among the inputs
+_FALLBACK = "numpy"
+
+
+def register_backend(name: str, module: str, framework: str, extra: str) -> None:
+    """Register a backend by the module that defines it (imported lazily).
+
+    The module must define ``BACKEND_CLASS`` (a :class:`Backend` subclass) and
+    ``owns(x) -> bool`` that answers without importing the framework when possible.
+    """
+    _REGISTRY[name] = (module, framework, extra)
+
+
+register_backend("torch", "agcheck.backends.torch_backend", "torch", "torch")
+register_backend("jax", "agcheck.backends.jax_backend", "jax", "jax")
+register_backend("numpy", "agcheck.backends.numpy_backend", "numpy", "numpy")
+
+
+def _installed(framework: str) -> bool:
+    return importlib.util.find_spec(framework) is not None
+
+
+def available_backends() -> dict[str, bool]:
+    """Every registered backend and whether its framework is installed."""
+    return {name: _installed(fw) for name, (_, fw, _) in _REGISTRY.items()}
+
+
+def get_backend(name, **options) -> Backend:
+    """The backend called ``name`` (or ``name`` itself if it is a :class:`Backend`),
+    configured with ``options`` (the backend-specific keywords of one call)."""
+    if isinstance(name, Backend):
+        return name.with_options(**options)
+    if not isinstance(name, str) or name not in _REGISTRY:
+        known = ", ".join(
+            f"{n} ({'installed' if ok else 'not installed'})" for n, ok in available_backends().items()
+        )
+        raise ValueError(f"unknown backend {name!r}; known backends: {known}")
+    if name not in _INSTANCES:
+        module, framework, extra = _REGISTRY[name]
+        if not _installed(framework):
+            raise BackendUnavailableError(
+                f"the {name!r} backend needs {framework}, which is not installed; "
+                f"install it with: pip install 'agcheck[{extra}]'"
+            )
+        try:
+            _INSTANCES[name] = importlib.import_module(module).BACKEND_CLASS()
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("agcheck.backends"):
+                raise BackendUnavailableError(f"the {name!r} backend is not part of this agcheck version") from e
+            raise
+    return _INSTANCES[name].with_options(**options)
+
+
+def _leaves(x) -> Iterator:
+    if isinstance(x, (tuple, list)):
+        for item in x:
+            yield from _leaves(item)
+    elif isinstance(x, dict):
+        for item in x.values():
+            yield from _leaves(item)
+    else:
+        yield x
+
+
+def infer_backend(inputs, **options) -> Backend:
+    """The backend whose framework made the arrays in ``inputs``.
+
+    Only frameworks that are already imported are asked, so inference never imports one.
+    """
+    import sys
+
+    found: dict[str, Backend] = {}
+    for leaf in _leaves(inputs):
+        for name, (module, framework, _) in _REGISTRY.items():
+            if framework not in sys.modules or name in found:
+                continue
+            try:
+                backend = get_backend(name)
+            except BackendUnavailableError:
+                continue
+            if backend.owns(leaf):
+                found[name] = backend
+    if len(found) > 1 and _FALLBACK in found:
+        # NumPy arrays beside another framework's arrays are pass-through arguments
+        del found[_FALLBACK]
+    if len(found) > 1:
+        raise TypeError(
+            "inputs mix arrays of several frameworks ("
+            + ", ".join(sorted(found))
+            + "); pass arrays of one framework, or choose one with backend=..."
+        )
+    if not found:
+        raise TypeError(
+            "could not infer the backend: no input is an array of a known framework "
+            f"({', '.join(_REGISTRY)}); pass backend=... or array inputs"
+        )
+    return next(iter(found.values())).with_options(**options)
