@@ -5,37 +5,19 @@ import warnings
 from contextlib import contextmanager
 from typing import Callable
 
-from agcheck.engine import batched as engine
-from agcheck.core import jacobian as jac
 from agcheck.backends.registry import get_backend, infer_backend
-from agcheck.checks import batched, grad_output_scaling, no_differentiable_outputs, undefined_grads
+from agcheck.checks import batched, grad_output_scaling, jacobian, undefined_grads
+from agcheck.core.capabilities import require_capabilities
+from agcheck.core.piece import Piece
+from agcheck.core.stencil import auto_eps, get_stencil
+from agcheck.core.wirtinger import input_part, output_part, split_inputs
+from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.options import GradcheckOptions
 from agcheck.progress import Progress
-from agcheck.core.stencil import auto_eps, get_stencil
-from agcheck.report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure, complete_report,
-                     jacobian_mismatch_message)
-from agcheck.core.wirtinger import input_part, output_part, split_inputs
+from agcheck.report import GradcheckError, complete_report
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
 
-
-def _non_finite_note(be, numerical, analytical) -> str:
-    """Say so when NaN or Inf, not a wrong formula, makes the Jacobians differ."""
-    notes = [name for name, j in (("numerical", numerical), ("analytical", analytical))
-             if be.numel(j) and not be.all_finite(j)]
-    if not notes:
-        return ""
-    hint = (
-        "fn is not finite (or overflows) within eps of this input: move the input away from "
-        "poles and domain edges, or reduce eps"
-        if "numerical" in notes
-        else "the backward produces NaN/Inf here"
-    )
-    return f"Note: the {' and '.join(notes)} Jacobian contains NaN or Inf ({hint}).\n"
-
-
-#: a slow-mode failure report holds at most this many failing (output, input) blocks
-MAX_REPORTED_BLOCKS = 16
 
 #: slow-mode checks with at least this many Jacobian entries warn with their size
 COSTLY_JACOBIAN_ENTRIES = 250_000_000
@@ -159,7 +141,7 @@ def resolve_problem(fn: Callable, inputs, backend, backend_options: dict):
 def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> bool:
     """:func:`gradcheck` with its keywords already gathered in ``opts``."""
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
-    be.check_supported(opts)
+    require_capabilities(be, opts)
     try:
         with be.preserve_state(args), _numpy_rng_preserved():
             try:
@@ -191,10 +173,12 @@ class _Run:
 
     def __init__(self, fn, args, be, opts: GradcheckOptions):
         self.fn, self.args, self.be, self.opts = fn, args, be, opts
-        #: what the batched engine did: (input position, how it was moved) entries, and
-        #: the reasons it handed checks back to the reference engine
-        self.engine_log: list[tuple] = []
-        self.engine_fallbacks: list[str] = []
+        #: what the engine decided on the way, and the undecided outcomes it handed back
+        #: to the reference engine
+        self.engine_log: list[EngineEvent] = []
+        self.engine_fallbacks: list[Outcome] = []
+        #: errors raised by plain calls of fn or its backward (they propagate as they are)
+        self.user_errors = UserErrors()
         self.stencil = get_stencil(opts.stencil)
         self.progress = Progress(enabled=opts.progress)
 
@@ -232,21 +216,20 @@ class _Run:
         if not opts.fast_mode:
             self._warn_if_costly(trace.outputs)
 
+        top = Piece.of(be, self.fn, self.args, self.checked, trace)
         if opts.check_backward_ad:
-            self._reverse_mode(trace, diff)
+            self._reverse_mode(top)
         if opts.check_forward_ad:
-            self._forward_mode(trace)
+            self._forward_mode(top)
         if opts.check_batched_forward_grad:
-            batched.check_forward(be, self.fn, self.args, self.checked)
+            batched.check_forward(self, top)
         if not opts.check_backward_ad:
             return
-        inputs = [self.args[p] for p in self.checked]
         if opts.check_batched_grad:
-            for i, k in enumerate(diff):
-                batched.check_backward(be, trace, k, i, inputs)
-        grad_output_scaling.check(be, trace, diff, inputs, opts.masked)
+            batched.check_backward(self, top)
+        grad_output_scaling.check(self, top)
         if opts.check_undefined_grad:
-            undefined_grads.check_backward(be, self.fn, self.args, self.checked, len(diff))
+            undefined_grads.check_backward(self, top)
 
     def _assert_inputs_untouched(self, before) -> None:
         be = self.be
@@ -311,209 +294,33 @@ class _Run:
         return [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
 
     # -- reverse and forward mode, with the complex split -------------------------------
-    def _reverse_mode(self, trace, diff) -> None:
+    def _reverse_mode(self, top: Piece) -> None:
         be = self.be
-        outputs = trace.outputs
-        complex_outputs = [i for i, k in enumerate(diff) if be.is_complex(outputs[k])]
-        if not any(be.is_complex(o) for o in outputs):
-            self._compare(self.fn, trace, self.args, self.checked, None, False, forward=False)
+        if not any(be.is_complex(o) for o in top.outputs):
+            jacobian.check(self, top)
             return
+        complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
         for part in ("imag", "real"):
-            piece = output_part(be, self.fn, part)
-            piece_trace = be.trace(piece, self.args, self.checked)
-            self._compare(piece, piece_trace, self.args, self.checked, complex_outputs,
-                          part == "imag", forward=False)
+            fn = output_part(be, self.fn, part)
+            trace = be.trace(fn, self.args, self.checked)
+            jacobian.check(self, Piece.of(be, fn, self.args, self.checked, trace,
+                                          complex_indices=complex_outputs, test_imag=part == "imag"))
 
-    def _forward_mode(self, trace) -> None:
+    def _forward_mode(self, top: Piece) -> None:
         be = self.be
         complex_inputs = [k for k, a in enumerate(self.args) if be.is_array(a) and be.is_complex(a)]
         if not complex_inputs:
-            self._compare(self.fn, trace, self.args, self.checked, None, False, forward=True)
-            if self.opts.check_undefined_grad:
-                undefined_grads.check_forward(be, self.fn, self.args, self.checked)
-            return
-        pieces = []
-        for part in ("imag", "real"):
-            piece = input_part(be, self.fn, complex_inputs, self.args, part)
-            piece_args = split_inputs(be, self.args, complex_inputs, part)
-            checked = self.checked
-            trace = be.trace(piece, piece_args, checked)
-            self._compare(piece, trace, piece_args, checked, complex_inputs, part == "imag", forward=True)
-            pieces.append((piece, piece_args, checked))
+            pieces = [Piece.of(be, self.fn, self.args, self.checked, top.trace, forward=True)]
+        else:
+            pieces = []
+            for part in ("imag", "real"):
+                fn = input_part(be, self.fn, complex_inputs, self.args, part)
+                args = split_inputs(be, self.args, complex_inputs, part)
+                pieces.append(Piece.of(be, fn, args, self.checked, be.trace(fn, args, self.checked), forward=True,
+                                       complex_indices=complex_inputs, test_imag=part == "imag"))
+                jacobian.check(self, pieces[-1])
+        if not complex_inputs:
+            jacobian.check(self, pieces[0])
         if self.opts.check_undefined_grad:
-            for piece, piece_args, checked in pieces:
-                undefined_grads.check_forward(be, piece, piece_args, checked)
-
-    def _compare(self, fn, trace, args, checked, complex_indices, test_imag, *, forward) -> None:
-        if self.opts.fast_mode:
-            self._compare_fast(fn, trace, args, checked, complex_indices, test_imag, forward)
-        else:
-            self._compare_slow(fn, trace, args, checked, complex_indices, test_imag, forward)
-
-    # -- slow mode: full Jacobians ------------------------------------------------------
-    def _compare_slow(self, fn, trace, args, checked, complex_indices, test_imag, forward) -> None:
-        be, opts = self.be, self.opts
-        outputs = trace.outputs
-        diff = [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
-        if not diff:
-            no_differentiable_outputs.check_slow(be, fn, args, checked, outputs, self.eps_for, self.stencil)
-            return
-        self.progress.start(sum(be.numel(args[p]) for p in checked),
-                            f"{'forward' if forward else 'reverse'}-mode Jacobians")
-        if opts.engine in ("auto", "batched"):
-            batched = engine.compare_slow_forward if forward else engine.compare_slow_reverse
-            try:
-                batched(self, fn, trace, args, checked, diff)
-                return
-            except Exception as reason:  # the reference engine decides, and explains
-                if engine.raised_by_fn(reason):
-                    raise
-                self.engine_fallbacks.append(f"{type(reason).__name__}: {reason}")
-            self.progress.start(sum(be.numel(args[p]) for p in checked), "Jacobians, element by element")
-        moved = self.numerical_args(args)
-        numerical = [jac.numerical_jacobians(be, fn, moved, p, outputs, self.eps_for(args[p]), self.stencil,
-                                             on_element=self.progress.advance)
-                     for p in checked]
-        inputs = [args[p] for p in checked]
-        if forward:
-            analytical = jac.analytical_jacobians_forward(
-                be, fn, args, checked, check_grad_dtypes=opts.check_grad_dtypes
-            )
-
-            def pair(i, j):  # torch pairs the i-th differentiable output with the i-th floating one
-                return analytical[j][i]
-        else:
-            computed = {}
-
-            def pair(i, j):
-                if i not in computed:  # a later output's Jacobians only for the report
-                    computed[i] = jac.analytical_jacobians_reverse(be, trace, diff[i], inputs, checks=False)
-                return computed[i][j]
-
-        for i, k in enumerate(diff):
-            if not forward:
-                computed[i] = jac.analytical_jacobians_reverse(
-                    be, trace, k, inputs, nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes
-                )
-            for j in range(len(checked)):
-                try:
-                    self._assert_close(pair(i, j), numerical[j][k], i, j, complex_indices, test_imag, forward,
-                                       opts.atol, where=(fn, args, checked[j], outputs, k))
-                except GradcheckError as error:
-                    self._report_other_blocks(error, pair, numerical, diff, checked, (i, j), complex_indices,
-                                              test_imag, forward, where=(fn, args, outputs))
-                    raise
-
-    def _report_other_blocks(self, error, pair, numerical, diff, checked, failed, complex_indices, test_imag,
-                             forward, where) -> None:
-        """Add every other failing (output, input) block of a slow-mode comparison to the
-        report of the first one (whose message is torch's). Never raises."""
-        be, opts = self.be, self.opts
-        fn, args, outputs = where
-        try:
-            for i, k in enumerate(diff):
-                for j in range(len(checked)):
-                    if (i, j) == failed:
-                        continue
-                    if len(error.report.blocks) >= MAX_REPORTED_BLOCKS:
-                        error.report.notes.append(f"only the first {MAX_REPORTED_BLOCKS} failing blocks are reported")
-                        return
-                    a = pair(i, j)
-                    n = be.to_device_of(numerical[j][k], a)
-                    if be.allclose(a, n, opts.rtol, opts.atol):
-                        continue
-                    attach_jacobian_failure(error, self, a, n, output=i, input=j, complex_indices=complex_indices,
-                                            test_imag=test_imag, forward=forward,
-                                            where=(fn, args, checked[j], outputs, k))
-        except Exception as ex:  # noqa: BLE001 - the first failure is what is raised
-            error.report.notes.append(f"other blocks not compared: {type(ex).__name__}: {ex}")
-
-    def _assert_close(self, a, n, out_idx, in_idx, complex_indices, test_imag, forward, atol,
-                      explain: Callable | None = None, where=None) -> None:
-        be = self.be
-        n = be.to_device_of(n, a)
-        if be.allclose(a, n, self.opts.rtol, atol):
-            return
-        message = jacobian_mismatch_message(a, n, out_idx, in_idx, complex_indices, test_imag, forward)
-        message += _non_finite_note(be, n, a)
-        blocks, projection = (a, n), None
-        if explain is not None:
-            message += explain()
-            blocks, projection = self.explained_blocks, {"numerical": n, "analytical": a, "atol": atol}
-        error = GradcheckError(
-            message,
-            check="jacobian_forward" if forward else "jacobian",
-            details={"output": out_idx, "input": in_idx, "imaginary_part": bool(test_imag)},
-        )
-        attach_jacobian_failure(error, self, *blocks, output=out_idx, input=in_idx, complex_indices=complex_indices,
-                                test_imag=test_imag, forward=forward, where=where, projection=projection)
-        raise error
-
-    # -- fast mode: random projections --------------------------------------------------
-    def _compare_fast(self, fn, trace, args, checked, complex_indices, test_imag, forward) -> None:
-        be, opts = self.be, self.opts
-        outputs = trace.outputs
-        diff = [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
-        floats = [k for k, o in enumerate(outputs) if be.is_floating_or_complex(o)]
-        inputs = [args[p] for p in checked]
-        all_v, all_u = jac.random_vectors(be, inputs, None if forward else [outputs[k] for k in diff])
-
-        numerical = []
-        moved = self.numerical_args(args)
-        for p, u in zip(checked, all_u):
-            jus = jac.numerical_directional(be, fn, moved, p, u, self.eps_for(args[p]), self.stencil)
-            float_jus = [jus[k] for k in floats]
-            if forward:
-                numerical.append(float_jus)
-            else:
-                # torch pairs the probes of the differentiable outputs with the floating
-                # outputs in order; kept for parity
-                numerical.append([be.dot(v, ju) for v, ju in zip(all_v, float_jus)])
-
-        if forward:
-            analytical = jac.analytical_jvps(be, fn, args, checked, all_u, check_grad_dtypes=opts.check_grad_dtypes)
-        else:
-            if not diff:
-                no_differentiable_outputs.check_fast(be, fn, args, checked, all_u, self.eps_for, self.stencil,
-                                                     opts.nondet_tol)
-            analytical = []
-            for k, v in zip(diff, all_v):
-                vjs = jac.analytical_vjps(be, trace, k, v, inputs, nondet_tol=opts.nondet_tol,
-                                          check_grad_dtypes=opts.check_grad_dtypes)
-                analytical.append([jac.project_reverse(be, vj, u) for vj, u in zip(vjs, all_u)])
-
-        for i, per_input in enumerate(numerical):
-            for j, n in enumerate(per_input):
-                a = analytical[i][j] if forward else analytical[j][i]
-                atol = jac.adjusted_atol(be, opts.atol, all_u[i], None if forward else all_v[j])
-                output_position = floats[j] if forward else diff[j]
-
-                def explain(i=i, output_position=output_position):
-                    return self._slow_explanation(fn, trace, args, checked, i, output_position, forward)
-
-                self._assert_close(a, n, j, i, complex_indices, test_imag, forward, atol, explain,
-                                   where=(fn, args, checked[i], outputs, output_position))
-
-    def _slow_explanation(self, fn, trace, args, checked, input_index, output_position, forward) -> str:
-        """The full Jacobians of one failing pair, recomputed for the fast-mode message."""
-        be, opts = self.be, self.opts
-        pos = checked[input_index]
-        numerical = jac.numerical_jacobians(be, fn, args, pos, trace.outputs, self.eps_for(args[pos]),
-                                            self.stencil)[output_position]
-        if forward:
-            floats = [k for k, o in enumerate(trace.outputs) if be.is_floating_or_complex(o)]
-            analytical = jac.analytical_jacobians_forward(be, fn, args, [pos])[0][floats.index(output_position)]
-        else:
-            inputs = [args[p] for p in checked]
-            analytical = jac.analytical_jacobians_reverse(be, trace, output_position, inputs, checks=False)[input_index]
-        numerical = be.to_device_of(numerical, analytical)
-        self.explained_blocks = (analytical, numerical)  # for the failure report
-        max_diff = be.max_abs(numerical - analytical) if be.numel(analytical) else 0.0
-        text = (
-            FAST_MODE_NOTE
-            + f"Numerical:\n {numerical}\nAnalytical:\n{analytical}\n\n"
-            + f"The max per-element difference (slow mode) is: {max_diff}.\n"
-        )
-        if be.allclose(analytical, numerical, opts.rtol, opts.atol):
-            text += FAST_FAIL_SLOW_OK
-        return text
+            for piece in pieces:
+                undefined_grads.check_forward(self, piece)

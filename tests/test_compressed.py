@@ -7,6 +7,7 @@ import torch
 
 import agcheck
 from agcheck.engine import compressed
+from agcheck.engine.outcome import EngineEvent
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
 
@@ -23,8 +24,13 @@ def run(fn, inputs, **kw):
     return r
 
 
+def events(r, path):
+    """The engine's decisions on ``path``, with their reasons."""
+    return [f"{e.decision}: {e.detail}" if e.detail else e.decision for e in r.engine_log if e.path == path]
+
+
 def compressed_log(r):
-    return [how for where, how in r.engine_log if where == "compressed"]
+    return events(r, "compressed")
 
 
 def custom(forward, backward):
@@ -166,12 +172,12 @@ def test_small_checks_and_the_batched_engine_skip_compression():
 def test_broadcast_inputs_with_wide_fan_out_are_left_to_the_batched_engine():
     # every element of b reaches 40 outputs: 40 VJPs per round would cost more than 1200
     r = run(lambda a, b: (a * b).sin(), (x_of(40 * 30).reshape(40, 30), x_of(30, seed=1).reshape(1, 30)))
-    assert r.verdict and compressed_log(r) == ["not worth it"]
+    assert r.verdict and compressed_log(r) == ["declined: not worth it"]
 
 
 def test_dense_functions_are_not_compressed():
     r = run(lambda x: x.softmax(0), (x_of(),))
-    assert r.verdict and compressed_log(r) == ["not compressible: an output element depends on several input elements"]
+    assert r.verdict and compressed_log(r) == ["declined: not compressible: an output element depends on several input elements"]
 
 
 def test_index_signs_separate_every_pair():
@@ -209,7 +215,7 @@ def _logged_gradgradcheck(monkeypatch, fn, x, first_cost):
 
     monkeypatch.setattr(gradcheck_module._Run, "all_checks", recording)
     verdict = agcheck.gradgradcheck(fn, (x,), raise_exception=False)
-    return verdict, [how for r in runs for where, how in r.engine_log]
+    return verdict, [f"{e.decision}: {e.detail}" if e.detail else e.decision for r in runs for e in r.engine_log]
 
 
 def test_gradgradcheck_is_compressed_once_batching_is_set_up(monkeypatch):
@@ -220,7 +226,7 @@ def test_gradgradcheck_is_compressed_once_batching_is_set_up(monkeypatch):
 def test_gradgradcheck_compresses_one_call_at_a_time_when_setting_up_batching_costs_more(monkeypatch):
     # no vmap (its first use would import torch._dynamo), but still a few dozen plain calls
     verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of(), first_cost=100.0)
-    assert verdict is True and "element by element (batching setup not worth it)" in log and "passed" in log
+    assert verdict is True and "looped: batching setup not worth it" in log and "passed" in log
 
 
 class _WrongSecondDerivative(torch.autograd.Function):
@@ -250,7 +256,7 @@ def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch, fi
 # -- coloured differences: the pattern read off the analytical Jacobian ---------------------
 
 def coloured_log(r):
-    return [how for where, how in r.engine_log if where == "coloured"]
+    return events(r, "coloured")
 
 
 def mats(n=48, seeds=(0, 1)):
@@ -386,21 +392,21 @@ def test_default_engine_verdict_is_the_reference_verdict(chain, bug, scale, seed
 # -- the reentrancy pass, coloured: rows that share no input element share a VJP ---------
 
 def vjp_log(r):
-    return [how for where, how in r.engine_log if where == "vjp"]
+    return [(e.decision, e.subject, e.detail) for e in r.engine_log if e.path == "vjp"]
 
 
 @pytest.mark.parametrize("name", ["matmul tanh", "banded"])
 def test_second_analytical_pass_is_coloured(name):
     fn, make = COLOURED[name]
     r = run(fn, make())
-    assert r.verdict is True and "coloured second pass" in vjp_log(r) and not r.engine_fallbacks
+    assert r.verdict is True and ("coloured", None, "") in vjp_log(r) and not r.engine_fallbacks
 
 
 def test_an_input_reaching_every_output_gets_the_exact_second_pass():
     fn, make = COLOURED["conv1d"]  # each of the kernel's elements reaches every output
     r = run(fn, make())
     assert r.verdict is True and not r.engine_fallbacks
-    assert vjp_log(r) == ["second pass column by column: input 1 reaches too many outputs"]
+    assert vjp_log(r) == [("column by column", 1, "input reaches too many outputs")]
 
 
 def _drifting_matmul(drift):
@@ -454,7 +460,7 @@ def test_unbatchable_function_is_compressed_one_call_at_a_time():
     fn = unbatchable(lambda x, g: g * 2 * x.cos())
     r = run(fn, (x_of(),))
     assert r.verdict is True and compressed_log(r) == ["passed"] and not r.engine_fallbacks
-    assert (0, "element by element") in r.engine_log
+    assert EngineEvent("numerical", "looped", 0) in r.engine_log
 
 
 @pytest.mark.parametrize("bug", ["scaled", "one entry off"])
@@ -475,7 +481,7 @@ def test_input_read_through_a_closure_is_compressed_one_call_at_a_time():
 
     r = run(module_like, (w,))
     assert r.verdict is True and compressed_log(r) == ["passed"]
-    assert (0, "element by element") in r.engine_log
+    assert EngineEvent("numerical", "looped", 0) in r.engine_log
     assert torch.autograd.gradcheck(module_like, (w,))
 
 
@@ -530,7 +536,7 @@ def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, mon
     a, b = (t.detach().to(dtype).requires_grad_() for t in mats(48))
     kw = dict(atol=1e-2, rtol=1e-2, eps=1e-3) if dtype == torch.float32 else {}
     r = run(_RecordingMatmulTanh.apply, (a, b), **kw)
-    assert coloured_log(r) == ["passed"] and (0, "element by element") in r.engine_log
+    assert coloured_log(r) == ["passed"] and EngineEvent("numerical", "looped", 0) in r.engine_log
     eps = kw.get("eps", 1e-6)
     seen = _RecordingMatmulTanh.seen
     # each input: 48 colours x 2 points x (1 + 6 bit rounds + 12 random rounds), with the
@@ -562,7 +568,7 @@ def test_coloured_second_pass_batches_follow_the_memory_budget(monkeypatch):
     for budget in (None, 4 << 20):
         batches.clear()
         r = run(fn, (x_of(400).reshape(1, 1, 400),), memory_budget=budget)
-        assert r.verdict is True and "coloured second pass" in vjp_log(r)
+        assert r.verdict is True and ("coloured", None, "") in vjp_log(r)
         widest[budget] = max(batches)
     # (400 + 337) elements x 8 bytes x 8 per cotangent, a quarter of 4 MiB per call: 22
     assert widest[None] >= 64 and widest[4 << 20] <= 22

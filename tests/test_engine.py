@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import agcheck
+from agcheck.engine.outcome import EngineEvent
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
 
@@ -22,8 +23,8 @@ def run(fn, inputs, **kw):
 
 
 def paths(r):
-    """How the inputs were moved (the numerical side's entries of the engine log)."""
-    return {how for where, how in r.engine_log if isinstance(where, int)}
+    """How the inputs were moved (the numerical side's events of the engine log)."""
+    return {(e.decision, e.detail) if e.detail else e.decision for e in r.engine_log if e.path == "numerical"}
 
 
 def test_vmappable_inputs_are_batched_and_pass():
@@ -33,20 +34,20 @@ def test_vmappable_inputs_are_batched_and_pass():
 
 def test_tiny_inputs_use_the_loop():
     r = run(lambda a: a.exp(), (make(3),))
-    assert r.verdict and paths(r) == {"element by element"}
-    assert r.engine_fallbacks == ["EngineFallback: no input can be moved in batches"]
+    assert r.verdict and paths(r) == {"looped"}
+    assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
 
 
 def test_closure_is_detected_and_falls_back():
     lin = torch.nn.Linear(30, 4).double()
     data = torch.randn(3, 30, dtype=torch.float64)
     r = run(lambda w: lin(data), (lin.weight,))
-    assert r.verdict and paths(r) == {"element by element"}
+    assert r.verdict and paths(r) == {"looped"}
 
 
 def test_not_vmappable_falls_back_to_the_loop():
     r = run(lambda t: t * float(t.sum().item()), (make(40),))
-    assert paths(r) == {"element by element"}
+    assert paths(r) == {"looped"}
     assert r.verdict == torch.autograd.gradcheck(lambda t: t * float(t.sum().item()), (make(40),),
                                                  raise_exception=False)
 
@@ -84,7 +85,7 @@ def test_small_memory_budgets_recompute_but_agree(budget):
     ok = run(fn, (make(12, 12), make(12, 12, seed=3)), memory_budget=budget)
     # with one-row chunks a loop may be cheaper; which way it went depends on timings
     assert ok.verdict and not ok.engine_fallbacks and "batched" in paths(ok)
-    assert paths(ok) <= {"batched", "element by element (batched was slower)"}
+    assert paths(ok) <= {"batched", ("looped", "batched was slower")}
     bad = run(OneEntryOff.apply, (make(40),), memory_budget=budget)
     assert bad.verdict is False
 
@@ -191,7 +192,7 @@ def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monk
     fn = lambda a, b: torch.tanh(a @ b)
     r = run(fn, (make(24, 24), make(24, 24, seed=1)))
     assert r.verdict and not r.engine_fallbacks
-    assert ("vjp", "one at a time (batched was slower)") in r.engine_log
+    assert EngineEvent("vjp", "looped", None, "batched was slower") in r.engine_log
     assert len(calls) == 1  # the first, _RAMP-sized batch only
     calls.clear()
     monkeypatch.setattr(ScaledSin, "factor", 1.1)
@@ -206,7 +207,7 @@ def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_bat
     fn = lambda a, b: torch.tanh(a @ b)
     r = run(fn, (make(24, 24), make(24, 24, seed=1)), engine="batched")
     assert r.verdict and not r.engine_fallbacks
-    assert "element by element (batched was slower)" in paths(r)
+    assert ("looped", "batched was slower") in paths(r)
     assert len(calls) == 2  # one small batch per input
     calls.clear()
     broken = run(lambda a, b: OneEntryOff.apply(a @ b), (make(24, 24), make(24, 24, seed=1)), engine="batched")

@@ -10,9 +10,83 @@ directly; they are the one part of the array API every framework shares.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError"]
+__all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "OutputPart", "InputPart",
+           "Watched"]
+
+
+class Capability:
+    """The names of the optional parts of the contract, as a backend lists them in
+    :attr:`Backend.capabilities`. The core asks :meth:`Backend.supports` before it uses
+    an optional method; a check whose capability is missing is refused before any work
+    (:meth:`Backend.refusal`), never passed silently."""
+
+    REVERSE = "reverse"  #: reverse mode: Trace.vjp (check_backward_ad)
+    FORWARD = "forward"  #: forward mode: jvp, jvp_wrt (check_forward_ad)
+    BATCHED_GRAD = "batched"  #: Trace.vjp_batched (check_batched_grad)
+    BATCHED_FORWARD = "batched_forward"  #: jvp_batched (check_batched_forward_grad)
+    UNDEFINED_GRAD = "undefined_grad"  #: vjp_with_undefined_outputs (check_undefined_grad)
+    MASKED = "masked"  #: masked=True is meaningful (sparse layouts, or dense arrays only)
+    SPARSE = "sparse"  #: sparse layouts: layout, densify, to_dense, gradient_layout_problem
+    SECOND_ORDER = "second_order"  #: differentiable_vjp, random_cotangent (gradgradcheck)
+    BATCHED_EVALUATION = "batched_evaluation"  #: evaluate_batch, element_moves, one_hots (engine)
+    BATCHED_JVP = "batched_jvp"  #: jvp_rows, jvp_along (engine, forward mode)
+
+
+class UnsupportedError(NotImplementedError):
+    """An optional method was called on a backend that does not declare its capability."""
+
+
+@dataclass(frozen=True, eq=False)
+class OutputPart:
+    """``fn`` with ``real`` or ``imag`` applied to its complex outputs (reverse mode of a
+    function with complex outputs). A backend whose derivatives come from elsewhere (the
+    NumPy backend's user VJPs) unpacks it to find ``fn``; to everyone else it is a function."""
+
+    fn: Callable
+    part: str
+    backend: Any
+
+    def __call__(self, *args):
+        be = self.backend
+        take = be.real if self.part == "real" else be.imag
+        return tuple(take(o) if be.is_array(o) and be.is_complex(o) else o for o in be.as_tuple(self.fn(*args)))
+
+
+@dataclass(frozen=True, eq=False)
+class InputPart:
+    """``fn`` as a function of the real (or imaginary) parts of its complex inputs at
+    ``positions``, the other part held at its value in ``originals`` (forward mode)."""
+
+    fn: Callable
+    positions: tuple
+    originals: tuple
+    part: str
+    backend: Any
+
+    def __call__(self, *args):
+        be = self.backend
+        rebuilt = list(args)
+        for k in self.positions:
+            if self.part == "real":
+                rebuilt[k] = args[k] + be.imag(self.originals[k]) * 1j
+            else:
+                rebuilt[k] = be.real(self.originals[k]) + args[k] * 1j
+        return be.as_tuple(self.fn(*rebuilt))
+
+
+@dataclass(frozen=True, eq=False)
+class Watched:
+    """``fn`` itself, called through ``on_call`` (which sees the arguments and may record
+    what ``fn`` raised): backends differentiate ``fn`` as they would unwrapped."""
+
+    fn: Callable
+    on_call: Callable
+
+    def __call__(self, *args):
+        return self.on_call(self.fn, *args)
 
 
 class BackendUnavailableError(ImportError):
@@ -40,8 +114,10 @@ class Trace:
         raise NotImplementedError
 
     def vjp_batched(self, output_position: int, stacked_cotangents) -> list:
-        """Many VJPs at once: ``stacked_cotangents`` has a leading batch dimension."""
-        raise NotImplementedError
+        """Many VJPs at once: ``stacked_cotangents`` has a leading batch dimension; one
+        entry per checked input, stacked the same way, or ``None`` (undefined).
+        Capability :attr:`Capability.BATCHED_GRAD`."""
+        raise UnsupportedError("vjp_batched")
 
 
 class Perturber:
@@ -58,12 +134,15 @@ class Perturber:
         """The multi-index of the flat element ``flat`` (for messages)."""
         raise NotImplementedError
 
-    def evaluate_element(self, fn: Callable, flat: int, delta) -> tuple:
-        """Outputs of ``fn`` with element ``flat`` moved by the scalar ``delta``."""
+    def evaluate_element(self, fn: Callable, flat: int, step, sign: int) -> tuple:
+        """Outputs of ``fn`` with element ``flat`` moved by ``sign * step`` (``step`` a
+        real or complex scalar, ``sign`` +1 or -1), computed as ``x[flat] + step`` or
+        ``x[flat] - step`` so that the rounding is the reference's."""
         raise NotImplementedError
 
-    def evaluate_direction(self, fn: Callable, delta) -> tuple:
-        """Outputs of ``fn`` with the whole input moved by the array ``delta``."""
+    def evaluate_direction(self, fn: Callable, step, sign: int) -> tuple:
+        """Outputs of ``fn`` with the whole input moved by ``sign * step`` (``step`` an
+        array shaped like the input)."""
         raise NotImplementedError
 
     # Inputs stored sparsely: ``numel`` counts the stored elements (what is moved), while
@@ -74,22 +153,33 @@ class Perturber:
         ``rows[k]``, and the rows of elements that are not stored are zero."""
         return None
 
-    def direction(self, u):
-        """The flat probe ``u`` (one entry per dense element) as :meth:`evaluate_direction`
-        takes it; ``None`` lets the core reshape ``u`` to the input's shape."""
-        return None
-
 
 class Backend:
-    """What the core asks of an array framework.
+    """What the core asks of an array framework: the backend contract.
 
-    Subclasses implement the abstract methods; the defaults of the others are written
-    against the array API (through ``array_api_compat``) and may be overridden for speed.
+    A backend implements the required methods (those raising ``NotImplementedError``
+    here: inspection, ``trace``, ``perturber``, ``jvp``, ``allclose``, randomness,
+    conversion) and lists in :attr:`capabilities` the optional parts it also implements
+    (see :class:`Capability`); the core asks :meth:`supports` before using an optional
+    method. The defaults of the rest are written against the array API (through
+    ``array_api_compat``) and may be overridden for speed. ``tests/test_backend_contract.py``
+    runs the whole contract over every registered backend.
     """
 
     name: str = "abstract"
-    #: the checks this backend can run; a check it cannot run is reported, never passed
+    #: the optional parts of the contract this backend implements (:class:`Capability` names)
     capabilities: frozenset = frozenset()
+
+    def supports(self, capability: str) -> bool:
+        """Whether this backend implements the optional part ``capability``."""
+        return capability in self.capabilities
+
+    def refusal(self, capability: str, keyword: str) -> Exception:
+        """The error for a check that needs ``capability``, asked for by the keyword
+        ``keyword``, on a backend that lacks it (raised before any work)."""
+        return ValueError(
+            f"the {self.name!r} backend cannot run what {keyword} asks for: it does not support {capability!r}"
+        )
 
     # -- inspection -------------------------------------------------------------------
     def owns(self, x) -> bool:
@@ -120,6 +210,16 @@ class Backend:
         raise NotImplementedError
 
     def is_differentiable_output(self, x) -> bool:
+        """Does the output ``x`` carry derivatives (torch: ``requires_grad``)?"""
+        raise NotImplementedError
+
+    def is_bool(self, x) -> bool:
+        """Is ``x`` an array of booleans?"""
+        raise NotImplementedError
+
+    def as_int(self, x):
+        """The boolean array ``x`` as a small integer array of the same framework (so
+        that finite differences of boolean outputs can be taken)."""
         raise NotImplementedError
 
     def numel(self, x) -> int:
@@ -148,9 +248,6 @@ class Backend:
         if options:
             raise TypeError(f"the {self.name!r} backend takes no extra keywords, got {sorted(options)}")
         return self
-
-    def check_supported(self, opts) -> None:
-        """Raise, before any work, if this backend cannot run the checks ``opts`` asks for."""
 
     def prepare(self, fn: Callable, inputs) -> tuple[Callable, tuple]:
         """``fn`` and its inputs as the core sees them: a callable of a flat tuple of arguments."""
@@ -192,14 +289,86 @@ class Backend:
         """
         raise NotImplementedError
 
+    def jvp_wrt(self, fn: Callable, args: tuple, position: int, tangent) -> tuple:
+        """Output tangents of ``fn`` with ``tangent`` on ``args[position]`` alone (the other
+        inputs held constant): one array per output, zeros where a tangent is undefined.
+        Capability :attr:`Capability.FORWARD`."""
+        raise UnsupportedError("jvp_wrt")
+
     def jvp_batched(self, fn: Callable, args: tuple, position: int, stacked_tangents) -> tuple:
-        """Many JVPs with respect to ``args[position]`` at once (leading batch dimension)."""
-        raise NotImplementedError
+        """Many :meth:`jvp_wrt` at once (``stacked_tangents`` has a leading batch
+        dimension). Capability :attr:`Capability.BATCHED_FORWARD`."""
+        raise UnsupportedError("jvp_batched")
 
     def vjp_with_undefined_outputs(self, fn: Callable, args: tuple, checked, undefined) -> list:
         """Evaluate ``fn`` afresh and back-propagate zero cotangents, with the output
         gradients at the positions in ``undefined`` (indices among the differentiable
-        outputs) marked undefined rather than zero."""
+        outputs, or ``"all"``) marked undefined rather than zero. Capability
+        :attr:`Capability.UNDEFINED_GRAD`."""
+        raise UnsupportedError("vjp_with_undefined_outputs")
+
+    # -- batched forms (optional: the engine's faster paths) -----------------------------
+    def evaluate_batch(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
+        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (a
+        leading batch dimension) in one call: per output, the stacked results.
+        Capability :attr:`Capability.BATCHED_EVALUATION`."""
+        raise UnsupportedError("evaluate_batch")
+
+    def element_moves(self, x, flat: Sequence[int], step, sign: int):
+        """Copies of ``x`` stacked, the ``b``-th with element ``flat[b]`` moved by
+        ``sign * step``, rounded as :meth:`Perturber.evaluate_element` rounds.
+        Capability :attr:`Capability.BATCHED_EVALUATION`."""
+        raise UnsupportedError("element_moves")
+
+    def one_hots(self, like, flat: Sequence[int]):
+        """Stacked one-hot arrays shaped like ``like``, the ``b``-th one at ``flat[b]``.
+        Capability :attr:`Capability.BATCHED_EVALUATION`."""
+        raise UnsupportedError("one_hots")
+
+    def batch_setup_cost(self, fn: Callable) -> float:
+        """Seconds of one-time setup (e.g. an import) that the first batched evaluation
+        of ``fn`` would pay; the engine batches only when the loop costs more."""
+        return 0.0
+
+    def jvp_rows(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, flat: Sequence[int]) -> list:
+        """Forward-mode Jacobian rows ``flat`` of input ``checked[j]`` in one batched JVP:
+        per floating output a ``(len(flat), numel)`` array. Capability
+        :attr:`Capability.BATCHED_JVP`."""
+        raise UnsupportedError("jvp_rows")
+
+    def jvp_along(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, stacked) -> list:
+        """JVPs along each of ``stacked`` (tangents of input ``checked[j]``, the others'
+        zero): per floating output a ``(len(stacked), numel)`` array, ``None`` where
+        undefined. Capability :attr:`Capability.BATCHED_JVP`."""
+        raise UnsupportedError("jvp_along")
+
+    # -- second order (optional: gradgradcheck) -----------------------------------------
+    def random_cotangent(self, like, generator, noncontiguous: bool):
+        """Uniform values in [-1, 1) shaped like ``like``, marked for differentiation
+        (non-contiguous in memory if asked and the framework has strides).
+        Capability :attr:`Capability.SECOND_ORDER`."""
+        raise UnsupportedError("random_cotangent")
+
+    def differentiable_vjp(self, fn: Callable, n_inputs: int, input_positions: Sequence[int],
+                           cotangent_positions: Sequence[int]) -> Callable:
+        """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)`` that can itself
+        be differentiated (returns the gradients of the inputs at ``input_positions``).
+        Capability :attr:`Capability.SECOND_ORDER`."""
+        raise UnsupportedError("differentiable_vjp")
+
+    # -- layouts (optional: sparse arrays) ------------------------------------------------
+    def to_dense(self, x):
+        """``x`` as a dense array (dense arrays are returned as they are)."""
+        return x
+
+    def gradient_layout_problem(self, g, x) -> str | None:
+        """Why the gradient ``g`` has the wrong layout for the input ``x`` (torch's message),
+        or ``None``."""
+        return None
+
+    def part_as_input(self, x, part: str):
+        """The real or imaginary part (``part``) of the complex ``x`` as a new real input
+        that takes part in the check as ``x`` did (forward mode of complex inputs)."""
         raise NotImplementedError
 
     # -- array algebra ----------------------------------------------------------------

@@ -271,7 +271,8 @@ class JaxBackend(Backend):
     """
 
     name = "jax"
-    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order"})
+    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
+                              "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (
         "gradcheck expects at least one input to differentiate with respect to, but no input "
         "is a floating point or complex JAX array (choose inputs with wrt=...)."
@@ -307,14 +308,15 @@ class JaxBackend(Backend):
             new._prepared = new._prepared_checked = None
         return new
 
-    def check_supported(self, opts) -> None:
+    def refusal(self, capability, keyword) -> Exception:
         """``masked`` concerns sparse inputs, which JAX does not have: refuse it clearly."""
-        if getattr(opts, "masked", None):
-            raise ValueError(
+        if capability == "masked":
+            return ValueError(
                 "masked=True selects the specified elements of sparse inputs, and JAX arrays "
                 "are dense (jax.experimental.sparse arrays are not supported): the 'jax' "
                 "backend has nothing to mask. Leave masked at its default."
             )
+        return super().refusal(capability, keyword)
 
     def _resolve_wrt(self, n_args: int) -> tuple:
         resolved = []

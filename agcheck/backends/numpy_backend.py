@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import array_api_compat
 import numpy as np
 
-from agcheck.backends.base import Backend, Perturber, Trace
+from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace, Watched
 from agcheck.report import GradcheckError
 
 __all__ = ["NumpyBackend", "NumpyTrace", "MissingDerivativeError", "BACKEND_CLASS", "owns"]
@@ -95,11 +95,12 @@ def _resolve(f):
     """
     if isinstance(f, UserFunction):
         return ("base", f)
-    if getattr(f, "agcheck_passthrough", None) is not None:  # the core watching fn's calls
-        return _resolve(f.agcheck_passthrough)
-    tag = getattr(f, "agcheck_piece", None)
-    if tag is not None:  # a piece that describes itself
-        return tuple(tag)
+    if isinstance(f, Watched):  # the core watching fn's calls
+        return _resolve(f.fn)
+    if isinstance(f, OutputPart):
+        return ("outputs", f.fn, f.part)
+    if isinstance(f, InputPart):
+        return ("inputs", f.fn, f.positions, f.originals, f.part)
     raise TypeError(
         "the numpy backend differentiates only the function passed to agcheck.gradcheck "
         f"(its derivatives come from vjp=/jvp=); got {f!r}"
@@ -201,7 +202,7 @@ class NumpyBackend(Backend):
             raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
         self.vjp, self.jvp_fn, self.convention = vjp, jvp, convention
         self.wrt = _normalize_wrt(wrt)
-        caps = {"batched", "batched_forward", "undefined_grad"}
+        caps = {"batched", "batched_forward", "undefined_grad", "masked"}
         if vjp is not None:
             caps.add("reverse")
         if jvp is not None:
@@ -227,12 +228,13 @@ class NumpyBackend(Backend):
         config.update(options)
         return NumpyBackend(**config)
 
-    def check_supported(self, opts) -> None:
+    def refusal(self, capability, keyword) -> Exception:
         """Say before any work that a requested mode has no derivative to check."""
-        if opts.check_backward_ad and self.vjp is None:
-            raise _reverse_missing()
-        if opts.check_forward_ad and self.jvp_fn is None:
-            raise _forward_missing()
+        if capability == "reverse":
+            return _reverse_missing()
+        if capability == "forward":
+            return _forward_missing()
+        return super().refusal(capability, keyword)
 
     def prepare(self, fn, inputs):
         if isinstance(fn, UserFunction):

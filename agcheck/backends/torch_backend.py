@@ -76,7 +76,8 @@ class TorchBackend(Backend):
     """Dense real and complex torch tensors, on any device (CPU, CUDA, ...)."""
 
     name = "torch"
-    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "sparse"})
+    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "sparse", "masked",
+                              "second_order", "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (
         "gradcheck expects at least one input tensor to require gradient, "
         "but none of them have requires_grad=True."
@@ -357,8 +358,11 @@ class TorchBackend(Backend):
                 grads = tuple(g if g is None or g.layout == torch.strided else g.to_dense() for g in grads)
             return tuple(g for g in grads if g is not None)
 
-        vjp_of_fn.agcheck_first_batch_cost = _func_vjp_first_cost
-        return vjp_of_fn
+        return _DifferentiableVjp(vjp_of_fn)
+
+    def batch_setup_cost(self, fn) -> float:
+        # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
+        return _func_vjp_first_cost() if isinstance(fn, _DifferentiableVjp) else 0.0
 
     # -- array algebra ----------------------------------------------------------------
     def flatten(self, x):
@@ -505,6 +509,17 @@ class TorchBackend(Backend):
 
 
 _REAL_PROBE_DTYPES = {torch.complex128: torch.float64, torch.complex64: torch.float32}
+
+
+class _DifferentiableVjp:
+    """The function :meth:`TorchBackend.differentiable_vjp` returns (a type of its own, so
+    that :meth:`TorchBackend.batch_setup_cost` recognises it)."""
+
+    def __init__(self, vjp_of_fn):
+        self._vjp_of_fn = vjp_of_fn
+
+    def __call__(self, *args):
+        return self._vjp_of_fn(*args)
 
 
 def _func_vjp_first_cost() -> float:

@@ -11,8 +11,13 @@ def _zeros_for_undefined(be, grads, inputs):
     return [be.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
 
 
-def check_backward(be, trace, output_position, output_index, inputs) -> None:
-    """vmap of the VJP over two random cotangents vs. two separate VJPs."""
+def check_backward(run, piece) -> None:
+    """vmap of the VJP over two random cotangents vs. two separate VJPs, output by output."""
+    for output_index, output_position in enumerate(piece.diff):
+        _check_output(run.be, piece.trace, output_position, output_index, piece.inputs)
+
+
+def _check_output(be, trace, output_position, output_index, inputs) -> None:
     out = trace.outputs[output_position]
     gen = be.generator(out, BATCHED_SEED + output_index)
     cotangents = [be.normal_like(out, gen) for _ in range(_BATCH)]
@@ -33,8 +38,9 @@ def check_backward(be, trace, output_position, output_index, inputs) -> None:
                                                                 "max_difference": float(be.max_abs(got - exp))})
 
 
-def check_forward(be, fn, args, checked) -> None:
+def check_forward(run, piece) -> None:
     """vmap of the JVP over two random tangents vs. two separate JVPs, input by input."""
+    be, fn, args, checked = run.be, piece.fn, piece.args, piece.checked
     for pos in checked:
         x = args[pos]
         gen = be.generator(x, BATCHED_SEED + pos)

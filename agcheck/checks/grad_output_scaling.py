@@ -4,10 +4,13 @@ from __future__ import annotations
 from agcheck.report import GradcheckError
 
 
-def check(be, trace, diff_positions, inputs, masked) -> None:
-    outs = [trace.outputs[p] for p in diff_positions]
-    grads = trace.vjp(diff_positions, [be.zeros_like(o) for o in outs])
-    for i, (g, x) in enumerate(zip(grads, inputs)):
+def check(run, piece) -> None:
+    """Zero cotangents on every differentiable output must give zero gradients of the
+    input's type, device, size and layout."""
+    be, masked = run.be, run.opts.masked
+    outs = [piece.outputs[p] for p in piece.diff]
+    grads = piece.trace.vjp(piece.diff, [be.zeros_like(o) for o in outs])
+    for i, (g, x) in enumerate(zip(grads, piece.inputs)):
         if g is None:
             continue
         problem = be.gradient_layout_problem(g, x)

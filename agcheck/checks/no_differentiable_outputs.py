@@ -7,8 +7,10 @@ from agcheck.report import GradcheckError
 MESSAGE = "Numerical gradient for function expected to be zero"
 
 
-def check_slow(be, fn, args, checked, outputs, eps_for, stencil) -> None:
+def check_slow(run, piece) -> None:
     """Every finite-difference Jacobian entry must be exactly zero."""
+    be, fn, args, checked, outputs = run.be, piece.fn, piece.args, piece.checked, piece.outputs
+    eps_for, stencil = run.eps_for, run.stencil
     for pos in checked:
         for jac in numerical_jacobians(be, fn, args, pos, outputs, eps_for(args[pos]), stencil).values():
             if be.count_nonzero(jac) > 0:
@@ -17,8 +19,11 @@ def check_slow(be, fn, args, checked, outputs, eps_for, stencil) -> None:
                                               "nonzero_entries": be.count_nonzero(jac)})
 
 
-def check_fast(be, fn, args, checked, all_u, eps_for, stencil, tol) -> None:
-    """Every finite-difference directional derivative must be within ``tol`` of zero."""
+def check_fast(run, piece, all_u) -> None:
+    """Every finite-difference directional derivative along the probes ``all_u`` must be
+    within ``nondet_tol`` of zero."""
+    be, fn, args, checked = run.be, piece.fn, piece.args, piece.checked
+    eps_for, stencil, tol = run.eps_for, run.stencil, run.opts.nondet_tol
     for pos, u in zip(checked, all_u):
         for jvp in numerical_directional(be, fn, args, pos, u, eps_for(args[pos]), stencil):
             if jvp is None or be.numel(jvp) == 0:

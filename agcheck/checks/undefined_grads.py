@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import warnings
 
+from agcheck.backends.base import Watched
 from agcheck.core.jacobian import random_vectors
 from agcheck.report import UNDEFINED_GRAD_HINT, GradcheckError
 
@@ -13,22 +14,23 @@ _OPT_OUT = (
 )
 
 
-def check_backward(be, fn, args, checked, n_outputs) -> None:
+def check_backward(run, piece) -> None:
     """Back-propagate with all output gradients undefined, then (with several outputs)
     with one undefined at a time: the backward must not fail and must give zeros."""
+    be, fn, args, checked, n_outputs = run.be, piece.fn, piece.args, piece.checked, len(piece.diff)
     cases = ["all"]
     if n_outputs > 1:
         cases += [{k} for k in range(n_outputs)]
     raised = []
 
-    def guarded(*a):
+    def record(f, *a):
         try:
-            return fn(*a)
+            return f(*a)
         except Exception as e:
             raised.append(e)
             raise
 
-    guarded.agcheck_passthrough = fn  # the same function: backends differentiate fn itself
+    guarded = Watched(fn, record)
     for undefined in cases:
         try:
             grads = be.vjp_with_undefined_outputs(guarded, args, checked, undefined)
@@ -54,8 +56,9 @@ def check_backward(be, fn, args, checked, n_outputs) -> None:
                 )
 
 
-def check_forward(be, fn, args, checked) -> None:
+def check_forward(run, piece) -> None:
     """An undefined input tangent must give the same output tangents as a zero one."""
+    be, fn, args, checked = run.be, piece.fn, piece.args, piece.checked
     inputs = [args[p] for p in checked]
     _, all_u = random_vectors(be, inputs, None)
     tangents = []

@@ -10,20 +10,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from agcheck.backends.base import InputPart, OutputPart
+
 __all__ = ["output_part", "input_part", "split_inputs"]
 
 
 def output_part(be, fn: Callable, part: str) -> Callable:
     """``fn`` with ``real`` or ``imag`` applied to each of its complex array outputs."""
-    take = be.real if part == "real" else be.imag
-
-    def piece(*args):
-        outs = be.as_tuple(fn(*args))
-        return tuple(take(o) if be.is_array(o) and be.is_complex(o) else o for o in outs)
-
-    # backends whose derivatives come from elsewhere (the user's vjp) read what the piece is
-    piece.agcheck_piece = ("outputs", fn, part)
-    return piece
+    return OutputPart(fn, part, be)
 
 
 def input_part(be, fn: Callable, complex_positions: Sequence[int], originals: tuple, part: str) -> Callable:
@@ -31,19 +25,7 @@ def input_part(be, fn: Callable, complex_positions: Sequence[int], originals: tu
 
     The other part of each complex input is held at its original value.
     """
-    positions = tuple(complex_positions)
-
-    def piece(*args):
-        rebuilt = list(args)
-        for k in positions:
-            if part == "real":
-                rebuilt[k] = args[k] + be.imag(originals[k]) * 1j
-            else:
-                rebuilt[k] = be.real(originals[k]) + args[k] * 1j
-        return be.as_tuple(fn(*rebuilt))
-
-    piece.agcheck_piece = ("inputs", fn, positions, originals, part)
-    return piece
+    return InputPart(fn, tuple(complex_positions), originals, part, be)
 
 
 def split_inputs(be, args: tuple, complex_positions: Sequence[int], part: str) -> tuple:

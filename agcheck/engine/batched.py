@@ -25,10 +25,12 @@ import time
 
 import numpy as np
 
-from agcheck.engine import compressed
+from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
+from agcheck.engine import compressed
+from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 
-__all__ = ["EngineFallback", "compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
 
 #: default bytes that Jacobian storage and batch working sets may take
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -58,25 +60,8 @@ _PROBE_SECONDS = 0.05
 
 
 class EngineFallback(Exception):
-    """The batched engine cannot decide this check; the reference engine will."""
-
-
-def raised_by_fn(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of a plain (unbatched) call of the user's function or its
-    backward: such an error is the user's and propagates as torch's would, instead of
-    sending the check to the reference engine (which might not meet it again)."""
-    return getattr(exc, "agcheck_raised_by_fn", False)
-
-
-def _fn_call(call, *args, **kwargs):
-    try:
-        return call(*args, **kwargs)
-    except Exception as e:
-        try:
-            e.agcheck_raised_by_fn = True
-        except AttributeError:  # an exception class with __slots__: cannot be marked
-            pass
-        raise
+    """Raised inside this module when the batched engine cannot decide a check; its
+    entry points turn it into an undecided :class:`Outcome`."""
 
 
 def _rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
@@ -134,19 +119,19 @@ class _Problem:
         """Can ``args[pos]`` be moved in batches? (vmappable, and seen by fn)"""
         if pos not in self._batched:
             self._batched[pos] = self._probe(pos)
-            self.run.engine_log.append((pos, "batched" if self._batched[pos] else "element by element"))
+            self.run.engine_log.append(EngineEvent("numerical", "batched" if self._batched[pos] else "looped", pos))
         return self._batched[pos]
 
     def _probe(self, pos) -> bool:
         be, x = self.be, self.args[pos]
-        if be.numel(x) < MIN_BATCHED_NUMEL or not hasattr(be, "evaluate_batch"):
+        if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
         gen = be.generator(x, PROBE_SEED)
         u = be.uniform_unit_vector(x, gen, real=True)
         eps = self.run.eps_for(x)
         try:
             start = time.perf_counter()
-            sequential = _fn_call(jac.numerical_directional, be, self.fn, self.args, pos, u, eps, self.run.stencil)
+            sequential = self.run.user_errors.call(jac.numerical_directional, be, self.fn, self.args, pos, u, eps, self.run.stencil)
             self._element_cost[pos] = (time.perf_counter() - start) * (2 if be.is_complex(x) else 1)
             if self._setup_outweighs_saving(pos):
                 return False
@@ -154,7 +139,7 @@ class _Problem:
             moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
             batched = be.evaluate_batch(self.fn, self.args, pos, moved)
         except Exception as e:
-            if raised_by_fn(e):
+            if e in self.run.user_errors:
                 raise
             return False
         for k in self.floats:
@@ -170,11 +155,10 @@ class _Problem:
     def _setup_outweighs_saving(self, pos) -> bool:
         """A batched form of fn that costs a one-time setup (e.g. an import) is used only
         when the element-by-element loop it replaces would take longer than the setup."""
-        first_cost = getattr(self.run.fn, "agcheck_first_batch_cost", None)
-        setup = first_cost() if first_cost is not None else 0.0
+        setup = self.be.batch_setup_cost(self.run.fn)
         loop = _LOOP_EVALUATIONS * self._element_cost[pos] * self.be.numel(self.args[pos])
         if setup and loop < setup:
-            self.run.engine_log.append((pos, "element by element (batching setup not worth it)"))
+            self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batching setup not worth it"))
             return True
         return False
 
@@ -187,7 +171,7 @@ class _Problem:
         with be.perturber(self.args, pos) as perturber:
             for delta in deltas:
                 step = be.reshape(be.array_like(delta, x), tuple(x.shape))
-                outs = _fn_call(perturber.evaluate_direction, self.fn, step, 1)
+                outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, 1)
                 for k in outputs:
                     parts[k].append(be.to_numpy(outs[k]).reshape(-1))
         return {k: np.stack(v) for k, v in parts.items()}
@@ -218,7 +202,7 @@ class _Problem:
             if stop < n and _batching_loses(seconds / (stop - start), self._element_cost.get(pos, float("inf")),
                                             stop - start, seconds):
                 # vmap is slower here than a loop (no batching rule for some op)
-                self.run.engine_log.append((pos, "element by element (batched was slower)"))
+                self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batched was slower"))
                 yield from self._looped_row_chunks(pos, stop, n, eps)
                 return
 
@@ -230,10 +214,10 @@ class _Problem:
         chunk = _rows_per_chunk(per_row, self.budget, max(end - begin, 1))
         for start in range(begin, end, chunk):
             stop = min(end, start + chunk)
-            yield start, stop, _fn_call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
+            yield start, stop, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
                                         self.run.stencil, elements=range(start, stop))
         if begin == end == 0:
-            yield 0, 0, _fn_call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
+            yield 0, 0, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
                                  self.run.stencil)
 
     def _batched_rows(self, pos, flat, eps, complex_input):
@@ -272,8 +256,16 @@ def _require_dense(be, args) -> None:
             raise EngineFallback(f"an argument has layout {be.layout(a)!r}")
 
 
-def compare_slow_reverse(run, fn, trace, args, checked, diff) -> None:
-    """Slow-mode reverse check of one piece, batched; raises EngineFallback if undecided."""
+def compare_slow_reverse(run, piece) -> Outcome:
+    """Slow-mode reverse check of one piece, batched: passed, or undecided with a reason."""
+    try:
+        _reverse(run, piece.fn, piece.trace, piece.args, piece.checked, piece.diff)
+    except EngineFallback as reason:
+        return undecided(str(reason))
+    return PASSED
+
+
+def _reverse(run, fn, trace, args, checked, diff) -> None:
     be, opts = run.be, run.opts
     _require_dense(be, args)
     p = _Problem(run, fn, trace, args, checked)
@@ -348,7 +340,7 @@ def _analytical_columns(p, k, c0, c1, inputs):
         p._vjp_column_cost = min(_seconds(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
     if _batching_loses(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0, seconds):
         p._vjp_batched = False
-        p.run.engine_log.append(("vjp", "one at a time (batched was slower)"))
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batched was slower"))
     elif c1 - c0 >= _RAMP[-1]:
         p._vjp_batched = True  # paid at scale; later batches are still timed
     return cols
@@ -374,7 +366,7 @@ def _looped_columns(p, k, c0, c1, inputs):
     out = p.outputs[k]
     per_input = [[] for _ in inputs]
     for j in range(c0, c1):
-        grads = _fn_call(p.trace.vjp, [k], [be.one_hot(out, j)])
+        grads = p.run.user_errors.call(p.trace.vjp, [k], [be.one_hot(out, j)])
         for i, (g, x) in enumerate(zip(grads, inputs)):
             if g is None:
                 g = be.zeros(tuple(x.shape), like=x)
@@ -433,7 +425,7 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
         out_idx, in_idx = block.pattern()
         colour = compressed.colour_columns(in_idx, out_idx, m, m // 4)
         if colour is None:
-            p.run.engine_log.append(("vjp", f"second pass column by column: input {i} reaches too many outputs"))
+            p.run.engine_log.append(EngineEvent("vjp", "column by column", i, "input reaches too many outputs"))
             return False
         by_colouring.setdefault(colour.tobytes(), (colour, []))[1].append(i)
     n_in = sum(be.numel(x) for x in inputs)
@@ -443,9 +435,9 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
         # as many colour classes per batched VJP as the memory budget allows
         for c0, c1 in _column_blocks(p, n_colours, n_in):
             if not _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1):
-                p.run.engine_log.append(("vjp", "coloured second pass differs; computing it column by column"))
+                p.run.engine_log.append(EngineEvent("vjp", "column by column", None, "coloured second pass differs"))
                 return False
-    p.run.engine_log.append(("vjp", "coloured second pass"))
+    p.run.engine_log.append(EngineEvent("vjp", "coloured"))
     return True
 
 
@@ -486,7 +478,7 @@ def _vjps_of(p, k, stacked, count) -> list:
         return p.trace.vjp_batched(k, stacked)
     per_input = None
     for c in range(count):
-        grads = _fn_call(p.trace.vjp, [k], [stacked[c]])
+        grads = p.run.user_errors.call(p.trace.vjp, [k], [stacked[c]])
         if per_input is None:
             per_input = [[] for _ in grads]
         for i, g in enumerate(grads):
@@ -509,14 +501,23 @@ def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
                 raise EngineFallback("Jacobian mismatch")
 
 
-def compare_slow_forward(run, fn, trace, args, checked, diff) -> None:
-    """Slow-mode forward check of one piece, batched by input rows."""
+def compare_slow_forward(run, piece) -> Outcome:
+    """Slow-mode forward check of one piece, batched by input rows: passed, or undecided
+    with a reason."""
+    try:
+        _forward(run, piece.fn, piece.args, piece.checked, piece.diff, piece.trace)
+    except EngineFallback as reason:
+        return undecided(str(reason))
+    return PASSED
+
+
+def _forward(run, fn, args, checked, diff, trace) -> None:
     be, opts = run.be, run.opts
     _require_dense(be, args)
     p = _Problem(run, fn, trace, args, checked)
-    if not hasattr(be, "jvp_rows"):
+    if not be.supports(Capability.BATCHED_JVP):
         raise EngineFallback("no batched JVP")
-    if opts.engine == "auto" and hasattr(be, "jvp_along"):
+    if opts.engine == "auto":
         def jvp_signed(j, signs):
             x = args[checked[j]]
             stacked = be.reshape(be.array_like(signs.astype(be.to_numpy(x).dtype), x), (len(signs), *x.shape))

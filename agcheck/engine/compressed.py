@@ -30,6 +30,8 @@ import math
 
 import numpy as np
 
+from agcheck.engine.outcome import EngineEvent
+
 __all__ = ["try_compressed_reverse", "try_compressed_forward", "MIN_ENTRIES", "RANDOM_ROUNDS"]
 
 #: Jacobians smaller than this (entries, summed over inputs) are left to the exact engine
@@ -273,8 +275,6 @@ def try_compressed_reverse(p, checked, diff) -> bool:
     Returns True when every entry matched in every round; False when the hypothesis
     does not apply, does not pay, or anything disagreed (the exact engine then decides)."""
     be, opts, run = p.be, p.opts, p.run
-    if not hasattr(be, "array_like"):
-        return False
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in diff)
     if entries < MIN_ENTRIES:
         return False
@@ -285,18 +285,18 @@ def try_compressed_reverse(p, checked, diff) -> bool:
         n_rounds += RANDOM_ROUNDS
         points = len(run.stencil.offsets) * (2 if any(be.is_complex(p.args[q]) for q in checked) else 1)
         if not _worth_it(p, checked, diff, patterns, n_rounds, points):
-            run.engine_log.append(("compressed", "not worth it"))
+            run.engine_log.append(EngineEvent("compressed", "declined", None, "not worth it"))
             return False
         ok, why = _check(side, patterns, n_rounds)
     except _NotCompressible as reason:
-        run.engine_log.append(("compressed", f"not compressible: {reason}"))
+        run.engine_log.append(EngineEvent("compressed", "declined", None, f"not compressible: {reason}"))
         return False
     except Exception as reason:  # noqa: BLE001 - the exact engine meets it again, and reports it
-        if getattr(reason, "agcheck_raised_by_fn", False):
+        if reason in run.user_errors:
             raise
-        run.engine_log.append(("compressed", f"{type(reason).__name__}: {reason}"))
+        run.engine_log.append(EngineEvent("compressed", "declined", None, f"{type(reason).__name__}: {reason}"))
         return False
-    run.engine_log.append(("compressed", "passed" if ok else f"disagreement: {why}"))
+    run.engine_log.append(EngineEvent("compressed", "passed") if ok else EngineEvent("compressed", "disagreement", None, why))
     return ok
 
 
@@ -359,7 +359,7 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
     all-element moves, read off like the numerical side. ``jvp_signed(j, signs)`` returns
     per floating output an ``(R, m)`` NumPy array."""
     be, opts, run = p.be, p.opts, p.run
-    if not hasattr(be, "array_like") or not all(p.batched_ok(q) for q in checked):
+    if not all(p.batched_ok(q) for q in checked):
         return False
     if any(be.is_complex(p.args[q]) for q in checked):
         return False  # forward-mode rows of complex inputs pair two directions; the exact engine does it
@@ -373,7 +373,7 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
         exact = sum(2 * be.numel(p.args[q]) for q in checked)
         compressed = sum(2 * _bits(be.numel(p.args[q])) + 1 + 3 * n_rounds for q in checked)
         if compressed * _MIN_SAVING > exact:
-            run.engine_log.append(("compressed", "not worth it"))
+            run.engine_log.append(EngineEvent("compressed", "declined", None, "not worth it"))
             return False
         for j, q in enumerate(checked):
             signs = _index_signs(be.numel(p.args[q]), n_rounds, side.rng)
@@ -398,18 +398,18 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
                 if not _small(n_entries - n_entries[:1], tau) or not _small(a_entries - a_entries[:1], tau):
                     return _forward_done(run, False, "rounds disagree")
     except _NotCompressible as reason:
-        run.engine_log.append(("compressed", f"not compressible: {reason}"))
+        run.engine_log.append(EngineEvent("compressed", "declined", None, f"not compressible: {reason}"))
         return False
     except Exception as reason:  # noqa: BLE001
-        if getattr(reason, "agcheck_raised_by_fn", False):
+        if reason in run.user_errors:
             raise
-        run.engine_log.append(("compressed", f"{type(reason).__name__}: {reason}"))
+        run.engine_log.append(EngineEvent("compressed", "declined", None, f"{type(reason).__name__}: {reason}"))
         return False
     return _forward_done(run, True, "")
 
 
 def _forward_done(run, ok, why):
-    run.engine_log.append(("compressed", "passed" if ok else f"disagreement: {why}"))
+    run.engine_log.append(EngineEvent("compressed", "passed") if ok else EngineEvent("compressed", "disagreement", None, why))
     return ok
 
 
@@ -511,20 +511,20 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
                 coloured += 1
             except _NotCompressible as reason:
                 # this input's rows exactly, the others' still coloured
-                run.engine_log.append(("coloured", f"input {q} not compressible: {reason}"))
+                run.engine_log.append(EngineEvent("coloured", "declined", q, f"not compressible: {reason}"))
                 for s, e, rows in p.numerical_row_chunks(q, report=False):
                     for k in diff:
                         if not allclose_like_torch(jac[k].by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
                                                    opts.atol):
                             return False
     except Exception as reason:  # noqa: BLE001 - the exact path meets it again
-        if getattr(reason, "agcheck_raised_by_fn", False):
+        if reason in run.user_errors:
             raise
-        run.engine_log.append(("coloured", f"{type(reason).__name__}: {reason}"))
+        run.engine_log.append(EngineEvent("coloured", "declined", None, f"{type(reason).__name__}: {reason}"))
         return False
     if not coloured:
         return False
-    run.engine_log.append(("coloured", "passed"))
+    run.engine_log.append(EngineEvent("coloured", "passed"))
     return True
 
 
@@ -590,14 +590,14 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
         n_entries = diffs[:, colour[c_idx], r_idx] * signs[:, c_idx]
         a_entries = jac[k].by_output[r_idx, c_idx]
         if not _close(np.broadcast_to(a_entries, n_entries.shape), n_entries, opts.rtol, opts.atol):
-            run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: entries differ"))
+            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: entries differ"))
             return False
         expected = np.zeros(diffs.shape[1:], dtype=bool)
         expected[colour[c_idx], r_idx] = True
         if not _small(diffs[:, ~expected], opts.atol):
-            run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: derivative where none expected"))
+            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: derivative where none expected"))
             return False
         if not _small(n_entries - n_entries[:1], tau):
-            run.engine_log.append(("coloured", f"disagreement: input {q}, output {k}: rounds disagree"))
+            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: rounds disagree"))
             return False
     return True

@@ -1,0 +1,231 @@
+"""The Jacobian comparison of one piece: slow mode (full Jacobians) and fast mode
+(random projections ``v^T J u``), with torch's messages on a mismatch."""
+from __future__ import annotations
+
+from typing import Callable
+
+from agcheck.checks import no_differentiable_outputs
+from agcheck.core import jacobian as jac
+from agcheck.core.piece import Piece
+from agcheck.engine import batched as engine
+from agcheck.engine.outcome import undecided
+from agcheck.report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure,
+                            jacobian_mismatch_message)
+
+__all__ = ["check", "MAX_REPORTED_BLOCKS"]
+
+#: a slow-mode failure report holds at most this many failing (output, input) blocks
+MAX_REPORTED_BLOCKS = 16
+
+
+def check(run, piece: Piece) -> None:
+    """Compare the analytical derivatives of ``piece`` with finite differences."""
+    if run.opts.fast_mode:
+        _compare_fast(run, piece)
+    else:
+        _compare_slow(run, piece)
+
+
+def _non_finite_note(be, numerical, analytical) -> str:
+    """Say so when NaN or Inf, not a wrong formula, makes the Jacobians differ."""
+    notes = [name for name, j in (("numerical", numerical), ("analytical", analytical))
+             if be.numel(j) and not be.all_finite(j)]
+    if not notes:
+        return ""
+    hint = (
+        "fn is not finite (or overflows) within eps of this input: move the input away from "
+        "poles and domain edges, or reduce eps"
+        if "numerical" in notes
+        else "the backward produces NaN/Inf here"
+    )
+    return f"Note: the {' and '.join(notes)} Jacobian contains NaN or Inf ({hint}).\n"
+
+
+# -- slow mode: full Jacobians ----------------------------------------------------------
+def _compare_slow(run, piece: Piece) -> None:
+    be = run.be
+    if not piece.diff:
+        no_differentiable_outputs.check_slow(run, piece)
+        return
+    n_in = sum(be.numel(x) for x in piece.inputs)
+    run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
+    if run.opts.engine in ("auto", "batched"):
+        compare = engine.compare_slow_forward if piece.forward else engine.compare_slow_reverse
+        try:
+            outcome = compare(run, piece)
+        except Exception as error:
+            if error in run.user_errors:
+                raise
+            outcome = undecided(f"{type(error).__name__}: {error}")
+        if outcome.passed:
+            return
+        run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
+        run.progress.start(n_in, "Jacobians, element by element")
+    _reference_slow(run, piece)
+
+
+def _reference_slow(run, piece: Piece) -> None:
+    """torch's element-by-element comparison, block by block in torch's order."""
+    be, opts = run.be, run.opts
+    moved = run.numerical_args(piece.args)
+    numerical = [jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]),
+                                         run.stencil, on_element=run.progress.advance)
+                 for p in piece.checked]
+    pair = _analytical_pairs(run, piece)
+    for i, k in enumerate(piece.diff):
+        pair.compute(i, checks=True)
+        for j in range(len(piece.checked)):
+            try:
+                assert_close(run, piece, pair(i, j), numerical[j][k], i, j, opts.atol, output_position=k)
+            except GradcheckError as error:
+                _report_other_blocks(run, piece, error, pair, numerical, (i, j))
+                raise
+
+
+class _analytical_pairs:
+    """The analytical Jacobian block paired with (differentiable output ``i``, checked input
+    ``j``): forward mode pairs the i-th differentiable output with the i-th floating one,
+    as torch does; reverse mode computes an output's blocks when first asked."""
+
+    def __init__(self, run, piece: Piece):
+        self.run, self.piece, self.computed = run, piece, {}
+        if piece.forward:
+            self.forward = jac.analytical_jacobians_forward(run.be, piece.fn, piece.args, piece.checked,
+                                                            check_grad_dtypes=run.opts.check_grad_dtypes)
+
+    def compute(self, i, checks) -> None:
+        if self.piece.forward:
+            return
+        opts = self.run.opts
+        kw = dict(nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes) if checks else dict(checks=False)
+        self.computed[i] = jac.analytical_jacobians_reverse(self.run.be, self.piece.trace, self.piece.diff[i],
+                                                            self.piece.inputs, **kw)
+
+    def __call__(self, i, j):
+        if self.piece.forward:
+            return self.forward[j][i]
+        if i not in self.computed:  # a later output's Jacobians, only for the report
+            self.compute(i, checks=False)
+        return self.computed[i][j]
+
+
+def _report_other_blocks(run, piece: Piece, error, pair, numerical, failed) -> None:
+    """Add every other failing (output, input) block of a slow-mode comparison to the
+    report of the first one (whose message is torch's). Never raises."""
+    be, opts = run.be, run.opts
+    try:
+        for i, k in enumerate(piece.diff):
+            for j in range(len(piece.checked)):
+                if (i, j) == failed:
+                    continue
+                if len(error.report.blocks) >= MAX_REPORTED_BLOCKS:
+                    error.report.notes.append(f"only the first {MAX_REPORTED_BLOCKS} failing blocks are reported")
+                    return
+                a = pair(i, j)
+                n = be.to_device_of(numerical[j][k], a)
+                if be.allclose(a, n, opts.rtol, opts.atol):
+                    continue
+                attach_jacobian_failure(error, run, a, n, output=i, input=j, complex_indices=piece.complex_indices,
+                                        test_imag=piece.test_imag, forward=piece.forward,
+                                        where=(piece.fn, piece.args, piece.checked[j], piece.outputs, k))
+    except Exception as ex:  # noqa: BLE001 - the first failure is what is raised
+        error.report.notes.append(f"other blocks not compared: {type(ex).__name__}: {ex}")
+
+
+def assert_close(run, piece: Piece, a, n, out_idx, in_idx, atol, *, output_position,
+                 explain: Callable | None = None) -> None:
+    """Raise torch's Jacobian-mismatch error, with agcheck's report, unless ``a`` and ``n``
+    agree; ``explain()`` returns the extra text of a fast-mode failure and the full blocks."""
+    be = run.be
+    n = be.to_device_of(n, a)
+    if be.allclose(a, n, run.opts.rtol, atol):
+        return
+    message = jacobian_mismatch_message(a, n, out_idx, in_idx, piece.complex_indices, piece.test_imag, piece.forward)
+    message += _non_finite_note(be, n, a)
+    blocks, projection = (a, n), None
+    if explain is not None:
+        text, blocks = explain()
+        message += text
+        projection = {"numerical": n, "analytical": a, "atol": atol}
+    error = GradcheckError(
+        message,
+        check="jacobian_forward" if piece.forward else "jacobian",
+        details={"output": out_idx, "input": in_idx, "imaginary_part": bool(piece.test_imag)},
+    )
+    attach_jacobian_failure(error, run, *blocks, output=out_idx, input=in_idx,
+                            complex_indices=piece.complex_indices, test_imag=piece.test_imag, forward=piece.forward,
+                            where=(piece.fn, piece.args, piece.checked[in_idx], piece.outputs, output_position),
+                            projection=projection)
+    raise error
+
+
+# -- fast mode: random projections ------------------------------------------------------
+def _compare_fast(run, piece: Piece) -> None:
+    be, opts = run.be, run.opts
+    forward, inputs = piece.forward, piece.inputs
+    all_v, all_u = jac.random_vectors(be, inputs, None if forward else [piece.outputs[k] for k in piece.diff])
+    numerical = _numerical_projections(run, piece, all_v, all_u)
+    if forward:
+        analytical = jac.analytical_jvps(be, piece.fn, piece.args, piece.checked, all_u,
+                                         check_grad_dtypes=opts.check_grad_dtypes)
+    else:
+        if not piece.diff:
+            no_differentiable_outputs.check_fast(run, piece, all_u)
+        analytical = []
+        for k, v in zip(piece.diff, all_v):
+            vjs = jac.analytical_vjps(be, piece.trace, k, v, inputs, nondet_tol=opts.nondet_tol,
+                                      check_grad_dtypes=opts.check_grad_dtypes)
+            analytical.append([jac.project_reverse(be, vj, u) for vj, u in zip(vjs, all_u)])
+
+    for i, per_input in enumerate(numerical):
+        for j, n in enumerate(per_input):
+            a = analytical[i][j] if forward else analytical[j][i]
+            atol = jac.adjusted_atol(be, opts.atol, all_u[i], None if forward else all_v[j])
+            output_position = piece.floats[j] if forward else piece.diff[j]
+
+            def explain(i=i, output_position=output_position):
+                return _slow_explanation(run, piece, i, output_position)
+
+            assert_close(run, piece, a, n, j, i, atol, output_position=output_position, explain=explain)
+
+
+def _numerical_projections(run, piece: Piece, all_v, all_u) -> list:
+    """Per checked input, the finite-difference ``J u`` (forward) or ``v^T J u`` (reverse)
+    of each floating output; torch pairs the probes of the differentiable outputs with
+    the floating outputs in order, kept for parity."""
+    be = run.be
+    numerical = []
+    moved = run.numerical_args(piece.args)
+    for p, u in zip(piece.checked, all_u):
+        jus = jac.numerical_directional(be, piece.fn, moved, p, u, run.eps_for(piece.args[p]), run.stencil)
+        float_jus = [jus[k] for k in piece.floats]
+        if piece.forward:
+            numerical.append(float_jus)
+        else:
+            numerical.append([be.dot(v, ju) for v, ju in zip(all_v, float_jus)])
+    return numerical
+
+
+def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[str, tuple]:
+    """The full Jacobians of one failing pair, recomputed for the fast-mode message:
+    the text, and the ``(analytical, numerical)`` blocks for the report."""
+    be, opts = run.be, run.opts
+    pos = piece.checked[input_index]
+    numerical = jac.numerical_jacobians(be, piece.fn, piece.args, pos, piece.outputs, run.eps_for(piece.args[pos]),
+                                        run.stencil)[output_position]
+    if piece.forward:
+        analytical = jac.analytical_jacobians_forward(be, piece.fn, piece.args, [pos])[0][
+            piece.floats.index(output_position)]
+    else:
+        analytical = jac.analytical_jacobians_reverse(be, piece.trace, output_position, piece.inputs,
+                                                      checks=False)[input_index]
+    numerical = be.to_device_of(numerical, analytical)
+    max_diff = be.max_abs(numerical - analytical) if be.numel(analytical) else 0.0
+    text = (
+        FAST_MODE_NOTE
+        + f"Numerical:\n {numerical}\nAnalytical:\n{analytical}\n\n"
+        + f"The max per-element difference (slow mode) is: {max_diff}.\n"
+    )
+    if be.allclose(analytical, numerical, opts.rtol, opts.atol):
+        text += FAST_FAIL_SLOW_OK
+    return text, (analytical, numerical)

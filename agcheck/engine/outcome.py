@@ -1,0 +1,77 @@
+"""What the engine's paths tell the orchestration: typed outcomes and log events.
+
+An engine path either decides that a check passed, or leaves it undecided with a reason
+(the reference engine then decides, and writes torch's message). What each path chose on
+the way (batched or looped, passed or declined, and why) is logged as
+:class:`EngineEvent` records, for reports and tests; nothing is communicated through text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["EngineEvent", "Outcome", "PASSED", "undecided", "UserErrors"]
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """One decision of the engine.
+
+    Attributes
+    ----------
+    path : str
+        ``"numerical"`` (how an input is moved), ``"vjp"`` (how analytical columns are
+        computed), ``"compressed"`` or ``"coloured"`` (the compressed-difference paths).
+    decision : str
+        ``"batched"`` / ``"looped"`` (numerical, vjp), ``"coloured"`` / ``"column by
+        column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` / ``"disagreement"``
+        (compressed, coloured).
+    subject : int or None
+        The input position (numerical) or checked-input index the event is about.
+    detail : str
+        Why, when the decision needs a reason.
+    """
+
+    path: str
+    decision: str
+    subject: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A path's result: ``passed``, or undecided with ``reason``."""
+
+    passed: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+
+PASSED = Outcome(True)
+
+
+def undecided(reason: str) -> Outcome:
+    """The outcome of a path that could not decide (the reference engine will)."""
+    return Outcome(False, reason)
+
+
+class UserErrors:
+    """The errors raised by plain (unbatched) calls of the user's function or backward
+    during one check: they propagate as the user's own, as torch's would, instead of
+    sending the check to the reference engine (which might not meet them again)."""
+
+    def __init__(self):
+        self._seen: list[BaseException] = []
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``, remembering what it raises."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            self._seen.append(e)
+            raise
+
+    def __contains__(self, exc: BaseException) -> bool:
+        return any(exc is seen for seen in self._seen)
