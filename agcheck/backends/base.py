@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "OutputPart", "InputPart",
-           "Watched"]
+__all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "UnsupportedError",
+           "OutputPart", "InputPart", "Watched", "REQUIRED_METHODS", "CAPABILITY_METHODS"]
 
 
 class Capability:
@@ -33,6 +33,25 @@ class Capability:
     SECOND_ORDER = "second_order"  #: differentiable_vjp, random_cotangent (gradgradcheck)
     BATCHED_EVALUATION = "batched_evaluation"  #: evaluate_batch, element_moves, one_hots (engine)
     BATCHED_JVP = "batched_jvp"  #: jvp_rows, jvp_along (engine, forward mode)
+
+
+#: the methods every backend implements itself (the others have defaults written against
+#: the array API, or belong to a capability)
+REQUIRED_METHODS = (
+    "owns", "is_checked", "is_complex", "is_floating_or_complex", "is_double_precision",
+    "is_differentiable_output", "is_bool", "as_int", "trace", "perturber", "jvp", "one_hot", "allclose",
+    "generator", "uniform_unit_vector", "normal_like",
+)
+
+#: the methods a backend implements when it lists a capability
+CAPABILITY_METHODS = {
+    Capability.FORWARD: ("jvp_wrt", "part_as_input"),
+    Capability.BATCHED_FORWARD: ("jvp_batched",),
+    Capability.UNDEFINED_GRAD: ("vjp_with_undefined_outputs",),
+    Capability.BATCHED_EVALUATION: ("evaluate_batch", "element_moves", "one_hots"),
+    Capability.BATCHED_JVP: ("jvp_rows", "jvp_along"),
+    Capability.SECOND_ORDER: ("random_cotangent", "differentiable_vjp"),
+}
 
 
 class UnsupportedError(NotImplementedError):
@@ -368,8 +387,9 @@ class Backend:
 
     def part_as_input(self, x, part: str):
         """The real or imaginary part (``part``) of the complex ``x`` as a new real input
-        that takes part in the check as ``x`` did (forward mode of complex inputs)."""
-        raise NotImplementedError
+        that takes part in the check as ``x`` did (forward mode of complex inputs).
+        Capability :attr:`Capability.FORWARD`."""
+        raise UnsupportedError("part_as_input")
 
     # -- array algebra ----------------------------------------------------------------
     def xp(self, x):
@@ -422,9 +442,6 @@ class Backend:
         import numpy as np
 
         return float(np.finfo(np.dtype(str(x.dtype))).eps)
-
-    def real_dtype_of(self, x):
-        raise NotImplementedError
 
     def one_hot(self, like, flat: int):
         """An array shaped like ``like`` with a one at flat position ``flat``."""

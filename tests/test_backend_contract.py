@@ -1,0 +1,340 @@
+"""The backend contract (agcheck.backends.base), run over every registered backend.
+
+A new backend is added to ``BACKENDS`` below with a way to make its arrays; every test
+here then tells it what the core expects of it. Each behaviour is tested on a function
+with known derivatives (f(x, y) = (sin(x) * y, sum(x * x))), so that a backend that
+returned wrong numbers would fail here, not only deep inside a gradcheck.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import numpy as np
+import pytest
+
+import agcheck
+from agcheck.backends.base import CAPABILITY_METHODS, REQUIRED_METHODS, Backend, Capability, UnsupportedError
+from agcheck.backends.registry import available_backends, get_backend
+
+X = np.array([0.3, -1.2, 0.7, 2.1])
+Y = np.array([1.5, 0.4, -0.8, 1.1])
+
+
+def f_numpy(x, y):
+    return np.sin(x) * y, np.sum(x * x)
+
+
+def f_vjp(inputs, cotangents):
+    x, y = inputs
+    g0, g1 = cotangents
+    return np.cos(x) * y * g0 + 2 * x * g1, np.sin(x) * g0
+
+
+def f_jvp(inputs, tangents):
+    x, y = inputs
+    tx, ty = tangents
+    return np.cos(x) * y * tx + np.sin(x) * ty, np.sum(2 * x * tx)
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+
+    def make(a, checked=True):
+        return torch.tensor(a, dtype=torch.float64, requires_grad=checked)
+
+    def f(x, y):
+        return torch.sin(x) * y, (x * x).sum()
+
+    return get_backend("torch"), make, f
+
+
+def _jax():
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    def make(a, checked=True):
+        return jnp.asarray(np.asarray(a, dtype=np.float64))
+
+    def f(x, y):
+        return jnp.sin(x) * y, jnp.sum(x * x)
+
+    return get_backend("jax"), make, f
+
+
+def _numpy():
+    def make(a, checked=True):
+        return np.array(a, dtype=np.float64)
+
+    return get_backend("numpy", vjp=f_vjp, jvp=f_jvp), make, f_numpy
+
+
+BACKENDS = {"torch": _torch, "jax": _jax, "numpy": _numpy}
+
+
+def test_every_registered_backend_is_covered_here():
+    assert set(available_backends()) <= set(BACKENDS), "add the new backend to BACKENDS"
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def setup(request):
+    be, make, f = BACKENDS[request.param]()
+    with _precision(request.param):
+        x, y = make(X), make(Y)
+        fn, args = be.prepare(f, (x, y))
+        yield be, make, fn, args
+
+
+@contextlib.contextmanager
+def _precision(name):
+    """Double precision for the test's arrays (JAX: x64 on, the caller's setting restored)."""
+    if name != "jax":
+        yield
+        return
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def _np(be, a):
+    return np.asarray(be.to_numpy(a), dtype=np.float64)
+
+
+def _overrides(cls, name) -> bool:
+    return inspect.getattr_static(cls, name) is not inspect.getattr_static(Backend, name)
+
+
+# -- the declaration ------------------------------------------------------------------------
+def test_required_methods_are_implemented(setup):
+    be = setup[0]
+    missing = [m for m in REQUIRED_METHODS if not _overrides(type(be), m)]
+    assert not missing, f"{be.name} does not implement {missing}"
+
+
+def test_declared_capabilities_are_implemented(setup):
+    be = setup[0]
+    assert set(be.capabilities) <= {v for k, v in vars(Capability).items() if k.isupper()}
+    for capability, methods in CAPABILITY_METHODS.items():
+        if be.supports(capability):
+            missing = [m for m in methods if not _overrides(type(be), m)]
+            assert not missing, f"{be.name} lists {capability!r} without {missing}"
+
+
+def test_a_missing_capability_is_refused_with_an_error_naming_the_keyword():
+    class Bare(Backend):
+        name = "bare"
+
+    with pytest.raises(UnsupportedError):
+        Bare().evaluate_batch(None, (), 0, None)
+    error = Bare().refusal(Capability.FORWARD, "check_forward_ad")
+    assert isinstance(error, Exception) and "check_forward_ad" in str(error)
+
+
+# -- inspection -------------------------------------------------------------------------
+def test_inspection(setup):
+    be, make, fn, args = setup
+    x = args[0]
+    assert be.owns(x) and be.is_array(x) and be.is_checked(x)
+    assert be.checked_positions(args) == [0, 1]
+    assert not be.is_complex(x) and be.is_floating_or_complex(x) and be.is_double_precision(x)
+    assert be.numel(x) == 4 and tuple(x.shape) == (4,) and be.layout(x) == "dense"
+    assert not be.owns(object())
+
+
+# -- reverse mode -------------------------------------------------------------------------
+def test_trace_vjp_matches_the_known_gradient(setup):
+    be, make, fn, args = setup
+    trace = be.trace(fn, args, [0, 1])
+    np.testing.assert_allclose(_np(be, trace.outputs[0]), np.sin(X) * Y)
+    v = make(np.array([1.0, -2.0, 0.5, 3.0]), checked=False)
+    gx, gy = trace.vjp([0], [v])
+    np.testing.assert_allclose(_np(be, gx), np.cos(X) * Y * _np(be, v), rtol=1e-12)
+    np.testing.assert_allclose(_np(be, gy), np.sin(X) * _np(be, v), rtol=1e-12)
+
+
+def test_vjp_batched_equals_vjps_one_at_a_time(setup):
+    be, make, fn, args = setup
+    if not be.supports(Capability.BATCHED_GRAD):
+        pytest.skip(f"{be.name} does not list {Capability.BATCHED_GRAD!r}")
+    trace = be.trace(fn, args, [0, 1])
+    cots = [make(np.eye(4)[i], checked=False) for i in range(3)]
+    batched = trace.vjp_batched(0, be.stack(cots, axis=0))
+    for i, c in enumerate(cots):
+        for got, want in zip(batched, trace.vjp([0], [c])):
+            np.testing.assert_allclose(_np(be, got[i]), _np(be, want), rtol=1e-12)
+
+
+def test_undefined_output_gradients_give_zero_or_undefined_gradients(setup):
+    be, make, fn, args = setup
+    for grad in be.vjp_with_undefined_outputs(fn, args, [0, 1], "all"):
+        assert grad is None or not np.any(_np(be, grad))
+
+
+# -- the numerical side's primitive: perturb and restore ----------------------------------
+def test_perturber_moves_one_element_and_restores_bitwise(setup):
+    be, make, fn, args = setup
+    before = [_np(be, a).copy() for a in args]
+    with be.perturber(args, 0) as perturber:
+        assert perturber.numel == 4 and perturber.index(2) == (2,)
+        plus = perturber.evaluate_element(fn, 2, 1e-3, +1)
+        minus = perturber.evaluate_element(fn, 2, 1e-3, -1)
+    moved = X.copy()
+    moved[2] += 1e-3
+    np.testing.assert_allclose(_np(be, plus[0]), np.sin(moved) * Y, rtol=1e-12)
+    moved[2] -= 2e-3
+    np.testing.assert_allclose(_np(be, minus[0]), np.sin(moved) * Y, rtol=1e-12)
+    for a, b in zip(args, before):
+        assert np.array_equal(_np(be, a), b)
+
+
+def test_perturber_moves_along_a_direction_and_restores_when_fn_raises(setup):
+    be, make, fn, args = setup
+    step = make(np.array([1e-3, 0.0, -1e-3, 2e-3]), checked=False)
+    with be.perturber(args, 0) as perturber:
+        out = perturber.evaluate_direction(fn, step, +1)
+    np.testing.assert_allclose(_np(be, out[0]), np.sin(X + _np(be, step)) * Y, rtol=1e-12)
+
+    def raising(*a):
+        raise KeyError("from fn")
+
+    with pytest.raises(KeyError):
+        with be.perturber(args, 0) as perturber:
+            perturber.evaluate_direction(raising, step, -1)
+    assert np.array_equal(_np(be, args[0]), X)
+
+
+# -- forward mode -------------------------------------------------------------------------
+def test_jvp_matches_the_known_tangent(setup):
+    be, make, fn, args = setup
+    if not be.supports(Capability.FORWARD):
+        pytest.skip(f"{be.name} does not list {Capability.FORWARD!r}")
+    tx = make(np.array([1.0, 0.5, -1.0, 2.0]), checked=False)
+    ty = make(np.zeros(4), checked=False)
+    (p0, t0), (p1, t1) = be.jvp(fn, args, [0, 1], [tx, ty])
+    np.testing.assert_allclose(_np(be, t0), np.cos(X) * Y * _np(be, tx), rtol=1e-12)
+    np.testing.assert_allclose(float(_np(be, t1)), np.sum(2 * X * _np(be, tx)), rtol=1e-12)
+    (t0_wrt, t1_wrt) = be.jvp_wrt(fn, args, 0, tx)
+    np.testing.assert_allclose(_np(be, t0_wrt), _np(be, t0), rtol=1e-12)
+
+
+def test_batched_evaluation_equals_plain_calls(setup):
+    be, make, fn, args = setup
+    if not be.supports(Capability.BATCHED_EVALUATION):
+        pytest.skip(f"{be.name} does not list {Capability.BATCHED_EVALUATION!r}")
+    moves = be.element_moves(args[0], [0, 3], 1e-3, -1)
+    want = np.stack([X, X])
+    want[0, 0] -= 1e-3
+    want[1, 3] -= 1e-3
+    np.testing.assert_array_equal(_np(be, moves), want)
+    outs = be.evaluate_batch(fn, args, 0, moves)
+    np.testing.assert_allclose(_np(be, outs[0]), np.sin(want) * Y, rtol=1e-12)
+    np.testing.assert_array_equal(_np(be, be.one_hots(args[0], [1, 2])), np.eye(4)[[1, 2]])
+
+
+def test_batched_jvp_rows_are_jacobian_rows(setup):
+    be, make, fn, args = setup
+    if not be.supports(Capability.BATCHED_JVP):
+        pytest.skip(f"{be.name} does not list {Capability.BATCHED_JVP!r}")
+    rows = be.jvp_rows(fn, args, [0, 1], 0, [0, 1, 2, 3])
+    np.testing.assert_allclose(_np(be, rows[0]), np.diag(np.cos(X) * Y), rtol=1e-12)
+    np.testing.assert_allclose(_np(be, rows[1]).reshape(-1), 2 * X, rtol=1e-12)
+
+
+def test_second_order_vjp_can_be_differentiated(setup):
+    be, make, fn, args = setup
+    if not be.supports(Capability.SECOND_ORDER):
+        pytest.skip(f"{be.name} does not list {Capability.SECOND_ORDER!r}")
+    vjp_of_fn = be.differentiable_vjp(fn, 2, [0], [0])
+    v = make(np.array([1.0, -1.0, 2.0, 0.5]))
+    w = make(np.zeros(()), checked=False)
+    (gx,) = be.as_tuple(vjp_of_fn(args[0], args[1], v, w))
+    np.testing.assert_allclose(_np(be, gx), np.cos(X) * Y * _np(be, v), rtol=1e-12)
+    # and its own reverse mode: d/dx (cos(x) y v) . u = -sin(x) y v u
+    second = be.trace(vjp_of_fn, (args[0], args[1], v, w), [0])
+    u = make(np.array([0.5, 1.0, -1.0, 1.0]), checked=False)
+    (hx,) = second.vjp([0], [u])
+    np.testing.assert_allclose(_np(be, hx), -np.sin(X) * Y * _np(be, v) * _np(be, u), rtol=1e-12)
+
+
+# -- algebra, randomness, conversion ------------------------------------------------------
+def test_allclose_is_torchs_rule_and_fails_on_nan(setup):
+    be, make, fn, args = setup
+    b = make(np.array([1.0, 2.0, 3.0, 4.0]), checked=False)
+    assert be.allclose(b + 0.5e-3, b, rtol=0.0, atol=1e-3)
+    assert not be.allclose(b + 2e-3, b, rtol=0.0, atol=1e-3)
+    assert be.allclose(b * 1.0009, b, rtol=1e-3, atol=0.0)
+    nan = make(np.array([np.nan, 2.0, 3.0, 4.0]), checked=False)
+    assert not be.allclose(nan, nan, rtol=1e-3, atol=1e-3)
+
+
+def test_random_vectors_are_private_and_reproducible(setup):
+    be, make, fn, args = setup
+    x = args[0]
+    global_state = np.random.get_state()
+    u1 = be.uniform_unit_vector(x, be.generator(x, 7), real=True)
+    u2 = be.uniform_unit_vector(x, be.generator(x, 7), real=True)
+    n1 = be.normal_like(x, be.generator(x, 8))
+    assert np.array_equal(_np(be, u1), _np(be, u2))
+    assert np.all(_np(be, u1) >= 0) and np.isclose(np.linalg.norm(_np(be, u1)), 1.0)
+    assert _np(be, n1).shape == (4,)
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state()[1:2], global_state[1:2]))
+
+
+def test_numpy_conversion_round_trips_on_the_device_of_like(setup):
+    be, make, fn, args = setup
+    values = np.array([[1.0, 2.0], [3.0, 4.0]])
+    a = be.array_like(values, args[0])
+    assert be.owns(a) and np.array_equal(_np(be, a), values)
+    assert be.same_device(a, args[0])
+    np.testing.assert_array_equal(_np(be, be.one_hot(args[0], 1)), np.eye(4)[1])
+
+
+def test_snapshot_unchanged_restore(setup):
+    be, make, fn, args = setup
+    snap = be.snapshot(args[0])
+    assert be.unchanged(args[0], snap)
+
+
+# -- the whole contract at work: both halves of a gradient check ---------------------------
+def test_gradcheck_passes_the_right_derivative_and_fails_a_wrong_one(setup):
+    be, make, fn, args = setup
+    assert agcheck.gradcheck(fn, args, backend=be)
+    if be.name == "numpy":
+        def wrong_vjp(inputs, cotangents):
+            gx, gy = f_vjp(inputs, cotangents)
+            return 2 * gx, gy
+
+        wrong = get_backend("numpy", vjp=wrong_vjp)
+        assert agcheck.gradcheck(f_numpy, args, backend=wrong, raise_exception=False) is False
+        return
+    assert agcheck.gradcheck(lambda x, y: fn(x * 1.0, y), args, backend=be)
+    assert agcheck.gradcheck(_with_wrong_gradient(be, fn), args, backend=be, raise_exception=False) is False
+
+
+def _with_wrong_gradient(be, fn):
+    if be.name == "torch":
+        import torch
+
+        class Doubled(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return 2 * g
+
+        return lambda x, y: fn(Doubled.apply(x), y)
+    import jax
+
+    @jax.custom_vjp
+    def ident(x):
+        return x
+
+    ident.defvjp(lambda x: (x, None), lambda _, g: (2 * g,))
+    return lambda x, y: fn(ident(x), y)
