@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 from typing import Callable
 
-from agcheck.backends.registry import get_backend, infer_backend
 from agcheck.checks import batched, grad_output_scaling, jacobian, undefined_grads
 from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
+from agcheck.core.problem import numpy_rng_preserved, resolve_problem
 from agcheck.core.stencil import auto_eps, get_stencil
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
@@ -126,24 +125,12 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
 
-def resolve_problem(fn: Callable, inputs, backend, backend_options: dict):
-    """The configured backend, and ``fn`` with its inputs as the core sees them."""
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if backend is not None:
-        be = get_backend(backend, **backend_options)
-    else:
-        be = infer_backend(inputs, **backend_options)
-    fn, args = be.prepare(fn, inputs)
-    return be, fn, args
-
-
 def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> bool:
     """:func:`gradcheck` with its keywords already gathered in ``opts``."""
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
     try:
-        with be.preserve_state(args), _numpy_rng_preserved():
+        with be.preserve_state(args), numpy_rng_preserved():
             try:
                 _Run(fn, args, be, opts).all_checks()
             except GradcheckError as e:
@@ -155,17 +142,6 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **
             raise
         return False
     return True
-
-
-@contextmanager
-def _numpy_rng_preserved():
-    import numpy as np
-
-    state = np.random.get_state()
-    try:
-        yield
-    finally:
-        np.random.set_state(state)
 
 
 class _Run:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from agcheck.gradcheck import _numpy_rng_preserved, resolve_problem, run_gradcheck
+from agcheck.core.problem import numpy_rng_preserved, resolve_problem
+from agcheck.gradcheck import run_gradcheck
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
 __all__ = ["gradgradcheck"]
@@ -83,7 +84,7 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
 def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level):
     """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments."""
     if grad_outputs is None:
-        with be.preserve_state(args), _numpy_rng_preserved():
+        with be.preserve_state(args), numpy_rng_preserved():
             outputs = be.as_tuple(fn(*args))
         differentiable = [o for o in outputs if be.is_array(o) and be.is_differentiable_output(o)]
         gen = be.generator(differentiable[0] if differentiable else None, GRAD_OUTPUTS_SEED + level)

@@ -188,6 +188,9 @@ def _slowed(monkeypatch, name, owner=None):
 
 
 def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monkeypatch):
+    from agcheck.backends.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)  # as once it is paid
     calls = _slowed(monkeypatch, "_batched_columns")
     fn = lambda a, b: torch.tanh(a @ b)
     r = run(fn, (make(24, 24), make(24, 24, seed=1)))
@@ -243,3 +246,68 @@ def test_forward_mode_on_an_unbatchable_fn_evaluates_it_as_often_as_torch():
         assert agcheck.gradcheck(broken, (x,), check_forward_ad=True, raise_exception=False) is False
     finally:
         ScaledSin.factor = 1.0
+
+
+class _CountedDense(torch.autograd.Function):
+    """tanh(W x) with a hand-written backward scaled by ``scale`` (1: right, 2: wrong); no
+    batching rule, so the engine moves its input element by element."""
+
+    calls = 0
+    scale = 1.0
+    W = torch.randn(260, 260, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    @staticmethod
+    def forward(ctx, x):
+        _CountedDense.calls += 1
+        y = torch.tanh(_CountedDense.W @ x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return _CountedDense.scale * (_CountedDense.W.T @ (g * (1 - y * y)))
+
+
+def _calls(check, x, **kw):
+    _CountedDense.calls = 0
+    verdict = check(_CountedDense.apply, (x,), raise_exception=False, **kw)
+    return _CountedDense.calls, verdict
+
+
+def _message(check, x, **kw):
+    with pytest.raises(RuntimeError) as info:
+        check(_CountedDense.apply, (x,), **kw)
+    return str(info.value).split("\n\n")[0]
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_a_dense_check_evaluates_fn_about_as_often_as_torch_passing_or_failing(scale, monkeypatch):
+    # a failing check used to compute the numerical Jacobian two or three times (the engine's
+    # pass, then the reference engine's); it now reuses rows computed element by element
+    monkeypatch.setattr(_CountedDense, "scale", scale)
+    x = make(260, seed=4)
+    torch_calls, torch_verdict = _calls(torch.autograd.gradcheck, x)
+    calls, verdict = _calls(agcheck.gradcheck, x)
+    assert verdict is torch_verdict is (scale == 1.0)
+    assert calls <= 1.05 * torch_calls, (calls, torch_calls)
+    if scale != 1.0:
+        # the reused numbers are the reference engine's, bit for bit
+        message = _message(agcheck.gradcheck, x)
+        assert message == _message(agcheck.gradcheck, x, engine="reference")
+        assert message.startswith("Jacobian mismatch for output 0 with respect to input 0")
+
+
+@pytest.mark.parametrize("setup_seconds", [0.0, 100.0])
+def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkeypatch):
+    # torch's first batched backward imports sympy (~0.7 s): a small check loops instead
+    from agcheck.backends.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: setup_seconds)
+    fn = lambda a, b: torch.tanh(a @ b)
+    r = run(fn, (make(24, 24), make(24, 24, seed=1)), engine="batched")
+    skipped = EngineEvent("vjp", "looped", None, "batching setup not worth it") in r.engine_log
+    assert r.verdict and skipped == (setup_seconds > 0)
+    monkeypatch.setattr(ScaledSin, "factor", 1.1)
+    broken = run(lambda a, b: ScaledSin.apply(a @ b), (make(24, 24), make(24, 24, seed=1)), engine="batched")
+    assert broken.verdict is False

@@ -349,6 +349,11 @@ class Backend:
         of ``fn`` would pay; the engine batches only when the loop costs more."""
         return 0.0
 
+    def batched_vjp_setup_cost(self) -> float:
+        """Seconds of one-time setup that the first :meth:`Trace.vjp_batched` of the
+        process would pay; the engine batches VJPs only when the loop costs more."""
+        return 0.0
+
     def jvp_rows(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, flat: Sequence[int]) -> list:
         """Forward-mode Jacobian rows ``flat`` of input ``checked[j]`` in one batched JVP:
         per floating output a ``(len(flat), numel)`` array. Capability

@@ -3,6 +3,7 @@ CSC, BSR, BSC; see ``torch_sparse``) or MKL-DNN."""
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 from contextlib import contextmanager
 
@@ -360,6 +361,10 @@ class TorchBackend(Backend):
 
         return _DifferentiableVjp(vjp_of_fn)
 
+    def batched_vjp_setup_cost(self) -> float:
+        # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy)
+        return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
+
     def batch_setup_cost(self, fn) -> float:
         # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
         return _func_vjp_first_cost() if isinstance(fn, _DifferentiableVjp) else 0.0
@@ -531,6 +536,8 @@ def _func_vjp_first_cost() -> float:
 
 #: measured on this project's machine (2 cores): about 1.2 s
 FUNC_VJP_IMPORT_SECONDS = 1.5
+#: the first is_grads_batched backward imports sympy: about 0.7 s on this project's machine
+GRADS_BATCHED_IMPORT_SECONDS = 0.7
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -61,14 +61,19 @@ def _compare_slow(run, piece: Piece) -> None:
             return
         run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
         run.progress.start(n_in, "Jacobians, element by element")
+        _reference_slow(run, piece, reuse=outcome.numerical or {})
+        return
     _reference_slow(run, piece)
 
 
-def _reference_slow(run, piece: Piece) -> None:
-    """torch's element-by-element comparison, block by block in torch's order."""
+def _reference_slow(run, piece: Piece, reuse: dict | None = None) -> None:
+    """torch's element-by-element comparison, block by block in torch's order; the
+    numerical Jacobians of the inputs in ``reuse`` were already computed that way."""
     be, opts = run.be, run.opts
     moved = run.numerical_args(piece.args)
-    numerical = [jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]),
+    reuse = reuse or {}
+    numerical = [reuse[p] if p in reuse else
+                 jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]),
                                          run.stencil, on_element=run.progress.advance)
                  for p in piece.checked]
     pair = _analytical_pairs(run, piece)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from agcheck.core import jacobian as jac
-from agcheck.gradcheck import resolve_problem
+from agcheck.core.problem import resolve_problem
 from agcheck.core.stencil import get_stencil
 
 __all__ = ["numerical_jacobian", "analytical_jacobian"]

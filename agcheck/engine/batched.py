@@ -113,6 +113,12 @@ class _Problem:
         self._element_cost = {}  # seconds one element's rows take one at a time
         self._vjp_batched = None  # False: found clearly slower; True: paid at scale
         self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
+        self._looped = set()  # inputs whose batched rows were found clearly slower
+        #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
+        self.keep_rows = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize <= self.budget // 2
+        #: per input, its rows computed element by element (as the reference engine
+        #: computes them) when all of them were: reused instead of being computed again
+        self._exact_rows = {}
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -184,11 +190,34 @@ class _Problem:
                 self.run.progress.advance(stop - start)
             yield start, stop, rows
 
+    def exact_numerical(self) -> dict | None:
+        """``{input position: {output position: Jacobian}}`` when every checked input's rows
+        were computed element by element (the reference engine's numbers, bit for bit)."""
+        if not self.keep_rows or any(q not in self._exact_rows for q in self.checked):
+            return None
+        be, whole = self.be, {}
+        for q in self.checked:
+            chunks, x = self._exact_rows[q], self.args[q]
+            whole[q] = {}
+            for k in self.floats:
+                parts = [be.to_numpy(rows[k]) for _, _, rows in chunks]
+                like = self.outputs[k] if not be.is_complex(x) else x
+                whole[q][k] = be.array_like(np.concatenate(parts, axis=0), like)
+        return whole
+
     def _row_chunks(self, pos):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
-        if not self.batched_ok(pos):
-            yield from self._looped_row_chunks(pos, 0, n, eps)
+        if pos in self._exact_rows:
+            yield from self._exact_rows[pos]
+            return
+        if not self.batched_ok(pos) or pos in self._looped:
+            chunks = list(self._looped_row_chunks(pos, 0, n, eps)) if self.keep_rows else None
+            if chunks is None:
+                yield from self._looped_row_chunks(pos, 0, n, eps)
+                return
+            self._exact_rows[pos] = chunks
+            yield from chunks
             return
         complex_input = be.is_complex(x)
         points = len(self.run.stencil.offsets)
@@ -202,6 +231,7 @@ class _Problem:
             if stop < n and _batching_loses(seconds / (stop - start), self._element_cost.get(pos, float("inf")),
                                             stop - start, seconds):
                 # vmap is slower here than a loop (no batching rule for some op)
+                self._looped.add(pos)
                 self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batched was slower"))
                 yield from self._looped_row_chunks(pos, stop, n, eps)
                 return
@@ -259,16 +289,24 @@ def _require_dense(be, args) -> None:
 def compare_slow_reverse(run, piece) -> Outcome:
     """Slow-mode reverse check of one piece, batched: passed, or undecided with a reason."""
     try:
-        _reverse(run, piece.fn, piece.trace, piece.args, piece.checked, piece.diff)
+        _require_dense(run.be, piece.args)
     except EngineFallback as reason:
         return undecided(str(reason))
+    p = _Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+    try:
+        _reverse(run, p, piece.diff)
+    except EngineFallback as reason:
+        return undecided(str(reason), p.exact_numerical() if str(reason) == MISMATCH else None)
     return PASSED
 
 
-def _reverse(run, fn, trace, args, checked, diff) -> None:
+#: the reason of an undecided outcome where the engine saw the Jacobians differ
+MISMATCH = "Jacobian mismatch"
+
+
+def _reverse(run, p, diff) -> None:
     be, opts = run.be, run.opts
-    _require_dense(be, args)
-    p = _Problem(run, fn, trace, args, checked)
+    fn, trace, args, checked = p.fn, p.trace, p.args, p.checked
     batchable = [p.batched_ok(q) for q in checked]
     # compressed differences need a few dozen evaluations: worth it also one call at a time
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
@@ -284,15 +322,14 @@ def _reverse(run, fn, trace, args, checked, diff) -> None:
         if compressed.try_from_analytical(p, checked, diff, analytical):
             run.progress.advance(n_in)
             return
-        if not any(batchable):
-            raise EngineFallback("no input can be moved in batches")
+        # rows already computed exactly are reused, here and by the reference engine
         numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
         for k in diff:
             for q, a in zip(checked, analytical[k]):
                 for s, e, rows in numerical[q]:
                     if not compressed.allclose_like_torch(a.by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
                                                           opts.atol):
-                        raise EngineFallback("Jacobian mismatch")
+                        raise EngineFallback(MISMATCH)
         return
     if not any(batchable):
         raise EngineFallback("no input can be moved in batches")
@@ -330,6 +367,9 @@ def _column_blocks(p, m, n_in):
 def _analytical_columns(p, k, c0, c1, inputs):
     """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
     per column once batching has been seen to be clearly slower (every batch is timed)."""
+    if p._vjp_batched is None and _vjp_setup_outweighs_saving(p, k, c0):
+        p._vjp_batched = False
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
         return _looped_columns(p, k, c0, c1, inputs)
     began = time.perf_counter()
@@ -344,6 +384,18 @@ def _analytical_columns(p, k, c0, c1, inputs):
     elif c1 - c0 >= _RAMP[-1]:
         p._vjp_batched = True  # paid at scale; later batches are still timed
     return cols
+
+
+def _vjp_setup_outweighs_saving(p, k, c) -> bool:
+    """Batched VJPs that first cost a one-time setup (torch: an import) are used only when
+    the VJPs they would replace, one at a time, would take longer than the setup."""
+    setup = p.be.batched_vjp_setup_cost()
+    if not setup:
+        return False
+    inputs = [p.args[q] for q in p.checked]
+    p._vjp_column_cost = min(_seconds(_looped_columns, p, k, c, c + 1, inputs) for _ in range(2))
+    # every column of every differentiable output, twice (the reentrancy pass)
+    return 2 * p.out_numel * p._vjp_column_cost < setup
 
 
 def _batched_columns(p, k, c0, c1, inputs):
@@ -498,7 +550,7 @@ def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
             n_block = rows[k][:, c0 - offset:c1 - offset]
             n_block = be.to_device_of(n_block, a)
             if not be.allclose(a[s:e], n_block, opts.rtol, opts.atol):
-                raise EngineFallback("Jacobian mismatch")
+                raise EngineFallback(MISMATCH)
 
 
 def compare_slow_forward(run, piece) -> Outcome:
@@ -545,4 +597,4 @@ def _forward(run, fn, args, checked, diff, trace) -> None:
                     a = be.zeros(tuple(rows[k].shape), like=rows[k])
                 n_rows = be.to_device_of(rows[k], a)
                 if tuple(a.shape) != tuple(n_rows.shape) or not be.allclose(a, n_rows, opts.rtol, opts.atol):
-                    raise EngineFallback("Jacobian mismatch")
+                    raise EngineFallback(MISMATCH)

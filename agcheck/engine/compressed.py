@@ -498,8 +498,8 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
     """Numerical side by coloured compressed differences, against the full analytical
     Jacobian ``analytical[k][j]`` (a :class:`DenseBlock`, input ``checked[j]``, output ``k``).
 
-    True when every pattern entry matched in every round; False otherwise (the caller
-    then computes the numerical side exactly)."""
+    True when every pattern entry matched in every round (inputs that cannot be coloured
+    are compared row by row, exactly); False otherwise."""
     be, run, opts = p.be, p.run, p.opts
     coloured = 0
     try:
@@ -523,7 +523,9 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
         run.engine_log.append(EngineEvent("coloured", "declined", None, f"{type(reason).__name__}: {reason}"))
         return False
     if not coloured:
-        return False
+        # no input could be coloured, and every input's rows, computed exactly, matched
+        run.engine_log.append(EngineEvent("exact", "passed", None, "rows against the full analytical Jacobian"))
+        return True
     run.engine_log.append(EngineEvent("coloured", "passed"))
     return True
 

@@ -7,7 +7,7 @@ the way (batched or looped, passed or declined, and why) is logged as
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 __all__ = ["EngineEvent", "Outcome", "PASSED", "undecided", "UserErrors"]
@@ -40,10 +40,16 @@ class EngineEvent:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A path's result: ``passed``, or undecided with ``reason``."""
+    """A path's result: ``passed``, or undecided with ``reason``.
+
+    ``numerical`` carries what an undecided path already computed exactly as the
+    reference engine computes it (``{input position: {output position: Jacobian}}``, the
+    element-by-element finite differences), so that the reference engine does not pay for
+    it again; ``None`` when there is nothing to reuse."""
 
     passed: bool
     reason: str = ""
+    numerical: dict | None = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -52,9 +58,9 @@ class Outcome:
 PASSED = Outcome(True)
 
 
-def undecided(reason: str) -> Outcome:
+def undecided(reason: str, numerical: dict | None = None) -> Outcome:
     """The outcome of a path that could not decide (the reference engine will)."""
-    return Outcome(False, reason)
+    return Outcome(False, reason, numerical)
 
 
 class UserErrors:
