@@ -12,8 +12,8 @@ from agcheck.checks import batched, grad_output_scaling, no_differentiable_outpu
 from agcheck.options import GradcheckOptions
 from agcheck.progress import Progress
 from agcheck.core.stencil import auto_eps, get_stencil
-from agcheck.report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure, complete_report,
-                     jacobian_mismatch_message)
+from agcheck.report.collect import attach_jacobian_failure, complete_report
+from agcheck.report.errors import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
