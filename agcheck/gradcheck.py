@@ -13,7 +13,8 @@ from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.options import GradcheckOptions
 from agcheck.progress import Progress
-from agcheck.report import GradcheckError, complete_report
+from agcheck.report.collect import complete_report
+from agcheck.report.errors import GradcheckError
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
 

@@ -353,6 +353,28 @@ def test_synthetic_no_pattern_says_so():
     assert "no known pattern" in rep.summary()
 
 
+def test_synthetic_kink_from_the_resample_callable():
+    """Diagnosis gets numerical rows at other steps only through the caller's callable."""
+    asked = []
+
+    def resample(eps, rows, side="central"):
+        asked.append((eps, tuple(rows), side))
+        value = {"central": 0.5, "right": 1.0, "left": 0.0}[side]  # a jump: right and left differ
+        return np.full((len(rows), 1), value)
+
+    b = block([[0.5]], [[1.0]], eps=1e-6, input_dtype="float64", input_double=True)
+    assert [d.kind for d in diagnose_block(b, resample=resample)] == ["kink"]
+    assert {side for _, _, side in asked} == {"central", "right", "left"}
+    assert sorted({eps for eps, _, _ in asked}) == pytest.approx([1e-7, 1e-6, 1e-5])
+    assert [d.kind for d in diagnose_block(b)] == ["factor"]  # without it: no step-size evidence
+
+    def broken(eps, rows, side="central"):
+        raise ValueError("fn fails there")
+
+    found = diagnose_block(b, resample=broken)
+    assert [d.kind for d in found] == ["note", "factor"] and "fn fails there" in found[0].message
+
+
 def test_single_nonzero_entry_factor_is_hedged():
     d = diagnose_block(block([[2.0]], [[6.0]]))
     assert [x.kind for x in d] == ["factor"]

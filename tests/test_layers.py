@@ -2,10 +2,11 @@
 
 Every import counts, also one placed inside a function. The layers, lowest first:
 
-    agcheck.backends.base, agcheck.report.errors      the contract and the error type
+    the leaves: agcheck.backends.base (the contract), agcheck.options, agcheck.core.stencil,
+    and the report's model: agcheck.report.{values,render,model,errors} (the error type)
     agcheck.backends.*                                 one module per framework
-    agcheck.options, agcheck.core.*, agcheck.progress  the framework-free algorithm
-    agcheck.report.*                                   reports (collect may use core)
+    agcheck.core.*, agcheck.progress                   the framework-free algorithm
+    agcheck.report.*                                   diagnoses, collection (uses core)
     agcheck.engine.*                                   faster paths to the same verdicts
     agcheck.checks.*                                   the checks, each (run, piece)
     agcheck.gradcheck, agcheck.gradgradcheck           the orchestration and public entry
@@ -59,9 +60,11 @@ GRAPH = {name: {m for m in _imports(p) if m in MODULES and m != name} for name, 
 
 def _rank(module: str) -> int:
     order = [
-        ("agcheck.backends.base", 0), ("agcheck.report.errors", 0),
+        ("agcheck.backends.base", 0), ("agcheck.options", 0), ("agcheck.core.stencil", 0),
+        ("agcheck.report.values", 0), ("agcheck.report.render", 0), ("agcheck.report.model", 0),
+        ("agcheck.report.errors", 0),
         ("agcheck.backends", 1),
-        ("agcheck.options", 2), ("agcheck.core", 2), ("agcheck.progress", 2),
+        ("agcheck.core", 2), ("agcheck.progress", 2),
         ("agcheck.report", 3),
         ("agcheck.engine", 4),
         ("agcheck.checks", 5),

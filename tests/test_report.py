@@ -326,10 +326,52 @@ def test_missing_matplotlib_names_the_install_command(monkeypatch, tmp_path):
 
 
 def test_core_imports_no_plotting_or_framework():
-    code = ("import sys, agcheck, agcheck.report, agcheck.report.diagnosis, agcheck.report.render; "
+    code = ("import sys, agcheck, agcheck.report, agcheck.report.diagnosis, agcheck.report.render, "
+            "agcheck.report.collect; "
             "bad = [m for m in ('matplotlib', 'torch', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: what each module of agcheck.report may import from agcheck (prefixes)
+REPORT_LAYERS = {
+    "values": (),
+    "render": ("agcheck.report.values",),
+    "model": ("agcheck.report.values", "agcheck.report.render", "agcheck.options"),
+    "errors": ("agcheck.report.model",),
+    "diagnosis": ("agcheck.report.values", "agcheck.report.model", "agcheck.report.diagnosis"),
+    "collect": ("agcheck.report.", "agcheck.core."),
+    "__init__": ("agcheck.report.errors", "agcheck.report.model"),
+}
+
+
+def test_report_modules_import_one_way():
+    """Each module of agcheck.report imports only the layers below it, at module level;
+    only collect imports agcheck.core (so the core can import the errors without a cycle)."""
+    import ast
+    import pathlib
+
+    import agcheck.report as report
+
+    root = pathlib.Path(report.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        layer = rel.parts[0].removesuffix(".py")
+        package = "agcheck.report" + "".join(f".{p}" for p in rel.parts[:-1])
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [package + (f".{node.module}" if node.module else "") if node.level else node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if not name.startswith("agcheck"):
+                    continue
+                assert id(node) in top, f"{rel}: agcheck import not at module level: {name}"
+                assert name.startswith(REPORT_LAYERS[layer]), f"{rel} ({layer}) imports {name}"
 
 
 def test_error_constructed_anywhere_has_a_report():

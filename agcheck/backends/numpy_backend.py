@@ -33,7 +33,7 @@ import array_api_compat
 import numpy as np
 
 from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace, Watched
-from agcheck.report import GradcheckError
+from agcheck.report.errors import GradcheckError
 
 __all__ = ["NumpyBackend", "NumpyTrace", "MissingDerivativeError", "BACKEND_CLASS", "owns"]
 

@@ -1,7 +1,7 @@
 """Batched (vmapped) gradients must equal the gradients computed one at a time."""
 from __future__ import annotations
 
-from agcheck.report import BATCHED_FWD_HINT, BATCHED_HINT, GradcheckError, batched_mismatch_message
+from agcheck.report.errors import BATCHED_FWD_HINT, BATCHED_HINT, GradcheckError, batched_mismatch_message
 
 BATCHED_SEED = 20211
 _BATCH = 2

@@ -1,7 +1,7 @@
 """The backward must be multiplied by grad_output: zero cotangents give zero gradients."""
 from __future__ import annotations
 
-from agcheck.report import GradcheckError
+from agcheck.report.errors import GradcheckError
 
 
 def check(run, piece) -> None:

@@ -9,8 +9,8 @@ from agcheck.core import jacobian as jac
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
 from agcheck.engine.outcome import undecided
-from agcheck.report import (FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, attach_jacobian_failure,
-                            jacobian_mismatch_message)
+from agcheck.report.collect import attach_jacobian_failure
+from agcheck.report.errors import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
 
 __all__ = ["check", "MAX_REPORTED_BLOCKS"]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agcheck.core.jacobian import numerical_directional, numerical_jacobians
-from agcheck.report import GradcheckError
+from agcheck.report.errors import GradcheckError
 
 MESSAGE = "Numerical gradient for function expected to be zero"
 

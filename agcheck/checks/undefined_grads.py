@@ -5,7 +5,7 @@ import warnings
 
 from agcheck.backends.base import Watched
 from agcheck.core.jacobian import random_vectors
-from agcheck.report import UNDEFINED_GRAD_HINT, GradcheckError
+from agcheck.report.errors import UNDEFINED_GRAD_HINT, GradcheckError
 
 _OPT_OUT = (
     "gradcheck checks by default that undefined output gradients are supported "

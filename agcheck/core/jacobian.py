@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from agcheck.report import GradcheckError
+from agcheck.report.errors import GradcheckError, not_reentrant_message
 from agcheck.core.stencil import STENCILS
 
 __all__ = [
     "stencil_difference",
     "numerical_jacobians",
+    "numerical_rows",
     "numerical_directional",
     "analytical_jacobians_reverse",
     "analytical_vjps",
@@ -79,6 +80,22 @@ def _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil):
     d_imag = stencil_difference(be, _evaluations(stencil, at, eps * 1j), eps, stencil, index)
     # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
     return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
+
+
+def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position: int, elements, eps: float,
+                   stencil) -> list:
+    """Rows ``elements`` (flat indices, as :func:`numerical_jacobians` counts them) of the
+    numerical Jacobian of output ``output_position`` with respect to ``args[position]``,
+    computed by the same code as the check's Jacobians with step ``eps`` and ``stencil``:
+    one array (the output's derivative along that element) per element.
+
+    Failure reports use it to re-evaluate entries with other steps
+    (:mod:`agcheck.report.collect`).
+    """
+    complex_input = be.is_complex(args[position])
+    with be.perturber(args, position) as perturber:
+        return [_columns_for_element(be, perturber, fn, int(flat), eps, complex_input, stencil)[output_position]
+                for flat in elements]
 
 
 def _stack_rows(be, rows: list, n_cols: int, like, dtype):
@@ -217,8 +234,6 @@ def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dty
         raise GradcheckError("Gradient has dtype mismatch", check="grad_dtype")
     if not report.dtypes_ok:
         raise GradcheckError("Analytical gradient has incorrect size", check="grad_size")
-    from agcheck.report import not_reentrant_message
-
     for i, (a, b) in enumerate(zip(first, second)):
         if be.numel(a) == 0:
             continue

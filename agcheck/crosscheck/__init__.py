@@ -33,7 +33,7 @@ from agcheck.backends.base import Backend, BackendUnavailableError
 from agcheck.backends.registry import get_backend
 from agcheck.gradcheck import gradcheck as _gradcheck
 from agcheck.gradgradcheck import gradgradcheck as _gradgradcheck
-from agcheck.report import GradcheckError
+from agcheck.report.errors import GradcheckError
 
 __all__ = ["crosscheck", "CrosscheckResult", "Difference", "DEFAULT_TOLERANCES"]
 

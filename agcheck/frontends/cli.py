@@ -209,7 +209,7 @@ def _summary_of(error) -> str:
 def _check(args) -> int:
     from agcheck.backends.base import BackendUnavailableError
     from agcheck.backends.registry import available_backends
-    from agcheck.report import GradcheckError
+    from agcheck.report.errors import GradcheckError
 
     specs = _input_specs(args.input)
     fn = load_function(args.target)
@@ -278,7 +278,7 @@ def _check(args) -> int:
 def _crosscheck(args) -> int:
     from agcheck.backends.base import BackendUnavailableError
     from agcheck.crosscheck import crosscheck
-    from agcheck.report import GradcheckError
+    from agcheck.report.errors import GradcheckError
 
     specs = _input_specs(args.input)
     fn = load_function(args.target)

@@ -153,7 +153,7 @@ def _saved_list(config) -> list:
 # -- the fixture object -----------------------------------------------------------------------
 
 def _make_failure_type():
-    from agcheck.report import GradcheckError
+    from agcheck.report.errors import GradcheckError
 
     class AgcheckFailure(GradcheckError, AssertionError):
         """A check run through the ``agcheck`` fixture failed.
@@ -245,7 +245,7 @@ class AgcheckFixture:
 
     def _call(self, check, fn, inputs, kwargs):
         __tracebackhide__ = True
-        from agcheck.report import GradcheckError
+        from agcheck.report.errors import GradcheckError
 
         try:
             return check(fn, inputs, **kwargs)

@@ -5,6 +5,10 @@ drawn with matplotlib, an optional dependency imported only here, only when rend
 Large blocks are downsampled by max-abs pooling (the entry of largest magnitude of each
 tile, with its sign) to at most :data:`MAX_SIDE` cells per side, so a single wrong entry
 stays visible and the files stay small.
+
+Rendering reads a report's attributes (``blocks``, ``diagnoses``, ``summary()`` ...) and
+imports nothing of the report model, so :meth:`agcheck.report.FailureReport.save` can
+use it.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import math
 import textwrap
 
 import numpy as np
+
+from agcheck.report.values import fmt, index_text
 
 __all__ = ["pool_max_abs", "write_html", "write_png", "render_html", "render_png"]
 
@@ -222,8 +228,6 @@ def _table(rows, header=None, numeric_from=99) -> str:
 
 
 def _block_html(report, block) -> str:
-    from agcheck.report import _index_text, fmt
-
     parts = [f"<h2>{_e(block.title)}</h2>"]
     facts = [
         ("block shape", f"{block.shape[0]} x {block.shape[1]} (input elements x output elements)"),
@@ -252,7 +256,7 @@ def _block_html(report, block) -> str:
         def outside(w):
             return "yes" if not (w.abs_diff <= block.atol + block.rtol * abs(w.numerical)) else "no"
 
-        rows = [(_index_text(w.input_index), _index_text(w.output_index), fmt(w.numerical), fmt(w.analytical),
+        rows = [(index_text(w.input_index), index_text(w.output_index), fmt(w.numerical), fmt(w.analytical),
                  fmt(w.abs_diff), outside(w)) for w in block.worst[:HTML_TOP_K]]
         parts.append(_table(rows, ["input index", "output index", "numerical", "analytical", "|diff|",
                                    "outside tolerance"], 2))

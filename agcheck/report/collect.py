@@ -1,0 +1,110 @@
+"""Filling in a failure report from a failed check: the failing Jacobian blocks
+(:func:`attach_jacobian_failure`), then backend, options and diagnoses, and the summary
+appended to the exception message (:func:`complete_report`).
+
+The only part of :mod:`agcheck.report` that knows the checks' machinery: it converts the
+backend's arrays to NumPy and builds, for each block, the ``resample`` callable through
+which diagnosis recomputes numerical rows with other steps (by
+:func:`agcheck.core.jacobian.numerical_rows`, the check's own finite differences).
+Nothing here runs on the passing path.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from agcheck.core.jacobian import numerical_rows
+from agcheck.core.stencil import Stencil
+from agcheck.report.diagnosis import diagnose
+from agcheck.report.errors import GradcheckError, complex_part
+from agcheck.report.model import JacobianBlock
+
+__all__ = ["attach_jacobian_failure", "complete_report"]
+
+#: the one-sided differences diagnosis asks for (``side="right"`` / ``"left"``)
+ONE_SIDED = {
+    "right": Stencil("right", (0, 1), (-1.0, 1.0), 0.5),
+    "left": Stencil("left", (-1, 0), (-1.0, 1.0), 0.5),
+}
+
+#: report -> {block index: resample}, from attach_jacobian_failure until complete_report
+#: (they hold ``fn`` and its inputs, released once the report is complete)
+_resamplers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *, output: int, input: int,
+                            complex_indices, test_imag: bool, forward: bool, where=None, projection=None) -> None:
+    """Record the failing block of a Jacobian comparison in ``error.report``.
+
+    ``run`` is the gradcheck run (backend, options, stencil); ``where`` is
+    ``(fn, args, position, outputs, output_position)`` for recomputing numerical entries
+    with other steps during diagnosis. Never raises: a problem becomes a note.
+    """
+    rep = error.report
+    try:
+        be, opts = run.be, run.opts
+        kw = dict(mode="forward" if forward else "reverse", fast=projection is not None,
+                  part=complex_part(output, input, complex_indices, test_imag, forward),
+                  atol=float(opts.atol), rtol=float(opts.rtol))
+        if where is not None:
+            fn, args, position, outputs, output_position = where
+            x, out = args[position], outputs[output_position]
+            kw.update(input_shape=tuple(int(s) for s in x.shape), output_shape=tuple(int(s) for s in out.shape),
+                      input_dtype=be.dtype_name(x), input_double=bool(be.is_double_precision(x)),
+                      eps=float(run.eps_for(x)))
+            resample = _resampler(run, fn, args, position, output_position)
+        if projection is not None:
+            kw["projection"] = {k: _to_scalar(be, v) for k, v in projection.items()}
+        block = JacobianBlock.from_arrays(be.to_numpy(numerical), be.to_numpy(analytical),
+                                          output=output, input=input, **kw)
+        if where is not None:
+            _resamplers.setdefault(rep, {})[len(rep.blocks)] = resample
+        rep.blocks.append(block)
+    except Exception as ex:  # the report must never hide the failure itself
+        rep.notes.append(f"could not record the Jacobian blocks: {type(ex).__name__}: {ex}")
+
+
+def _to_scalar(be, v):
+    if isinstance(v, (int, float, complex)):
+        return v
+    a = np.asarray(be.to_numpy(v))
+    return a.item() if a.size == 1 else a
+
+
+def _resampler(run, fn, args, position, output_position):
+    """Rows of the block's numerical Jacobian with step ``eps`` and the check's stencil
+    (``side="central"``) or a one-sided difference, as ``(len(rows), output.numel)``."""
+    def resample(eps, rows, side="central"):
+        stencil = run.stencil if side == "central" else ONE_SIDED[side]
+        found = numerical_rows(run.be, fn, args, position, output_position, rows, eps, stencil)
+        return np.stack([np.asarray(run.be.to_numpy(row)).reshape(-1) for row in found])
+
+    return resample
+
+
+def complete_report(error: GradcheckError, backend=None, options=None) -> None:
+    """Fill in backend, options and diagnoses, and append the summary to the message.
+
+    Called once, after a failure, while the caller's state is still guarded (diagnosis
+    may evaluate ``fn`` a few more times). Never raises.
+    """
+    rep = getattr(error, "report", None)
+    if rep is None or rep.completed:
+        return
+    try:
+        rep.backend = getattr(backend, "name", backend)
+        if options is not None:
+            rep.options = options.as_dict() if hasattr(options, "as_dict") else dict(options)
+        try:
+            rep.diagnoses = diagnose(rep, _resamplers.get(rep))
+        except Exception as ex:
+            rep.notes.append(f"diagnosis failed: {type(ex).__name__}: {ex}")
+        rep.completed = True
+        summary = rep.summary()
+        if error.args and isinstance(error.args[0], str):
+            error.args = (error.args[0].rstrip("\n") + "\n\n" + summary,) + tuple(error.args[1:])
+    except Exception as ex:
+        rep.notes.append(f"report incomplete: {type(ex).__name__}: {ex}")
+    finally:
+        _resamplers.pop(rep, None)  # release fn and its inputs

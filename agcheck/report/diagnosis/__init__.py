@@ -1,0 +1,69 @@
+"""Diagnoses: recognise and name the usual gradient bugs in a failure report.
+
+A diagnosis is a hypothesis with its evidence, never a verdict: the verdict is the
+check's. Each one is tested on the failing blocks only (nothing here runs while checks
+pass) and fires only when the evidence is strong:
+
+* ``factor`` / ``sign`` / ``transposed`` / ``adjoint`` / ``conjugate`` /
+  ``ignores_grad_output`` / ``ignores_tangent`` — the analytical block equals a simple
+  transformation of the numerical one (``2 * N``, ``-N``, ``N.T``, ``conj(N)``, ...) to
+  within 1 % of the mismatch (and finite-difference noise), far closer than to ``N``
+  itself;
+* ``zero_analytical`` / ``zero_numerical`` — one side is zero, the other is not;
+* ``few_entries`` / ``localized`` — only a handful of entries (listed), or only the
+  entries of a few input or output elements, disagree;
+* ``kink`` — the numerical derivative at the worst entries changes with the step size
+  (re-evaluated with ``eps / 10`` and ``eps * 10``) or differs between the right and left
+  one-sided differences even for a small step: the input sits on a non-differentiable
+  point;
+* ``precision`` — the same instability with an input in less than double precision:
+  finite differences are dominated by rounding;
+* ``noise`` — the mismatch is within what finite differences can resolve (estimates with
+  other steps differ by as much): the tolerance is too tight, the gradient likely right;
+* ``fast_only`` — fast mode's projection failed but the full blocks agree;
+* for the other checks: ``nondeterministic`` (with the run-to-run difference next to
+  ``nondet_tol`` and whether it is rounding-sized), ``not_multiplied_by_grad_output``,
+  ``batched``, ``undefined_grad``, ``depends_on_input``, ``gradient_shape``.
+
+The structural hypotheses are tried only once the mismatch is known not to be noise or a
+kink, so a correct function checked with an absurdly tight tolerance gets ``noise`` and
+nothing else.
+
+Diagnosis needs nothing but the report: the one thing it cannot do on data alone,
+recomputing numerical entries with other steps, it receives from the caller as a
+``resample`` callable per block (:mod:`agcheck.report.collect` builds them from the
+checked function; see :mod:`agcheck.report.diagnosis.probes`).
+
+Modules: :mod:`~agcheck.report.diagnosis.blocks` (one Jacobian block, in order),
+:mod:`~agcheck.report.diagnosis.probes` (step-size evidence),
+:mod:`~agcheck.report.diagnosis.structure` (whole-block hypotheses, one function each),
+:mod:`~agcheck.report.diagnosis.checks` (the other checks),
+:mod:`~agcheck.report.diagnosis.facts` (what they share).
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from agcheck.report.model import Diagnosis
+
+from .blocks import diagnose_block
+from .checks import CHECK_HANDLERS
+from .facts import machine_eps
+
+__all__ = ["Diagnosis", "diagnose", "diagnose_block", "machine_eps"]
+
+
+def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
+    """The diagnoses of a failure report (an empty list when no pattern is recognised).
+
+    ``resamplers`` maps the index of a block in ``report.blocks`` to its ``resample``
+    callable (blocks without one skip the step-size probes).
+    """
+    if report.blocks:
+        resamplers = resamplers or {}
+        found = []
+        for i, block in enumerate(report.blocks):
+            found += diagnose_block(block, i, resamplers.get(i))
+        return found
+    handler = CHECK_HANDLERS.get(report.check)
+    return handler(report) if handler is not None else []

@@ -1,0 +1,194 @@
+"""Step-size evidence: the worst entries re-evaluated with other steps tell a kink, rounding
+(``precision``) and finite-difference ``noise`` apart from a wrong derivative.
+
+The re-evaluation is the caller's: ``resample(eps, rows, side="central")`` returns rows
+``rows`` of the block's numerical Jacobian computed with step ``eps`` — with the check's
+own stencil (``side="central"``) or a one-sided difference (``"right"``, ``"left"``) — as
+an array ``(len(rows), output.numel)``. :mod:`agcheck.report.collect` builds it from the
+checked function; without it (a report rebuilt from data, a synthetic block) only the
+error-floor estimate of noise is made.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from agcheck.report.values import fmt
+
+from .facts import where
+
+__all__ = ["PROBED_ENTRIES", "Probe", "probe", "step_size_evidence"]
+
+#: entries re-evaluated with other steps on a failure
+PROBED_ENTRIES = 6
+
+
+@dataclass
+class Probe:
+    """One entry's numerical derivative with several steps and stencils."""
+
+    row: int
+    col: int
+    numerical: complex
+    analytical: complex
+    small: complex  # central difference with eps / 10
+    large: complex  # with eps * 10
+    right: complex  # one-sided, step eps / 10
+    left: complex
+    right_eps: complex  # one-sided, step eps
+    left_eps: complex
+
+    @property
+    def mismatch(self) -> float:
+        return abs(self.analytical - self.numerical)
+
+    @property
+    def spread(self) -> float:
+        """How much the central estimate moves when the step changes tenfold."""
+        return max(abs(self.small - self.numerical), abs(self.large - self.numerical))
+
+    @property
+    def scale(self) -> float:
+        return max(abs(self.numerical), abs(self.small), abs(self.large), abs(self.analytical))
+
+    @property
+    def unstable(self) -> bool:
+        return self.spread > 0.1 * self.scale and self.scale > 0
+
+    @property
+    def jump(self) -> bool:
+        """Right and left derivatives differ, and the gap does not shrink with the step."""
+        gap = abs(self.right - self.left)
+        size = max(abs(self.right), abs(self.left), abs(self.analytical), abs(self.numerical))
+        return size > 0 and gap > 0.1 * size and gap >= 0.5 * abs(self.right_eps - self.left_eps)
+
+    @property
+    def kink(self) -> bool:
+        return self.unstable or self.jump
+
+    @property
+    def noise(self) -> bool:
+        return not self.kink and self.mismatch <= 2 * self.spread
+
+    def line(self, block) -> str:
+        return (f"{where(block, self.row, self.col)}: central eps/10 {fmt(self.small)}, eps {fmt(self.numerical)}, "
+                f"eps*10 {fmt(self.large)}; one-sided right {fmt(self.right)}, left {fmt(self.left)}; "
+                f"analytical {fmt(self.analytical)}")
+
+    def noise_line(self, block) -> str:
+        return (f"{where(block, self.row, self.col)}: numerical {fmt(self.numerical)}; with eps/10 it moves by "
+                f"{abs(self.small - self.numerical):.1e}, with eps*10 by {abs(self.large - self.numerical):.1e}; "
+                f"analytical differs by {self.mismatch:.1e}")
+
+    def evidence(self) -> dict:
+        return {"row": self.row, "col": self.col, "numerical": self.numerical, "analytical": self.analytical,
+                "central_eps_div_10": self.small, "central_eps_times_10": self.large,
+                "right": self.right, "left": self.left}
+
+
+def probe(block, resample: Callable | None) -> list | None:
+    """Re-evaluate the worst mismatching entries with other steps (``None`` if impossible)."""
+    if resample is None or not block.eps:
+        return None
+    n, a = block.numerical, block.analytical
+    tol = block.atol + block.rtol * np.abs(n)
+    chosen = [e for e in block.worst if not (abs(e.analytical - e.numerical) <= tol[e.row, e.col])]
+    chosen = chosen[:PROBED_ENTRIES]
+    if not chosen:
+        return None
+    rows = sorted({e.row for e in chosen})
+    at = {r: i for i, r in enumerate(rows)}
+    eps = block.eps
+    small = resample(eps / 10, rows)
+    large = resample(eps * 10, rows)
+    right = resample(eps / 10, rows, "right")
+    left = resample(eps / 10, rows, "left")
+    right_eps = resample(eps, rows, "right")
+    left_eps = resample(eps, rows, "left")
+    probes = []
+    for e in chosen:
+        i, c = at[e.row], e.col
+        probes.append(Probe(e.row, c, n[e.row, c].item(), a[e.row, c].item(), small[i, c].item(),
+                            large[i, c].item(), right[i, c].item(), left[i, c].item(),
+                            right_eps[i, c].item(), left_eps[i, c].item()))
+    return probes
+
+
+def step_size_evidence(facts, resample: Callable | None) -> tuple:
+    """``(diagnoses, settled)``: what the step sizes say about a block, and whether that
+    settles it (no structural hypothesis is tried after a noise or a mostly-kink verdict).
+
+    Raises ``facts.floor`` to the spread of the smooth probed entries.
+    """
+    found = []
+    try:
+        probes = probe(facts.block, resample)
+    except Exception as ex:  # fn may fail at other steps; the other hypotheses still apply
+        probes = None
+        found.append(facts.diagnosis(
+            "note", f"could not re-evaluate numerical entries with other steps ({type(ex).__name__}: {ex})"))
+    if not probes:
+        if facts.r0 <= facts.floor:
+            found.append(floor_noise(facts))
+            return found, True
+        return found, False
+    smooth = [p.spread for p in probes if not p.kink]
+    if smooth:
+        facts.floor = max(facts.floor, max(smooth))
+    kinks = [p for p in probes if p.kink]
+    if kinks:
+        found.append(kink(facts, probes, kinks))
+        return found, 2 * len(kinks) >= len(probes)
+    if all(p.noise for p in probes):
+        found.append(probed_noise(facts, probes))
+        return found, True
+    return found, False
+
+
+def kink(facts, probes: list, kinks: list):
+    """``kink`` (or ``precision`` for an input below double precision whose probes are
+    unstable rather than one-sided jumps)."""
+    block = facts.block
+    lines = [p.line(block) for p in kinks]
+    ev = {"entries": [p.evidence() for p in kinks], "eps": facts.eps, "probed": len(probes)}
+    if block.input_double is False and not all(p.jump for p in kinks):
+        return facts.diagnosis(
+            "precision",
+            f"the numerical derivative at {len(kinks)} of {len(probes)} probed entries changes with the "
+            f"step size, and input {block.input} is {block.input_dtype}: finite differences with "
+            f"eps={fmt(facts.eps)} are dominated by rounding in this precision (or the input sits on a kink). "
+            "Check in double precision, or use eps='auto', stencil='five-point' (docs/accuracy.md)",
+            ev, lines)
+    return facts.diagnosis(
+        "kink",
+        f"the numerical derivative at {len(kinks)} of {len(probes)} probed entries changes with the "
+        "step size (eps/10, eps, eps*10) or differs between its right and left one-sided values: "
+        "the input likely sits on a kink/non-differentiable point (e.g. relu at 0, abs at 0, max "
+        "with ties), where finite differences and the analytical derivative legitimately disagree. "
+        "Move the test input away from it",
+        ev, lines)
+
+
+def probed_noise(facts, probes: list):
+    """``noise``: other steps move the estimates by as much as the mismatch."""
+    return facts.diagnosis(
+        "noise", _noise_message(facts, "estimates with eps/10 and eps*10 differ by as much"),
+        {"max_abs_diff": facts.r0, "scale": facts.scale, "spread": max(p.spread for p in probes)},
+        [p.noise_line(facts.block) for p in probes[:3]])
+
+
+def floor_noise(facts):
+    """``noise``: the mismatch is below the error floor of finite differences."""
+    why = f"about 100 * machine epsilon / eps for {facts.block.input_dtype or facts.N.dtype}"
+    return facts.diagnosis("noise", _noise_message(facts, why),
+                           {"max_abs_diff": facts.r0, "scale": facts.scale, "floor": facts.floor})
+
+
+def _noise_message(facts, why) -> str:
+    block, r0, scale = facts.block, facts.r0, facts.scale
+    rel = r0 / scale if scale else 0.0
+    return (f"the mismatch (max {fmt(r0)}, {rel:.1e} of the Jacobian's largest entry) is within the error of "
+            f"the finite differences ({why}): the gradient is likely correct and the tolerance "
+            f"(atol={fmt(block.atol)}, rtol={fmt(block.rtol)}) too tight to be met by finite differences")

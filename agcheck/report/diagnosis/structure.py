@@ -1,0 +1,238 @@
+"""Whole-block hypotheses: the analytical block is a simple transformation of the numerical
+one (zero, a constant factor, a sign flip, conjugated, transposed, the adjoint, summed
+over grad_output or the tangent), or only a few entries, rows or columns are wrong.
+
+Each hypothesis is one function of :class:`~agcheck.report.diagnosis.facts.BlockFacts`
+returning a :class:`~agcheck.report.model.Diagnosis` or ``None``; :func:`structure` tries
+them in order and keeps the first that fits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agcheck.report.values import fmt, index_text, unravel
+
+from .facts import BlockFacts, coefficient_text
+
+__all__ = ["FEW", "structure", "TRANSFORMATIONS", "LOCAL"]
+
+#: "a few entries": at most this many (and at most a quarter of the block)
+FEW = 10
+
+
+def _base(facts: BlockFacts) -> dict:
+    return {"max_abs_diff": facts.r0, "nonzero_numerical_entries": _nonzero(facts)}
+
+
+def _nonzero(facts: BlockFacts) -> int:
+    return int(np.count_nonzero(np.abs(facts.N) > facts.floor))
+
+
+def zero_analytical(facts: BlockFacts):
+    n_max, a_max = float(np.abs(facts.N).max()), float(np.abs(facts.A).max())
+    if not (a_max <= facts.floor and n_max > facts.floor):
+        return None
+    return facts.diagnosis(
+        "zero_analytical",
+        f"the analytical Jacobian is zero (max |analytical| {fmt(a_max)}) while the numerical one is not "
+        f"(max {fmt(n_max)}): the backward likely returns zeros (or None) for input {facts.block.input}, "
+        "or the forward uses a detached copy of it",
+        _base(facts))
+
+
+def zero_numerical(facts: BlockFacts):
+    n_max, a_max = float(np.abs(facts.N).max()), float(np.abs(facts.A).max())
+    if not (n_max <= facts.floor and a_max > facts.floor):
+        return None
+    return facts.diagnosis(
+        "zero_numerical",
+        f"the numerical Jacobian is zero: output {facts.block.output} does not change when input "
+        f"{facts.block.input} moves, but the analytical one is not (max |analytical| {fmt(a_max)}): the "
+        "backward likely returns a gradient for an input the output does not depend on (inputs swapped?)",
+        _base(facts))
+
+
+def factor(facts: BlockFacts):
+    """``factor`` (``analytical = c x numerical``), or ``sign`` for ``c = -1``."""
+    N, A, r0 = facts.N, facts.A, facts.r0
+    denom = float(np.vdot(N, N).real)
+    if not denom > 0:
+        return None
+    c = complex(np.vdot(N, A)) / denom
+    if abs(c.imag) <= 1e-9 * abs(c):
+        c = c.real
+    ok, rx = facts.fit(c * N)
+    if not (ok and abs(c - 1) > 1e-3):
+        return None
+    nonzero = _nonzero(facts)
+    weak = " (a single nonzero entry: weak evidence)" if nonzero <= 1 else ""
+    ev = dict(_base(facts), factor=c, residual=rx)
+    if abs(c + 1) <= 1e-3:
+        return facts.diagnosis("sign", f"analytical = -1 x numerical: the gradient's sign is flipped (all {nonzero} "
+                                       f"nonzero entries; residual {fmt(rx)} vs mismatch {fmt(r0)}){weak}", ev)
+    return facts.diagnosis(
+        "factor", f"analytical = {coefficient_text(c)} x numerical (numerical = {coefficient_text(1 / c)} x "
+                  f"analytical), a constant factor over all {nonzero} nonzero entries (residual {fmt(rx)} vs "
+                  f"mismatch {fmt(r0)}){weak}", ev)
+
+
+def conjugate(facts: BlockFacts):
+    """``analytical = conj(numerical)`` (or ``-conj`` on the imaginary part of an output)."""
+    N = facts.N
+    if not (np.iscomplexobj(N) and float(np.abs(N.imag).max()) > facts.floor):
+        return None
+    for sign, form in ((1, "conj(numerical)"), (-1, "-conj(numerical)")):
+        ok, rx = facts.fit(sign * N.conj())
+        if ok:
+            seen = (" (on the imaginary part of a complex output a missing conjugation shows as -conj)"
+                    if sign < 0 else "")
+            return facts.diagnosis(
+                "conjugate", f"analytical = {form}{seen} (residual {fmt(rx)} vs mismatch {fmt(facts.r0)}): the "
+                             "backward likely misses (or adds) a complex conjugation, e.g. grad * w instead "
+                             "of grad * w.conj() — agcheck and torch expect the conjugate Wirtinger "
+                             "convention", dict(_base(facts), residual=rx, sign=sign))
+    return None
+
+
+def _square(facts: BlockFacts) -> bool:
+    rows, cols = facts.N.shape
+    return rows == cols and rows >= 2
+
+
+def transposed(facts: BlockFacts):
+    if not _square(facts):
+        return None
+    ok, rx = facts.fit(facts.N.T)
+    if not ok:
+        return None
+    return facts.diagnosis(
+        "transposed", f"analytical = numerical transposed (residual {fmt(rx)} vs mismatch {fmt(facts.r0)}): the "
+                      "derivative likely uses a matrix where its transpose belongs (e.g. W instead "
+                      "of W.T in the backward of x @ W)", dict(_base(facts), residual=rx))
+
+
+def adjoint(facts: BlockFacts):
+    if not (_square(facts) and np.iscomplexobj(facts.N)):
+        return None
+    ok, rx = facts.fit(facts.N.conj().T)
+    if not ok:
+        return None
+    return facts.diagnosis(
+        "adjoint", f"analytical = conjugate transpose of numerical (residual {fmt(rx)} vs mismatch "
+                   f"{fmt(facts.r0)}): a matrix and its adjoint are likely swapped in the backward",
+        dict(_base(facts), residual=rx))
+
+
+def ignores_grad_output(facts: BlockFacts):
+    N = facts.N
+    cols = N.shape[1]
+    if not (facts.block.mode == "reverse" and cols >= 2):
+        return None
+    ok, rx = facts.fit(np.repeat(N.sum(axis=1, keepdims=True), cols, axis=1))
+    if not ok:
+        return None
+    return facts.diagnosis(
+        "ignores_grad_output",
+        "every column of the analytical Jacobian (the backward for one output element) equals the "
+        f"gradient of sum(output {facts.block.output}) (residual {fmt(rx)}): the backward likely ignores "
+        "grad_output instead of multiplying by it", dict(_base(facts), residual=rx))
+
+
+def ignores_tangent(facts: BlockFacts):
+    N = facts.N
+    rows = N.shape[0]
+    if not (facts.block.mode == "forward" and rows >= 2):
+        return None
+    ok, rx = facts.fit(np.repeat(N.sum(axis=0, keepdims=True), rows, axis=0))
+    if not ok:
+        return None
+    return facts.diagnosis(
+        "ignores_tangent",
+        "every row of the forward-mode Jacobian equals the derivative along the all-ones tangent "
+        f"(residual {fmt(rx)}): the forward-mode rule likely ignores the input tangent",
+        dict(_base(facts), residual=rx))
+
+
+#: the transformations tried, in order (``zero_*`` end the search even when later ones fit)
+TRANSFORMATIONS = (zero_analytical, zero_numerical, factor, conjugate, transposed, adjoint, ignores_grad_output,
+                   ignores_tangent)
+
+
+# -- a few wrong entries, rows or columns -------------------------------------------------
+
+@dataclass
+class WrongEntries:
+    """The entries outside tolerance and above the error floor."""
+
+    mask: np.ndarray
+    count: int
+    rows: np.ndarray
+    cols: np.ndarray
+
+    @classmethod
+    def of(cls, facts: BlockFacts) -> "WrongEntries":
+        block = facts.block
+        with np.errstate(invalid="ignore"):
+            bad = (facts.diff > block.atol + block.rtol * np.abs(facts.N)) & (facts.diff > facts.floor)
+        return cls(bad, int(np.count_nonzero(bad)), np.unique(np.nonzero(bad)[0]), np.unique(np.nonzero(bad)[1]))
+
+
+def _few_lines(wrong: np.ndarray, total: int, count: int) -> bool:
+    """At most 3 of ``total >= 4`` lines (and at most a quarter), each wrong at least twice."""
+    return len(wrong) <= 3 and total >= 4 and 4 * len(wrong) <= total and count >= 2 * len(wrong)
+
+
+def localized_rows(facts: BlockFacts, wrong: WrongEntries):
+    if not _few_lines(wrong.rows, facts.N.shape[0], wrong.count):
+        return None
+    which = ", ".join(index_text(unravel(r, facts.block.input_shape)) for r in wrong.rows)
+    return facts.diagnosis(
+        "localized", f"all {wrong.count} wrong entries are derivatives with respect to input element(s) {which} "
+                     f"(rows of the block): the gradient of those elements is wrong, the others match",
+        {"count": wrong.count, "rows": [int(r) for r in wrong.rows]})
+
+
+def localized_cols(facts: BlockFacts, wrong: WrongEntries):
+    if not _few_lines(wrong.cols, facts.N.shape[1], wrong.count):
+        return None
+    which = ", ".join(index_text(unravel(c, facts.block.output_shape)) for c in wrong.cols)
+    return facts.diagnosis(
+        "localized", f"all {wrong.count} wrong entries are derivatives of output element(s) {which} (columns of "
+                     f"the block): the backward for those output elements is wrong, the others match",
+        {"count": wrong.count, "cols": [int(c) for c in wrong.cols]})
+
+
+def few_entries(facts: BlockFacts, wrong: WrongEntries):
+    k, size = wrong.count, facts.N.size
+    if not (k <= FEW and 4 * k <= size):
+        return None
+    entries = np.argwhere(wrong.mask)
+    entries = entries[np.argsort(-facts.diff[wrong.mask], kind="stable")]
+    lines = [f"{facts.entry_text(r, c)}, |diff| {fmt(facts.diff[r, c])}" for r, c in entries[:FEW]]
+    return facts.diagnosis(
+        "few_entries", f"only {k} of {size} entries {'is' if k == 1 else 'are'} wrong, the rest match: the "
+                       "derivative is likely wrong in one branch or at the edges (a boundary element, a special "
+                       "case)",
+        {"count": k, "entries": [[int(r), int(c)] for r, c in entries[:FEW]]}, lines)
+
+
+#: the local hypotheses, tried in order when no transformation fits
+LOCAL = (localized_rows, localized_cols, few_entries)
+
+
+def structure(facts: BlockFacts) -> list:
+    """The first whole-block hypothesis that fits, as a list of at most one diagnosis."""
+    for hypothesis in TRANSFORMATIONS:
+        found = hypothesis(facts)
+        if found is not None:
+            return [found]
+    wrong = WrongEntries.of(facts)
+    if not wrong.count:
+        return []
+    for hypothesis in LOCAL:
+        found = hypothesis(facts, wrong)
+        if found is not None:
+            return [found]
+    return []

@@ -1,0 +1,132 @@
+"""The error agcheck raises when a check fails, and the texts of its messages.
+
+The messages keep the key phrases of ``torch.autograd.gradcheck`` (so tests that match
+torch's messages match agcheck's) in agcheck's own words around them. Every
+:class:`GradcheckError` carries a :class:`~agcheck.report.model.FailureReport` from the
+moment it is made; :mod:`agcheck.report.collect` fills it in once the check has failed.
+
+This is the only part of :mod:`agcheck.report` the checks themselves (``agcheck.core``,
+``agcheck.checks``, the backends) import; it depends on nothing but the report model.
+"""
+from __future__ import annotations
+
+from agcheck.report.model import FailureReport
+
+__all__ = ["GradcheckError", "NONDET_HINT", "FAST_MODE_NOTE", "FAST_FAIL_SLOW_OK", "BATCHED_HINT", "BATCHED_FWD_HINT",
+           "UNDEFINED_GRAD_HINT", "jacobian_mismatch_message", "complex_part", "not_reentrant_message",
+           "batched_mismatch_message"]
+
+
+class GradcheckError(RuntimeError):
+    """A gradient check failed.
+
+    Subclass of ``RuntimeError``, raised by :func:`agcheck.gradcheck` and
+    :func:`agcheck.gradgradcheck` (unless ``raise_exception=False``).
+
+    Attributes
+    ----------
+    check : str or None
+        Short name of the check that failed (``"jacobian"``, ``"reentrant"``, ...).
+    details : dict
+        Structured facts about the failure (indices, max difference, ...).
+    report : FailureReport
+        The structured failure report: failing blocks as NumPy arrays, options, backend,
+        diagnoses; ``report.summary()``, ``report.to_dict()``, ``report.save(path)``.
+    """
+
+    def __init__(self, message: str, *, check: str | None = None, details: dict | None = None):
+        super().__init__(message)
+        self.check = check
+        self.details = dict(details or {})
+        self.report = FailureReport(check=check, message=str(message), details=self.details)
+
+
+# the public name, as tracebacks and ``repr`` show it (and as it was before this module)
+GradcheckError.__module__ = "agcheck.report"
+
+
+NONDET_HINT = (
+    "\n\nIf the backward relies on non-deterministic kernels (atomic adds on GPUs, for "
+    "example), this can be expected: pass nondet_tol=<tolerance> to accept run-to-run "
+    "differences up to that size."
+)
+
+FAST_MODE_NOTE = (
+    "\nThe quantities above are projections v^T J u of the Jacobians on random vectors "
+    "(fast mode). The full Jacobians, recomputed in slow mode, follow:\n\n"
+)
+
+FAST_FAIL_SLOW_OK = (
+    "Fast gradcheck failed but element-wise differences are small: slow mode "
+    "(fast_mode=False) would have passed this check."
+)
+
+BATCHED_HINT = (
+    "gradcheck or gradgradcheck failed while testing batched gradient computation. "
+    "Batched gradients are computed by vmapping the backward computation; an operation "
+    "in the backward that vmap cannot batch makes this check fail. Pass "
+    "check_batched_grad=False to skip it."
+)
+
+BATCHED_FWD_HINT = (
+    "gradcheck failed while testing batched gradient computation with forward-mode AD. "
+    "Batched forward gradients are computed by vmapping the forward-mode computation; "
+    "pass check_batched_forward_grad=False to skip this check."
+)
+
+UNDEFINED_GRAD_HINT = (
+    'See "Notes about undefined output gradients" in torch\'s tools/autograd/derivatives.yaml, '
+    "or pass check_undefined_grad=False."
+)
+
+
+def jacobian_mismatch_message(
+    analytical,
+    numerical,
+    output_idx: int,
+    input_idx: int,
+    complex_indices,
+    test_imag: bool = False,
+    forward: bool = False,
+) -> str:
+    """The message for a numerical/analytical Jacobian disagreement."""
+    prefix = ""
+    part = complex_part(output_idx, input_idx, complex_indices, test_imag, forward)
+    if part is not None:
+        kind = "inputs" if forward else "outputs"
+        prefix = f"While considering the {part} part of complex {kind} only, "
+    how = "computed with forward mode " if forward else ""
+    return (
+        f"{prefix}Jacobian {how}mismatch for output {output_idx:d} with respect to input "
+        f"{input_idx:d},\nnumerical:{numerical}\nanalytical:{analytical}\n"
+    )
+
+
+def complex_part(output_idx, input_idx, complex_indices, test_imag, forward) -> str | None:
+    """``"real"``/``"imaginary"`` when the failing pair is one half of a complex split."""
+    if not complex_indices:
+        return None
+    concerned = input_idx if forward else output_idx
+    if concerned not in complex_indices:
+        return None
+    return "imaginary" if test_imag else "real"
+
+
+def not_reentrant_message(nondet_tol: float, observed: float | None = None) -> str:
+    seen = "" if observed is None else f" The largest run-to-run difference seen was {observed:.3e}."
+    return (
+        "Backward is not reentrant, i.e., running backward with same input and "
+        "grad_output multiple times gives different values, although analytical "
+        f"gradient matches numerical gradient. The tolerance for nondeterminism was {nondet_tol}."
+        + seen + NONDET_HINT
+    )
+
+
+def batched_mismatch_message(output_idx, input_idx, got, expected, forward=False) -> str:
+    hint = BATCHED_FWD_HINT if forward else BATCHED_HINT
+    mode = "forward-mode " if forward else ""
+    return (
+        f"For output {output_idx} and input {input_idx}:\n\n"
+        f"The batched {mode}gradient differs from the gradients computed one at a time. {hint}\n\n"
+        f"Got:\n{got}\n\nExpected:\n{expected}"
+    )

@@ -1,0 +1,127 @@
+"""How a failure report writes numbers, indices and arrays: short text for summaries
+(:func:`fmt`, :func:`index_text`) and JSON-safe data for ``to_dict()`` (:func:`jsonable`,
+:func:`encode_number`, :func:`encode_array` and their inverses).
+
+The lowest layer of :mod:`agcheck.report`: NumPy and the standard library only.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["DICT_ARRAY_LIMIT", "encode_number", "decode_number", "encode_array", "decode_array", "jsonable",
+           "fmt", "index_text", "unravel"]
+
+#: blocks up to this many entries carry their arrays in ``to_dict()`` by default
+DICT_ARRAY_LIMIT = 10_000
+
+
+def encode_number(v):
+    """A JSON-safe scalar: finite floats as is, non-finite as strings, complex as a dict."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (complex, np.complexfloating)):
+        return {"real": encode_number(float(v.real)), "imag": encode_number(float(v.imag))}
+    f = float(v)
+    if math.isfinite(f):
+        return f
+    return "nan" if math.isnan(f) else ("inf" if f > 0 else "-inf")
+
+
+def decode_number(v):
+    """The inverse of :func:`encode_number`."""
+    if isinstance(v, dict) and set(v) == {"real", "imag"}:
+        return complex(decode_number(v["real"]), decode_number(v["imag"]))
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    return v
+
+
+def encode_array(a: np.ndarray) -> dict:
+    """An array as JSON data: dtype, shape and nested lists (complex as real and imaginary parts)."""
+    a = np.asarray(a)
+    if np.iscomplexobj(a):
+        body = {"real": encode_array(a.real)["data"], "imag": encode_array(a.imag)["data"]}
+    else:
+        data = a.astype(np.float64).tolist()
+        if not np.all(np.isfinite(a)):
+            data = _walk(data, encode_number)
+        body = {"data": data}
+    return {"dtype": str(a.dtype), "shape": list(a.shape), **body}
+
+
+def decode_array(d: dict) -> np.ndarray:
+    """The inverse of :func:`encode_array`."""
+    def load(data):
+        return np.asarray(_walk(data, decode_number), dtype=np.float64).reshape(d["shape"])
+
+    if "real" in d:
+        a = load(d["real"]) + 1j * load(d["imag"])
+    else:
+        a = load(d["data"])
+    return a.astype(d["dtype"])
+
+
+def _walk(data, f):
+    if isinstance(data, list):
+        return [_walk(x, f) for x in data]
+    return f(data)
+
+
+def jsonable(value, _depth: int = 0):
+    """``value`` as plain JSON data (unknown objects become their ``repr``)."""
+    if _depth > 8:
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v, _depth + 1) for v in value]
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value is None or isinstance(value, (int, float, complex, np.number)):
+        return encode_number(value)
+    if isinstance(value, np.ndarray) and value.size <= DICT_ARRAY_LIMIT:
+        return encode_array(value)
+    return repr(value)
+
+
+def fmt(v) -> str:
+    """A short text form of a number for summaries."""
+    if v is None:
+        return "-"
+    if isinstance(v, (complex, np.complexfloating)):
+        if v.imag == 0:
+            return fmt(v.real)
+        return f"{v.real:.6g}{v.imag:+.6g}j"
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.6g}"
+    return str(v)
+
+
+def index_text(idx) -> str:
+    """A multi-index as Python writes a tuple (``"(1, 2)"``, ``"(3,)"``, ``"()"``)."""
+    if idx is None:
+        return "-"
+    if len(idx) == 0:
+        return "()"
+    return "(" + ", ".join(str(i) for i in idx) + ("," if len(idx) == 1 else "") + ")"
+
+
+def unravel(flat: int, shape) -> tuple:
+    """The multi-index of flat element ``flat`` in an array of ``shape`` (``(flat,)`` when
+    the shape is unknown or does not hold it)."""
+    if shape is None:
+        return (int(flat),)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        return ()
+    try:
+        return tuple(int(i) for i in np.unravel_index(int(flat), shape))
+    except ValueError:
+        return (int(flat),)
+
