@@ -196,6 +196,34 @@ def _build_fast(quick, opts):
     return _sin2, (_randn((n,), g=_gen()),), {"fast_mode": True}
 
 
+def _conv_net(channels, kernel):
+    """A small dense CNN (conv / eval-mode batch norm / ReLU), weights from the local
+    generator: the kind of image model whose slow checks the batched path used to lose."""
+    import torch
+
+    g = _gen()
+    layers, c_in = [], 1
+    for c_out in channels:
+        conv = torch.nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2).double()
+        with torch.no_grad():
+            conv.weight.copy_(torch.randn(conv.weight.shape, dtype=torch.float64, generator=g) * 0.3)
+            conv.bias.copy_(torch.randn(conv.bias.shape, dtype=torch.float64, generator=g) * 0.1)
+        layers += [conv, torch.nn.BatchNorm2d(c_out, affine=False).double(), torch.nn.ReLU()]
+        c_in = c_out
+    return torch.nn.Sequential(*layers[:-2]).eval()
+
+
+def _build_keynet_like(quick, opts):
+    side = 12 if quick else 24
+    net = _conv_net((4, 4, 1), 5)
+    return net, (_randn((1, 1, side, side), g=_gen()),), {}
+
+
+def _build_small_fast(quick, opts):
+    net = _conv_net((4, 4), 3)
+    return net, (_randn((2, 1, 8, 8), g=_gen()),), {"fast_mode": True}
+
+
 # ---- OpInfo sweep --------------------------------------------------------------------
 
 
@@ -364,6 +392,10 @@ CASES: dict[str, Case] = {
              lambda q, o: f"gradgradcheck sin(t)*t, n={100 if q else 300}, slow"),
         Case("fast_1m", "gradcheck", _build_fast,
              lambda q, o: f"sin(t)*2, n={10**5 if q else 10**6}, fast_mode"),
+        Case("keynet_like", "gradcheck", _build_keynet_like,
+             lambda q, o: f"3 conv 5x5 + BN + ReLU on 1x1x{12 if q else 24}^2, slow"),
+        Case("small_fast", "gradcheck", _build_small_fast,
+             lambda q, o: "2 conv 3x3 + BN on 2x1x8x8, fast_mode"),
         Case("opinfo_sweep", "sweep", _build_sweep, _describe_sweep),
     ]
 }
