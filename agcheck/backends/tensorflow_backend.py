@@ -32,6 +32,7 @@ What differs from the torch backend:
 from __future__ import annotations
 
 import copy
+import logging
 from contextlib import contextmanager
 
 import numpy as np
@@ -99,6 +100,27 @@ def _to_tf(values, dtype=None, like=None):
         with tf.device(device):
             return tf.constant(array)
     return tf.constant(array)
+
+
+class _NoRetracingNotes(logging.Filter):
+    """Drops TensorFlow's note that a function was traced again: ``tf.vectorized_map``
+    traces its function anew on every call by design, and the batched paths call it often."""
+
+    def filter(self, record) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+@contextmanager
+def _vectorizing():
+    """Around ``tf.vectorized_map``: the retracing notes it provokes are dropped (the filter
+    is removed afterwards; nothing else of TensorFlow's logging changes)."""
+    logger = logging.getLogger("tensorflow")
+    quiet = _NoRetracingNotes()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _with_replaced(args, positions, values) -> tuple:
@@ -190,7 +212,8 @@ class TfTrace(Trace):
             return [tf.convert_to_tensor(g) for g in grads]
 
         try:
-            batched = tf.vectorized_map(single, stacked)
+            with _vectorizing():
+                batched = tf.vectorized_map(single, stacked)
         except Exception as e:  # the backward's failure under vectorized_map: the check's finding
             raise RuntimeError(f"tf.vectorized_map of the gradient failed: {type(e).__name__}: {e}") from e
         return [_host(g) for g in batched]
@@ -477,7 +500,8 @@ class TensorFlowBackend(Backend):
                     for o in outs if _is_inexact(o)]
 
         try:
-            return [_host(r) for r in tf.vectorized_map(single, stacked)]
+            with _vectorizing():
+                return [_host(r) for r in tf.vectorized_map(single, stacked)]
         except Exception as e:  # fn or its derivative under vectorized_map: the check's finding
             raise RuntimeError(
                 f"tf.vectorized_map of the forward-mode derivative failed: {type(e).__name__}: {e}") from e
@@ -504,7 +528,8 @@ class TensorFlowBackend(Backend):
         def at(value):
             return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
 
-        return tuple(_host(o) for o in tf.vectorized_map(at, stacked))
+        with _vectorizing():
+            return tuple(_host(o) for o in tf.vectorized_map(at, stacked))
 
     def element_moves(self, x, flat, step, sign):
         """Copies of ``x`` (NumPy), the ``b``-th with element ``flat[b]`` moved by
