@@ -206,6 +206,17 @@ def test_closure_over_a_variable_sees_the_move(engine):
     assert bits(w) == before
 
 
+def test_keras_layer_weights_read_by_the_layer():
+    keras = pytest.importorskip("keras")
+    layer = keras.layers.Dense(2, dtype="float64", activation="tanh")
+    layer.build((None, 3))
+    x = tf.constant([[0.3, -1.2, 0.7]], tf.float64)
+    kernel, bias = layer.kernel.value, layer.bias.value  # Keras 3 wraps its tf.Variables
+    before = bits(kernel), bits(bias)
+    assert agcheck.gradcheck(lambda k, b: layer(x), (kernel, bias))
+    assert (bits(kernel), bits(bias)) == before
+
+
 def test_closure_over_a_tensor_is_not_seen():
     # tf.Tensors are immutable: a moved copy is passed, a closure reads the original
     x = rand(3)
@@ -548,3 +559,54 @@ def test_global_state_untouched():
         warnings.simplefilter("error")
         assert agcheck.gradgradcheck(lambda x: tf.sin(x) * x, (x,))
     assert np.array_equal(np.random.get_state()[1], np_state)
+
+
+# -- the verbs crosscheck and the frontends use -------------------------------------------
+def test_from_numpy_copies_and_takes_like():
+    be = agcheck.get_backend("tensorflow")
+    values = np.array([1.0, 2.0, 3.0])
+    t = be.from_numpy(values, checked=True)
+    values[0] = 99.0
+    assert be.owns(t) and t.dtype == tf.float64 and t.numpy()[0] == 1.0
+    assert be.is_checked(t) and be.checked_positions((t,)) == [0]
+    like = tf.constant([1 + 1j], tf.complex64)
+    c = be.from_numpy(np.array([0.5, 2.0]), like=like)
+    assert c.dtype == tf.complex64 and np.array_equal(c.numpy(), [0.5, 2.0])
+    with be.precision(True):
+        assert be.from_numpy(np.array([0.1])).dtype == tf.float64
+    assert be.framework_version() == tf.__version__
+    f = lambda x: tf.sin(x)  # noqa: E731
+    assert be.compiled(f) is f
+
+
+def test_vjp_of_vjp_is_the_second_derivative():
+    be = agcheck.get_backend("tensorflow")
+    xv, yv = np.array([0.3, -1.2, 0.7]), np.array([1.5, 0.4, -0.8])
+    x, y = be.from_numpy(xv), be.from_numpy(yv)
+    w = np.array([1.0, -2.0, 0.5])
+    cx, cy = np.array([0.5, 1.0, -1.0]), np.array([2.0, 0.0, 1.0])
+    f = lambda x, y, n: (tf.sin(x) * y * n,)  # noqa: E731
+    got = be.vjp_of_vjp(f, (x, y, 3.0), [0, 1], 0, w, [[cx], [cy]])
+    # g_x = 3 w cos(x) y, g_y = 3 w sin(x)
+    np.testing.assert_allclose(got[(0, 0)][0], -3 * w * np.sin(xv) * yv * cx)
+    np.testing.assert_allclose(got[(0, 1)][0], 3 * w * np.cos(xv) * cx)
+    np.testing.assert_allclose(got[(1, 0)][0], 3 * w * np.cos(xv) * cy)
+    np.testing.assert_array_equal(got[(1, 1)][0], np.zeros(3))  # g_y does not depend on y
+    # a wrong second derivative (cut off by stop_gradient) shows as zeros
+    bad = be.vjp_of_vjp(lambda x: sin_with_gradient(False)(x), (x,), [0], 0, w, [[cx]])
+    np.testing.assert_array_equal(bad[(0, 0)][0], np.zeros(3))
+    right = be.vjp_of_vjp(lambda x: sin_with_gradient()(x), (x,), [0], 0, w, [[cx]])
+    np.testing.assert_allclose(right[(0, 0)][0], -w * np.sin(xv) * cx)
+
+
+def test_vjp_of_vjp_complex_is_torchs():
+    torch = pytest.importorskip("torch")
+    zv = np.array([0.3 + 1.1j, -1.2 + 0.4j])
+    w = np.array([0.5 - 1.0j, 1.0 + 0.25j])
+    c = np.array([1.0 + 2.0j, -0.5 + 0.5j])
+    be = agcheck.get_backend("tensorflow")
+    got = be.vjp_of_vjp(lambda z: z * z * tf.math.conj(z), (be.from_numpy(zv),), [0], 0, w, [[c]])[(0, 0)][0]
+    zt = torch.tensor(zv, requires_grad=True)
+    (g,) = torch.autograd.grad(zt * zt * zt.conj(), zt, torch.tensor(w), create_graph=True)
+    (h,) = torch.autograd.grad(g, zt, torch.tensor(c))
+    np.testing.assert_allclose(got, h.numpy(), atol=1e-12)

@@ -31,6 +31,7 @@ What differs from the torch backend:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from contextlib import contextmanager
@@ -102,20 +103,28 @@ def _to_tf(values, dtype=None, like=None):
     return tf.constant(array)
 
 
-class _NoRetracingNotes(logging.Filter):
-    """Drops TensorFlow's note that a function was traced again: ``tf.vectorized_map``
-    traces its function anew on every call by design, and the batched paths call it often."""
+class _DropNotes(logging.Filter):
+    """Drops two of TensorFlow's log notes that concern how the backend calls it, not the
+    user's function: ``tf.vectorized_map`` traces its function anew on every call by design
+    ("triggered tf.function retracing"), and ``ForwardAccumulator`` notes that it expects
+    floating primals when given a complex one ("watched primal must be floating") although
+    its complex JVPs are right (``tests/test_tensorflow_backend.py`` compares them with
+    torch's)."""
+
+    NOTES = ("triggered tf.function retracing", "The dtype of the watched primal must be floating")
 
     def filter(self, record) -> bool:
-        return "triggered tf.function retracing" not in record.getMessage()
+        message = record.getMessage()
+        return not any(note in message for note in self.NOTES)
 
 
 @contextmanager
-def _vectorizing():
-    """Around ``tf.vectorized_map``: the retracing notes it provokes are dropped (the filter
-    is removed afterwards; nothing else of TensorFlow's logging changes)."""
+def _quiet_notes():
+    """Around calls into ``tf.vectorized_map`` and ``ForwardAccumulator``: the notes of
+    :class:`_DropNotes` are dropped (the filter is removed afterwards; nothing else of
+    TensorFlow's logging changes)."""
     logger = logging.getLogger("tensorflow")
-    quiet = _NoRetracingNotes()
+    quiet = _DropNotes()
     logger.addFilter(quiet)
     try:
         yield
@@ -212,7 +221,7 @@ class TfTrace(Trace):
             return [tf.convert_to_tensor(g) for g in grads]
 
         try:
-            with _vectorizing():
+            with _quiet_notes():
                 batched = tf.vectorized_map(single, stacked)
         except Exception as e:  # the backward's failure under vectorized_map: the check's finding
             raise RuntimeError(f"tf.vectorized_map of the gradient failed: {type(e).__name__}: {e}") from e
@@ -461,7 +470,9 @@ class TensorFlowBackend(Backend):
                 continue
             primals.append(args[p])
             carried.append(self._tangent(t, args[p]))
-        with tf.autodiff.ForwardAccumulator(primals, carried) as acc:
+        with _quiet_notes():  # the note on complex primals comes from watching them
+            acc = tf.autodiff.ForwardAccumulator(primals, carried)
+        with acc:
             outs = self.as_tuple(fn(*args))
         return outs, acc
 
@@ -500,7 +511,7 @@ class TensorFlowBackend(Backend):
                     for o in outs if _is_inexact(o)]
 
         try:
-            with _vectorizing():
+            with _quiet_notes():
                 return [_host(r) for r in tf.vectorized_map(single, stacked)]
         except Exception as e:  # fn or its derivative under vectorized_map: the check's finding
             raise RuntimeError(
@@ -528,7 +539,7 @@ class TensorFlowBackend(Backend):
         def at(value):
             return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
 
-        with _vectorizing():
+        with _quiet_notes():
             return tuple(_host(o) for o in tf.vectorized_map(at, stacked))
 
     def element_moves(self, x, flat, step, sign):
@@ -711,11 +722,6 @@ class TensorFlowBackend(Backend):
         """The NumPy array ``values`` as a ``tf.Tensor`` on ``like``'s device."""
         return _to_tf(values, like=like)
 
-    def from_numpy(self, x, checked: bool = False):
-        """A ``tf.Tensor`` with the values of the NumPy array ``x`` (``checked`` has no
-        meaning: every floating ``tf.Tensor`` takes part in a check by default)."""
-        return tf.constant(np.array(x, copy=True))
-
     # -- randomness -------------------------------------------------------------------
     def generator(self, like, seed):
         """A private ``tf.random.Generator`` seeded with ``seed`` (TensorFlow's global
@@ -743,6 +749,70 @@ class TensorFlowBackend(Backend):
         else:
             values = generator.normal(shape, dtype=tf.float64).numpy()
         return values.astype(_np_dtype(kind))
+
+    # -- conversion, precision, second derivatives (crosscheck and the frontends) -------
+    def from_numpy(self, values, *, checked: bool = False, like=None):
+        """A ``tf.Tensor`` with the values of the NumPy array ``values`` (a copy), cast as
+        NumPy casts to ``like``'s dtype and placed on its device when ``like`` is given.
+        ``checked`` has no meaning: every floating or complex ``tf.Tensor`` takes part in
+        a check by default (or those named with ``wrt=``)."""
+        values = np.array(values, copy=True)
+        if like is not None:
+            return _to_tf(values.astype(_np_dtype(self._kind(like)), copy=False), like=like)
+        return tf.constant(values)
+
+    def precision(self, double: bool):
+        """Nothing to switch: TensorFlow computes in the dtype of its tensors (float64
+        data stay float64 without any global setting)."""
+        return contextlib.nullcontext()
+
+    def vjp_of_vjp(self, fn, args, checked, output, cotangent, gradient_cotangents) -> dict:
+        """Second derivatives through nested ``tf.GradientTape``s: the VJP of output
+        ``output`` with ``cotangent``, computed inside a persistent outer tape, then the
+        VJP of each gradient with each of ``gradient_cotangents``. TensorFlow's complex
+        convention is torch's at both levels, so nothing is mapped; an unconnected
+        derivative is zeros."""
+        fn = self._native(fn)
+        sources = [args[p] for p in checked]
+        shapes = [tuple(int(s) for s in x.shape) for x in sources]
+        sizes = [int(np.prod(s, dtype=np.int64)) if s else 1 for s in shapes]
+        dtypes = [_np_dtype(_dtype(x)) for x in sources]
+        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as outer:
+            for x in sources:
+                outer.watch(x)
+            with tf.GradientTape(watch_accessed_variables=False) as inner:
+                for x in sources:
+                    inner.watch(x)
+                out = self.as_tuple(fn(*args))[output]
+            if _is_inexact(out):
+                w = _to_tf(np.asarray(cotangent), _dtype(out), like=out)
+                grads = inner.gradient(out, sources, output_gradients=tf.reshape(w, tf.shape(out)),
+                                       unconnected_gradients=_NONE)
+            else:
+                grads = [None] * len(sources)
+        result = {}
+        for j1, g in enumerate(grads):
+            for j2, x2 in enumerate(sources):
+                rows = []
+                for c in gradient_cotangents[j1]:
+                    h = None
+                    if g is not None:
+                        c = _to_tf(np.asarray(c).reshape(shapes[j1]), g.dtype, like=g)
+                        h = outer.gradient(g, x2, output_gradients=c, unconnected_gradients=_NONE)
+                    rows.append(np.zeros(sizes[j2], dtype=dtypes[j2]) if h is None
+                                else _host(tf.convert_to_tensor(h)).reshape(-1))
+                result[(j1, j2)] = np.stack(rows, 0) if rows else np.zeros((0, sizes[j2]), dtypes[j2])
+        del outer
+        return result
+
+    def framework_version(self) -> str:
+        return tf.__version__
+
+    def compiled(self, fn):
+        """``fn`` itself: TensorFlow 2 runs eagerly unless the user wraps a function in
+        ``tf.function`` (which the backend then checks as it is); derivatives are the
+        same either way."""
+        return fn
 
 
 BACKEND_CLASS = TensorFlowBackend
