@@ -440,6 +440,26 @@ def test_undefined_grad_check():
     np.testing.assert_array_equal(g, np.ones(3))
 
 
+def test_nondeterministic_backward_and_gradient_dtype():
+    x = rand(3)
+    noise = np.random.default_rng(5)
+
+    @tf.custom_gradient
+    def noisy(x):
+        return tf.sin(x), lambda g: g * tf.cos(x) + tf.constant(noise.standard_normal(3) * 1e-9) * g
+
+    fails(noisy, (x,), "Backward is not reentrant")
+    assert passes(noisy, (x,), nondet_tol=1e-6)
+
+    @tf.custom_gradient
+    def single_precision(x):
+        return tf.sin(x), lambda g: tf.cast(g * tf.cos(x), tf.float32)
+
+    # TensorFlow does not cast a custom gradient to its input's dtype (torch's engine does):
+    # torch's phrase for a gradient dtype problem, whatever check_grad_dtypes says
+    fails(single_precision, (x,), "Analytical gradient has incorrect size")
+
+
 def test_unused_inputs_get_undefined_gradients():
     x, y = rand(3), rand(3, seed=1)
     assert passes(lambda x, y: tf.sin(x), (x, y), check_forward_ad=True)

@@ -318,9 +318,9 @@ class TensorFlowBackend(Backend):
             raise TypeError(f"the 'tensorflow' backend takes the extra keyword wrt= only, got {unknown}")
         new = copy.copy(self)  # a per-call instance: prepare() records state on it
         new._native = _Native(new)
-        new._prepared = new._prepared_checked = None
         if "wrt" in options:
             new.wrt = self._normalize_wrt(options["wrt"])
+            new._prepared = new._prepared_checked = None
         return new
 
     def refusal(self, capability, keyword) -> Exception:
@@ -410,9 +410,10 @@ class TensorFlowBackend(Backend):
         return self._kind(x) in (tf.float64, tf.complex128)
 
     def is_differentiable_output(self, x) -> bool:
-        # TensorFlow has no requires_grad: every floating or complex output is
-        # differentiable (one that does not depend on the inputs has a zero Jacobian)
-        return self.is_floating_or_complex(x)
+        # TensorFlow has no requires_grad: every floating or complex tensor output is
+        # differentiable (one that does not depend on the inputs has a zero Jacobian); a
+        # NumPy array returned by fn is a constant to the tape
+        return _is_inexact(x)
 
     def is_bool(self, x) -> bool:
         return self._kind(x) == tf.bool
