@@ -630,3 +630,26 @@ def test_vjp_of_vjp_complex_is_torchs():
     (g,) = torch.autograd.grad(zt * zt * zt.conj(), zt, torch.tensor(w), create_graph=True)
     (h,) = torch.autograd.grad(g, zt, torch.tensor(c))
     np.testing.assert_allclose(got, h.numpy(), atol=1e-12)
+
+
+def test_the_batched_engine_uses_the_batched_forms(monkeypatch):
+    from agcheck.backends import tensorflow_backend as tfb
+
+    calls = {"evaluate_batch": 0, "jvp_along": 0, "vjp_batched": 0}
+
+    def spy(cls, name):
+        original = getattr(cls, name)
+
+        def counted(*a, **k):
+            calls[name] += 1
+            return original(*a, **k)
+
+        monkeypatch.setattr(cls, name, counted)
+
+    spy(tfb.TensorFlowBackend, "evaluate_batch")
+    spy(tfb.TensorFlowBackend, "jvp_along")
+    spy(tfb.TfTrace, "vjp_batched")
+    w = rand(40, 40, seed=3)
+    x = rand(40)
+    assert passes(lambda x: tf.tanh(tf.linalg.matvec(w, x)), (x,), engine="batched", check_forward_ad=True)
+    assert all(calls.values()), calls
