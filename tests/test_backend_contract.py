@@ -69,7 +69,19 @@ def _numpy():
     return get_backend("numpy", vjp=f_vjp, jvp=f_jvp), make, f_numpy
 
 
-BACKENDS = {"torch": _torch, "jax": _jax, "numpy": _numpy}
+def _tensorflow():
+    tf = pytest.importorskip("tensorflow")
+
+    def make(a, checked=True):
+        return tf.constant(np.asarray(a, dtype=np.float64))
+
+    def f(x, y):
+        return tf.sin(x) * y, tf.reduce_sum(x * x)
+
+    return get_backend("tensorflow"), make, f
+
+
+BACKENDS = {"torch": _torch, "jax": _jax, "numpy": _numpy, "tensorflow": _tensorflow}
 
 
 def test_every_registered_backend_is_covered_here():
@@ -330,6 +342,14 @@ def _with_wrong_gradient(be, fn):
                 return 2 * g
 
         return lambda x, y: fn(Doubled.apply(x), y)
+    if be.name == "tensorflow":
+        import tensorflow as tf
+
+        @tf.custom_gradient
+        def doubled(x):
+            return tf.identity(x), lambda g: 2 * g
+
+        return lambda x, y: fn(doubled(x), y)
     import jax
 
     @jax.custom_vjp

@@ -5,7 +5,11 @@ a framework: everything framework-specific goes through a :class:`Backend`. A ba
 grows from four verbs — *perturb* (evaluate the function with one input moved, restoring
 it exactly), *vjp*, *jvp* and *allclose* — plus inspection of arrays and the little vector
 algebra the core needs. Python's arithmetic operators (``+ - * /``) are used on arrays
-directly; they are the one part of the array API every framework shares.
+directly; they are the one part of the array API every framework shares. The core relies
+on them promoting as NumPy does (a real array times ``1j`` is complex): a framework whose
+operators do not (TensorFlow) hands the core NumPy arrays for everything it computes
+(gradients, tangents, finite differences, probes) and keeps its own arrays for what ``fn``
+receives and returns; its :meth:`Backend.is_array` then accepts both.
 """
 from __future__ import annotations
 
@@ -77,7 +81,9 @@ class OutputPart:
 @dataclass(frozen=True, eq=False)
 class InputPart:
     """``fn`` as a function of the real (or imaginary) parts of its complex inputs at
-    ``positions``, the other part held at its value in ``originals`` (forward mode)."""
+    ``positions``, the other part held at its value in ``originals`` (forward mode). A
+    backend whose operators do not promote real to complex (TensorFlow) unpacks it and
+    rebuilds the complex inputs in its own arithmetic."""
 
     fn: Callable
     positions: tuple
@@ -206,6 +212,8 @@ class Backend:
         raise NotImplementedError
 
     def is_array(self, x) -> bool:
+        """Is ``x`` an array the core may compute with: this framework's, or (for a backend
+        that hands the core NumPy arrays, see the module's docstring) a NumPy array?"""
         return self.owns(x)
 
     def is_checked(self, x) -> bool:

@@ -8,9 +8,11 @@ from typing import Iterator
 
 from agcheck.backends.base import Backend, BackendUnavailableError
 
-__all__ = ["register_backend", "available_backends", "get_backend", "infer_backend"]
+__all__ = ["register_backend", "register_alias", "available_backends", "get_backend", "infer_backend"]
 
 _REGISTRY: dict[str, tuple[str, str, str]] = {}
+#: other names of registered backends (``"tf"`` for ``"tensorflow"``)
+_ALIASES: dict[str, str] = {}
 _INSTANCES: dict[str, Backend] = {}
 #: chosen by inference only when no other framework's arrays are among the inputs
 _FALLBACK = "numpy"
@@ -28,6 +30,17 @@ def register_backend(name: str, module: str, framework: str, extra: str) -> None
 register_backend("torch", "agcheck.backends.torch_backend", "torch", "torch")
 register_backend("jax", "agcheck.backends.jax_backend", "jax", "jax")
 register_backend("numpy", "agcheck.backends.numpy_backend", "numpy", "numpy")
+register_backend("tensorflow", "agcheck.backends.tensorflow_backend", "tensorflow", "tensorflow")
+
+
+def register_alias(alias: str, name: str) -> None:
+    """Let ``alias`` stand for the registered backend ``name`` in ``backend=...``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"cannot alias {alias!r} to the unknown backend {name!r}")
+    _ALIASES[alias] = name
+
+
+register_alias("tf", "tensorflow")
 
 
 def _installed(framework: str) -> bool:
@@ -44,10 +57,14 @@ def get_backend(name, **options) -> Backend:
     configured with ``options`` (the backend-specific keywords of one call)."""
     if isinstance(name, Backend):
         return name.with_options(**options)
+    if isinstance(name, str):
+        name = _ALIASES.get(name, name)
     if not isinstance(name, str) or name not in _REGISTRY:
         known = ", ".join(
             f"{n} ({'installed' if ok else 'not installed'})" for n, ok in available_backends().items()
         )
+        aliases = ", ".join(f"{a} = {n}" for a, n in _ALIASES.items())
+        known += f"; aliases: {aliases}" if aliases else ""
         raise ValueError(f"unknown backend {name!r}; known backends: {known}")
     if name not in _INSTANCES:
         module, framework, extra = _REGISTRY[name]
