@@ -20,6 +20,7 @@ zeros (a custom VJP receives them instantiated as zeros).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from contextlib import contextmanager
@@ -706,11 +707,6 @@ class JaxBackend(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
-    def from_numpy(self, x, checked: bool = False):
-        """A JAX array with the values of the NumPy array ``x`` (``checked`` has no
-        meaning: every inexact JAX array takes part in a check by default)."""
-        return jax.device_put(np.array(x, copy=True))
-
     # -- randomness -------------------------------------------------------------------
     def generator(self, like, seed):
         """A private NumPy generator (JAX keeps no global RNG state to disturb)."""
@@ -741,6 +737,65 @@ class JaxBackend(Backend):
         else:
             values = generator.standard_normal(shape)
         return self._from_numpy(values, like, like.dtype)
+
+    # -- conversion, precision, second derivatives (crosscheck and the frontends) -------
+    def from_numpy(self, values, *, checked: bool = False, like=None):
+        """A JAX array with the values of the NumPy array ``values`` (a copy: JAX may
+        share a CPU array's memory), with ``like``'s dtype and on its device when
+        ``like`` is given. ``checked`` has no meaning: every inexact JAX array takes
+        part in a check by default (or those named with ``wrt=``). 64-bit values stay
+        64-bit only under :meth:`precision`."""
+        values = np.asarray(values)
+        if like is not None:
+            return _back(np.asarray(values, dtype=np.dtype(like.dtype)), like)
+        return jax.device_put(np.array(values, copy=True))
+
+    def precision(self, double: bool):
+        """``jax.enable_x64(True)`` when ``double`` (the caller's setting comes back on
+        exit, also when the body raises); nothing otherwise."""
+        if not double:
+            return contextlib.nullcontext()
+        switch = getattr(jax, "enable_x64", None)  # a context manager in recent JAX
+        if switch is not None:
+            return switch(True)
+        from jax.experimental import enable_x64  # older JAX
+
+        return enable_x64()
+
+    def vjp_of_vjp(self, fn, args, checked, output, cotangent, gradient_cotangents) -> dict:
+        """``jax.vjp`` of ``jax.vjp``, each mapped into torch's convention:
+        ``torch_vjp(v) == conj(jax_vjp(conj(v)))`` at both levels."""
+        primals = [args[p] for p in checked]
+
+        def f_k(*xs):
+            return self.as_tuple(fn(*_with_replaced(args, checked, xs)))[output]
+
+        w = jnp.asarray(np.asarray(cotangent, dtype=np.asarray(f_k(*primals)).dtype))
+
+        def gradient_in_torch_convention(*xs):
+            _, pullback = jax.vjp(f_k, *xs)
+            return tuple(jnp.conj(g) for g in pullback(jnp.conj(w)))
+
+        result = {}
+        for j1 in range(len(primals)):
+            _, pullback2 = jax.vjp(lambda *xs, j1=j1: gradient_in_torch_convention(*xs)[j1], *primals)
+            g_dtype = np.asarray(primals[j1]).dtype
+            rows = {j2: [] for j2 in range(len(primals))}
+            for c in gradient_cotangents[j1]:
+                hs = pullback2(jnp.conj(jnp.asarray(np.asarray(c, dtype=g_dtype))))
+                for j2, h in enumerate(hs):
+                    rows[j2].append(np.asarray(jnp.conj(h)).reshape(-1))
+            for j2 in rows:
+                result[(j1, j2)] = np.stack(rows[j2], 0)
+        return result
+
+    def framework_version(self) -> str:
+        return jax.__version__
+
+    def compiled(self, fn):
+        """``jax.jit(fn)``: eagerly, every array-API call compiles its own small XLA
+        program; derivatives are the same either way."""
+        return jax.jit(fn)
 
 
 BACKEND_CLASS = JaxBackend

@@ -583,10 +583,6 @@ class NumpyBackend(Backend):
                 return np.asarray(x.get())
             return np.from_dlpack(array_api_compat.to_device(x, "cpu"))
 
-    def from_numpy(self, x, checked: bool = False):
-        """A private copy of the NumPy array ``x`` (used by :func:`agcheck.crosscheck`)."""
-        return np.array(x, copy=True)
-
     # -- randomness -------------------------------------------------------------------
     def generator(self, like, seed):
         """A private ``numpy.random.Generator`` (the global NumPy state is not touched)."""
@@ -608,6 +604,27 @@ class NumpyBackend(Backend):
         else:
             sample = generator.standard_normal(shape)
         return self.xp(like).asarray(sample, dtype=like.dtype, device=array_api_compat.device(like))
+
+    # -- conversion, precision, second derivatives (crosscheck and the frontends) -------
+    def from_numpy(self, values, *, checked: bool = False, like=None):
+        """A private copy of the NumPy array ``values`` (the caller's array is never
+        written to), as an array of ``like``'s namespace, dtype and device when ``like``
+        is given. ``checked`` has no meaning: the checked inputs are every floating
+        point or complex array, or those named with ``wrt=``."""
+        copied = np.array(values, copy=True)
+        if like is None:
+            return copied
+        if isinstance(like, (np.ndarray, np.generic)):
+            return np.asarray(copied, dtype=like.dtype)
+        return self.xp(like).asarray(copied, dtype=like.dtype, device=array_api_compat.device(like))
+
+    # precision(): NumPy keeps the precision of its data; the base class's does nothing
+
+    # vjp_of_vjp(): not implemented (the base class's raises NotImplementedError): the
+    # numpy backend has only the first-order vjp/jvp the caller supplies
+
+    def framework_version(self) -> str:
+        return np.__version__
 
 
 def _normalize_wrt(wrt):

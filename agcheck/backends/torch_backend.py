@@ -512,6 +512,52 @@ class TorchBackend(Backend):
         sample = torch.randn(tuple(like.shape), generator=generator, device=generator.device, dtype=like.dtype)
         return sample.to(like.device)
 
+    # -- conversion, precision, second derivatives (crosscheck and the frontends) -------
+    def from_numpy(self, values, *, checked: bool = False, like=None):
+        """A tensor with the values of the NumPy array ``values`` (a copy), cast to
+        ``like``'s dtype and moved to its device when ``like`` is given, and requiring
+        grad when ``checked``."""
+        values = np.asarray(values)
+        if like is not None:
+            values = np.asarray(values, dtype=_numpy_dtype(like))
+        t = torch.from_numpy(np.array(values, copy=True))
+        if like is not None:
+            t = t.to(like.device)
+        return t.requires_grad_(True) if checked else t
+
+    # precision(): torch keeps the precision of its data; the base class's does nothing
+
+    def vjp_of_vjp(self, fn, args, checked, output, cotangent, gradient_cotangents) -> dict:
+        """Double backward: ``torch.autograd.grad`` with ``create_graph=True``, then
+        ``grad`` of each gradient (torch's convention is the reference one)."""
+        inputs = [args[p] for p in checked]
+        sizes = [x.numel() for x in inputs]
+        dtypes = [_numpy_dtype(x) for x in inputs]
+        out = self.as_tuple(fn(*args))[output]
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return {(j1, j2): np.zeros((len(gradient_cotangents[j1]), sizes[j2]), dtype=dtypes[j2])
+                    for j1 in range(len(inputs)) for j2 in range(len(inputs))}
+        w = self.from_numpy(cotangent, like=out)
+        grads = torch.autograd.grad(out, inputs, w, create_graph=True, allow_unused=True)
+        result = {}
+        for j1, g in enumerate(grads):
+            for j2, x2 in enumerate(inputs):
+                rows = []
+                for c in gradient_cotangents[j1]:
+                    h = None
+                    if g is not None and g.requires_grad:
+                        (h,) = torch.autograd.grad(g, [x2], self.from_numpy(c, like=g),
+                                                   retain_graph=True, allow_unused=True)
+                    rows.append(np.zeros(sizes[j2], dtype=dtypes[j2]) if h is None
+                                else self.to_numpy(h).reshape(-1))
+                result[(j1, j2)] = np.stack(rows, 0)
+        return result
+
+    def framework_version(self) -> str:
+        return torch.__version__
+
+    # compiled(): agcheck runs torch code eagerly; the base class's returns fn itself
+
 
 _REAL_PROBE_DTYPES = {torch.complex128: torch.float64, torch.complex64: torch.float32}
 
@@ -525,6 +571,11 @@ class _DifferentiableVjp:
 
     def __call__(self, *args):
         return self._vjp_of_fn(*args)
+
+
+def _numpy_dtype(x: torch.Tensor) -> np.dtype:
+    """The NumPy dtype of a tensor's dtype."""
+    return torch.empty((), dtype=x.dtype).numpy().dtype
 
 
 def _func_vjp_first_cost() -> float:

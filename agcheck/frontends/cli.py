@@ -11,7 +11,9 @@ current directory, or a path to a ``.py`` file) and its name in that module (dot
 attributes allowed: ``mod:Class.method``). Inputs are drawn at random (seeded with
 ``--seed``) with the given shapes and dtypes (default ``float64``): standard normal
 entries, for torch tensors that require grad (floating/complex), for JAX ``jax.numpy``
-arrays (64-bit mode switched on when an input is 64-bit), for crosscheck NumPy arrays.
+arrays (64-bit mode switched on for the check when an input is 64-bit, and the caller's
+setting restored afterwards), for crosscheck NumPy arrays. The arrays are made through
+the backends' ``from_numpy``; this module imports no framework.
 
 Exit status: 0 when the check passed, 1 when it failed, 2 on a usage error (bad
 arguments, a module or function that cannot be imported, a backend that is not
@@ -133,30 +135,25 @@ def _numpy_inputs(specs, seed: int) -> list:
 
 
 def make_inputs(specs, backend: str, seed: int = 0) -> tuple:
-    """Random inputs of the given ``(shape, dtype)`` specs for ``backend``."""
-    arrays = _numpy_inputs(specs, seed)
-    if backend == "torch":
-        import torch
+    """Random inputs of the given ``(shape, dtype)`` specs for ``backend``: the backend's
+    arrays (made with its ``from_numpy``), the floating point and complex ones marked for
+    differentiation (torch: ``requires_grad``).
 
-        out = []
-        for a in arrays:
-            t = torch.from_numpy(a.copy())
-            if t.is_floating_point() or t.is_complex():
-                t.requires_grad_(True)
-            out.append(t)
-        return tuple(out)
-    if backend == "jax":
-        import jax
+    JAX computes in 32 bits unless told otherwise: make 64-bit JAX inputs, and run the
+    check, inside the backend's ``precision(True)`` context, as the ``check`` command does.
+    """
+    import numpy as np
 
-        global _x64_before
-        if any(a.dtype.name in ("float64", "complex128", "int64") for a in arrays) and not jax.config.jax_enable_x64:
-            if _x64_before is None:
-                _x64_before = False
-            jax.config.update("jax_enable_x64", True)
-        import jax.numpy as jnp
+    from agcheck.backends.registry import get_backend
 
-        return tuple(jnp.asarray(a) for a in arrays)
-    return tuple(arrays)
+    be = get_backend(backend)
+    return tuple(be.from_numpy(a, checked=bool(np.issubdtype(a.dtype, np.inexact)))
+                 for a in _numpy_inputs(specs, seed))
+
+
+def _double(specs) -> bool:
+    """Are some inputs 64-bit (so that JAX must compute in 64 bits)?"""
+    return any(dtype in ("float64", "complex128", "int64") for _, dtype in specs)
 
 
 def _describe_inputs(specs) -> str:
@@ -206,52 +203,42 @@ def _summary_of(error) -> str:
 
 # -- subcommands ---------------------------------------------------------------------------
 
-def _check(args) -> int:
+def _backend_for_check(name: str):
+    """The backend ``check`` runs on (torch or jax, installed), else a usage error."""
     from agcheck.backends.base import BackendUnavailableError
-    from agcheck.backends.registry import available_backends
-    from agcheck.report.errors import GradcheckError
+    from agcheck.backends.registry import available_backends, get_backend
 
-    specs = _input_specs(args.input)
-    fn = load_function(args.target)
-    if args.backend not in available_backends():
-        raise UsageError(f"unknown backend {args.backend!r} (known: {', '.join(available_backends())})")
-    if args.backend not in ("torch", "jax"):
+    if name not in available_backends():
+        raise UsageError(f"unknown backend {name!r} (known: {', '.join(available_backends())})")
+    if name not in ("torch", "jax"):
         raise UsageError(f"the command line generates inputs for the torch and jax backends only, "
-                         f"not {args.backend!r} (use agcheck.gradcheck from Python)")
+                         f"not {name!r} (use agcheck.gradcheck from Python)")
     try:
-        inputs = make_inputs(specs, args.backend, args.seed)
-    except ImportError as e:
-        raise UsageError(f"the {args.backend!r} backend is not installed: {e}") from e
-    kwargs = dict(backend=args.backend, fast_mode=args.fast, check_forward_ad=args.forward)
-    for name in ("eps", "atol", "rtol"):
-        if getattr(args, name) is not None:
-            kwargs[name] = getattr(args, name)
+        return get_backend(name)
+    except BackendUnavailableError as e:
+        raise UsageError(f"the {name!r} backend is not installed: {e}") from e
+
+
+def _run_check(fn, inputs, gradgrad: bool, kwargs: dict):
+    """Run gradcheck (or gradgradcheck); the GradcheckError if it failed, else None."""
+    from agcheck.backends.base import BackendUnavailableError
     from agcheck.gradcheck import gradcheck
     from agcheck.gradgradcheck import gradgradcheck
+    from agcheck.report.errors import GradcheckError
 
-    what = "gradgradcheck" if args.gradgrad else "gradcheck"
-    if args.gradgrad:
-        kwargs["check_fwd_over_rev"] = kwargs.pop("check_forward_ad")
-    check = gradgradcheck if args.gradgrad else gradcheck
-    modes = ["reverse"] + (["forward"] if args.forward else [])
-    rows = [("function", args.target), ("check", what), ("backend", args.backend),
-            ("inputs", _describe_inputs(specs)),
-            ("mode", f"{'fast' if args.fast else 'slow'}, {' + '.join(modes)}; seed {args.seed}")]
-    error = None
     try:
-        check(fn, inputs, **kwargs)
+        (gradgradcheck if gradgrad else gradcheck)(fn, inputs, **kwargs)
     except GradcheckError as e:
-        error = e
+        return e
     except BackendUnavailableError as e:
         raise UsageError(str(e)) from e
     except Exception as e:
         raise UsageError(f"the check could not run: {type(e).__name__}: {e}") from e
-    if error is None:
-        rows.append(("verdict", "PASSED"))
-        _print_verdict(rows, args.plain)
-        if args.report:
-            print(f"no report written to {args.report}: the check passed")
-        return EXIT_PASS
+    return None
+
+
+def _check_failed(args, rows: list, error) -> int:
+    """Print the failure (and save its report when asked); exit status 1."""
     headline = getattr(getattr(error, "report", None), "headline", None)
     first = headline() if callable(headline) else str(error).strip().splitlines()[0]
     rows.append(("verdict", f"FAILED ({getattr(error, 'check', None) or 'check'}): {first}"))
@@ -273,6 +260,33 @@ def _check(args) -> int:
             except Exception as e:
                 print(f"could not save the report to {args.report}: {type(e).__name__}: {e}", file=sys.stderr)
     return EXIT_FAIL
+
+
+def _check(args) -> int:
+    specs = _input_specs(args.input)
+    fn = load_function(args.target)
+    be = _backend_for_check(args.backend)
+    kwargs = dict(backend=args.backend, fast_mode=args.fast, check_forward_ad=args.forward)
+    for name in ("eps", "atol", "rtol"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    if args.gradgrad:
+        kwargs["check_fwd_over_rev"] = kwargs.pop("check_forward_ad")
+    modes = ["reverse"] + (["forward"] if args.forward else [])
+    rows = [("function", args.target), ("check", "gradgradcheck" if args.gradgrad else "gradcheck"),
+            ("backend", args.backend), ("inputs", _describe_inputs(specs)),
+            ("mode", f"{'fast' if args.fast else 'slow'}, {' + '.join(modes)}; seed {args.seed}")]
+    # JAX computes in 32 bits unless told otherwise: 64-bit inputs switch its 64-bit mode
+    # on for the inputs and the check, and the caller's setting comes back afterwards
+    with be.precision(_double(specs)):
+        error = _run_check(fn, make_inputs(specs, args.backend, args.seed), args.gradgrad, kwargs)
+    if error is not None:
+        return _check_failed(args, rows, error)
+    rows.append(("verdict", "PASSED"))
+    _print_verdict(rows, args.plain)
+    if args.report:
+        print(f"no report written to {args.report}: the check passed")
+    return EXIT_PASS
 
 
 def _crosscheck(args) -> int:
@@ -388,23 +402,6 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"agcheck {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    finally:
-        _restore_jax_x64()
-
-
-#: JAX's ``jax_enable_x64`` before :func:`make_inputs` switched it on (None: untouched)
-_x64_before = None
-
-
-def _restore_jax_x64() -> None:
-    """Undo :func:`make_inputs`'s switch to x64, so that an in-process call leaves the
-    caller's JAX configuration as it found it."""
-    global _x64_before
-    if _x64_before is not None:
-        import jax
-
-        jax.config.update("jax_enable_x64", _x64_before)
-        _x64_before = None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,183 @@
+"""Comparing what two backends computed: block by block against the reference backend,
+with the diagnoses a difference can carry — a complex conjugate, the other complex
+convention, a kink where each framework picks its own subgradient."""
+from __future__ import annotations
+
+import numpy as np
+
+from agcheck.crosscheck.labelled import LabelledArray
+from agcheck.crosscheck.result import DESCRIPTION, CrosscheckResult, Difference
+from agcheck.crosscheck.sides import BackendPort
+
+__all__ = ["compare", "convention_mixup", "kink_hint", "fill_table"]
+
+
+def _scalar(v):
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _close(x, y, rtol, atol) -> bool:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.all((np.abs(x - y) <= atol + rtol * np.abs(x)) | (x == y)))
+
+
+def _compare_objects(d: Difference, x: np.ndarray, y: np.ndarray) -> Difference:
+    """Values that are not arrays of numbers: equal or not."""
+    bad = ~np.array([u == v for u, v in zip(x.reshape(-1), y.reshape(-1))])
+    d.n_bad = int(bad.sum())
+    d.ok = d.n_bad == 0
+    return d
+
+
+def compare(quantity, ref: str, other: str, key: tuple, a: LabelledArray, b: LabelledArray,
+            rtol, atol, exact=False) -> Difference:
+    """One row of the table: ``b`` (from ``other``) against ``a`` (from ``ref``)."""
+    d = Difference(quantity, ref, other, key[0], key[1] if len(key) > 1 else None, key[2] if len(key) > 2 else None)
+    x, y = a.data, b.data
+    if x.shape != y.shape:
+        d.ok, d.where = False, f"shapes {x.shape} ({ref}) and {y.shape} ({other})"
+        d.max_abs = float("inf")
+        d.note = "different shapes"
+        return d
+    d.n_total = int(x.size)
+    if x.size == 0:
+        return d
+    if x.dtype == object or y.dtype == object:
+        return _compare_objects(d, x, y)
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    both_nan = np.isnan(xf) & np.isnan(yf) if np.issubdtype(np.result_type(xf, yf), np.inexact) else np.zeros(xf.shape, bool)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(xf.astype(np.result_type(xf, yf, np.float64)) - yf)
+        equal = (xf == yf) | both_nan
+        tol = 0.0 if exact else atol + rtol * np.abs(xf)
+        bad = ~(equal | (diff <= tol))
+        score = np.where(equal, 0.0, np.where(np.isnan(diff), np.inf, diff))
+    worst = int(np.argmax(score))
+    d.max_abs = float(diff[worst]) if np.isnan(diff[worst]) else float(score[worst])
+    d.n_bad = int(bad.sum())
+    d.ok = d.n_bad == 0
+    d.where = a.describe(worst)
+    d.position = a.indices(worst)
+    d.reference_value, d.other_value = _scalar(xf[worst]), _scalar(yf[worst])
+    if not d.ok:
+        if (np.iscomplexobj(xf) or np.iscomplexobj(yf)) and _close(xf, np.conj(yf), rtol, atol):
+            d.conjugate = True
+            d.note = f"{other}'s result is the complex conjugate of {ref}'s"
+        elif quantity == "reverse" and convention_mixup(a, x, y, rtol, atol):
+            d.conjugate = True
+            d.note = f"{other}'s result is {ref}'s in the other complex convention"
+    return d
+
+
+def convention_mixup(block: LabelledArray, x, y, rtol, atol) -> bool:
+    """Is ``y`` what ``x`` becomes in the other reverse-mode convention?
+
+    A VJP in the other convention gives ``conj(vjp(conj(v)))``: the conjugate for a real
+    cotangent and minus the conjugate for an imaginary one (the VJP is real-linear)."""
+    if not block.axes or block.axes[0][0] != "cotangent" or x.shape[0] != 2:
+        return False
+    return _close(x[0], np.conj(y[0]), rtol, atol) and _close(x[1], -np.conj(y[1]), rtol, atol)
+
+
+def _one_sided_slopes(side: BackendPort, d: Difference, p: int, r: int, i: int):
+    """``(left, right)`` finite-difference slopes of output ``d.output``'s element ``r``
+    along element ``i`` of input ``p`` on ``side``, or ``None`` when they cannot be taken."""
+    x = np.asarray(side.np_inputs[p])
+    h = 1e-6 * max(1.0, abs(float(x.reshape(-1)[i])))
+
+    def at(delta):
+        moved = np.array(x, copy=True)
+        moved.reshape(-1)[i] += delta
+        inputs = list(side.np_inputs)
+        inputs[p] = moved
+        out = side.be.as_tuple(side.port(*side.arguments(tuple(inputs))))[d.output]
+        return np.asarray(side.be.to_numpy(out)).reshape(-1)[r]
+
+    try:
+        with side.context(), np.errstate(all="ignore"):
+            f0, fp, fm = at(0.0), at(h), at(-h)
+    except Exception:  # the probe is a hint only
+        return None
+    if np.iscomplexobj(f0):
+        return None
+    left, right = float((f0 - fm) / h), float((fp - f0) / h)
+    if not (np.isfinite(left) and np.isfinite(right)):
+        return None
+    return left, right
+
+
+def kink_hint(side: BackendPort, d: Difference) -> str:
+    """One-sided finite differences (on ``side``) at the entry where two backends disagree.
+
+    Different left and right slopes mean the input sits on a kink (``abs`` or ``relu`` at 0,
+    ``clip`` at a bound, ``max`` at a tie), where each framework picks its own subgradient.
+    """
+    if d.quantity not in ("reverse", "forward") or d.input is None:
+        return ""
+    out_label, in_label = f"output {d.output} element ", f"input {d.input} element "
+    if out_label not in d.position or in_label not in d.position:
+        return ""
+    r, i = d.position[out_label], d.position[in_label]
+    p = side.checked[d.input]
+    x = np.asarray(side.np_inputs[p])
+    if np.iscomplexobj(x):
+        return ""
+    slopes = _one_sided_slopes(side, d, p, r, i)
+    if slopes is None:
+        return ""
+    left, right = slopes
+    if abs(right - left) <= 1e-3 * (1 + max(abs(left), abs(right))):
+        return ""
+    in_at = list(np.unravel_index(i, x.shape)) if x.shape else []
+    return (f"input {d.input} element {[int(v) for v in in_at]} sits on a kink of output {d.output}: "
+            f"the one-sided slopes there are {left:.6g} (left) and {right:.6g} (right), so the "
+            f"derivative is not defined and each framework picks its own subgradient "
+            f"({d.reference}: {d.reference_value!r}, {d.other}: {d.other_value!r}). Check the "
+            f"derivatives away from the kink, or decide which subgradient the ports must share.")
+
+
+def _compare_values(result: CrosscheckResult, computed: dict, sides: list) -> None:
+    ref = sides[0].name
+    value_ref = computed["value"][ref]
+    for side in sides[1:]:
+        other = computed["value"][side.name]
+        if len(other) != len(value_ref):
+            result.differences.append(Difference(
+                "value", ref, side.name, 0, ok=False, max_abs=float("inf"),
+                where=f"{len(value_ref)} outputs ({ref}) and {len(other)} outputs ({side.name})",
+                note="different shapes"))
+            continue
+        for key in value_ref:
+            a, b = value_ref[key], other[key]
+            exact = not (np.issubdtype(a.data.dtype, np.inexact) and np.issubdtype(b.data.dtype, np.inexact))
+            result.differences.append(compare("value", ref, side.name, key, a, b, result.rtol, result.atol, exact))
+
+
+def _compare_derivatives(result: CrosscheckResult, quantity: str, by_backend: dict, sides: list) -> None:
+    have = [s.name for s in sides if s.name in by_backend]
+    if len(have) < 2:
+        if len(have) == 1:
+            result.notes.append(f"{DESCRIPTION[quantity]}s computed on {have[0]} only: nothing to compare them with")
+        return
+    base = have[0]
+    for n in have[1:]:
+        for key, block in by_backend[base].items():
+            other = by_backend[n].get(key)
+            if other is None:
+                result.differences.append(Difference(quantity, base, n, key[0], key[1], key[2] if len(key) > 2 else None,
+                                                     ok=False, max_abs=float("inf"),
+                                                     where=f"missing on {n}", note="different shapes"))
+                continue
+            d = compare(quantity, base, n, key, block, other, result.rtol, result.atol)
+            if not d.ok:
+                d.kink = kink_hint(sides[0], d)
+                if d.kink and not d.note:
+                    d.note = "kink"
+            result.differences.append(d)
+
+
+def fill_table(result: CrosscheckResult, computed: dict, sides: list) -> None:
+    """Compare every quantity of every backend with the first one that computed it."""
+    _compare_values(result, computed, sides)
+    for q in ("reverse", "forward", "second"):
+        _compare_derivatives(result, q, computed[q], sides)

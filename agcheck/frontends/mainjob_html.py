@@ -1,0 +1,131 @@
+"""The main job's self-contained HTML report: the summary table, every failure with its
+report (heatmaps when matplotlib is installed), and the details of every check."""
+from __future__ import annotations
+
+import html
+import re
+
+from agcheck.frontends.mainjob_checks import Verdict, cross_text
+
+__all__ = ["html_report"]
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;padding:0 16px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
+h3{font-size:15px} .meta{color:#555}
+pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px;max-height:480px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f0f0f0} td.num{font-family:ui-monospace,monospace;text-align:right}
+td.pass{background:#e6f6e6;color:#1a6b1a} td.FAIL,td.ERROR{background:#fde4e4;color:#a40000;font-weight:bold}
+td.skip{color:#999} .verdict-ok{color:#1a6b1a} .verdict-bad{color:#a40000}
+.diag{background:#fff7e0;border-left:4px solid #e0a000;padding:8px 12px;margin:8px 0}
+.diag b{font-family:ui-monospace,monospace} .diag ul{margin:4px 0;font-size:12px;font-family:ui-monospace,monospace}
+section.failure{border:1px solid #e3b4b4;border-radius:4px;padding:4px 16px;margin:16px 0}
+img{max-width:100%;border:1px solid #eee}
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _rendered_report(v: Verdict, n: int) -> str:
+    """The failure report of ``v`` as an HTML fragment (agcheck.report.render's page when it can
+    be drawn, the text otherwise)."""
+    report = getattr(v.error, "report", None)
+    if v.status == "FAIL" and report is not None and report.blocks:
+        try:
+            from agcheck.report.render import render_html
+
+            page = render_html(report)
+        except ImportError:
+            return ("<p><i>Heatmaps need matplotlib (pip install matplotlib, or agcheck[report]); "
+                    "the report as text:</i></p><pre>" + _e(report.summary()) + "</pre>"
+                    "<h4>Message</h4><pre>" + _e(v.detail) + "</pre>")
+        except Exception as ex:  # never lose the failure behind a rendering problem
+            return (f"<p><i>the report could not be rendered ({_e(type(ex).__name__)}: {_e(ex)})</i></p>"
+                    "<pre>" + _e(v.detail) + "</pre>")
+        body = page.split("<body>", 1)[-1].rsplit("</body>", 1)[0]
+        for level in (3, 2, 1):  # nest the page's headings under the failure's own
+            body = body.replace(f"<h{level}>", f"<h{level + 2}>").replace(f"</h{level}>", f"</h{level + 2}>")
+        return body.replace('id="agcheck-report"', f'id="agcheck-report-{n}"')
+    return "<pre>" + _e(v.detail or v.headline) + "</pre>"
+
+
+def _summary_html(results, backends, anchors: dict) -> list:
+    parts = ["<h2>Summary</h2><table><tr><th>function</th><th>kind</th><th>inputs</th>"
+             + "".join(f"<th>{_e(b)}</th>" for b in backends)
+             + "<th>crosscheck</th><th>time</th></tr>"]
+    for r in results:
+        row = [f"<td><b>{_e(r.entry.name)}</b><br><small>{_e(r.entry.description)}</small></td>",
+               f"<td>{_e(', '.join(r.entry.kinds))}</td>", f"<td><small>{_e(r.entry.describe_inputs())}</small></td>"]
+        for b in backends:
+            v = r.gradchecks[b]
+            row.append(_status_td(v, v.status, anchors.get((r.entry.name, f"gradcheck on {b}"))))
+        row.append(_status_td(r.crosscheck, cross_text(r.crosscheck), anchors.get((r.entry.name, "crosscheck"))))
+        row.append(f"<td class=num>{r.seconds:.2f}s</td>")
+        parts.append("<tr>" + "".join(row) + "</tr>")
+    parts.append("</table>")
+    return parts
+
+
+def _failures_html(failed, anchors: dict) -> list:
+    parts = ["<h2>Failures</h2>"] if failed else []
+    n = 0
+    for r in failed:
+        for label, v in r.failures():
+            n += 1
+            parts.append(f"<section class=failure id={anchors[(r.entry.name, label)]}>"
+                         f"<h2>{_e(r.entry.name)}: {_e(label)} — {_e(v.status)}</h2>"
+                         f"<p class=meta>{_e(v.headline)}</p>"
+                         f"<p class=meta>inputs: {_e(r.entry.describe_inputs())} (seed {r.entry.seed}); "
+                         f"{_e(v.mode)}</p>")
+            parts.append(_rendered_report(v, n))
+            parts.append("</section>")
+    return parts
+
+
+def _details_html(results) -> list:
+    parts = ["<h2>Details of every check</h2><table><tr><th>function</th><th>check</th><th>verdict</th>"
+             "<th>mode</th><th>time</th><th>warnings</th></tr>"]
+    for r in results:
+        checks = [(f"gradcheck on {b}", v) for b, v in r.gradchecks.items() if v.ran]
+        if r.crosscheck.ran:
+            checks.append(("crosscheck", r.crosscheck))
+        for label, v in checks:
+            parts.append(f"<tr><td>{_e(r.entry.name)}</td><td>{_e(label)}</td>"
+                         f"<td class={_e(v.status)}>{_e(v.status)}</td><td>{_e(v.mode)}</td>"
+                         f"<td class=num>{v.seconds:.3f}s</td><td><small>{_e('; '.join(v.warnings))}</small></td></tr>")
+    parts.append("</table>")
+    return parts
+
+
+def html_report(results, backends, meta: dict) -> str:
+    """The main job's self-contained HTML report."""
+    ok = all(r.ok for r in results)
+    failed = [r for r in results if not r.ok]
+    title = "agcheck main job: " + ("all checks passed" if ok else f"{len(failed)} of {len(results)} functions FAILED")
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+             f"<style>{_CSS}</style></head><body>"]
+    header = "<br>".join(_e(line) for line in str(meta.get("header", "")).splitlines())
+    parts.append(f"<h1>agcheck main job</h1><p class=meta>{header}</p>")
+    for note in meta.get("notes", ()):
+        parts.append(f"<p class=meta>{_e(note)}</p>")
+    css = "verdict-ok" if ok else "verdict-bad"
+    parts.append(f"<p class={css}><b>{_e(meta.get('verdict', title))}</b></p>")
+    anchors = {}
+    for i, r in enumerate(results):
+        for label, _ in r.failures():
+            anchors[(r.entry.name, label)] = f"f{i}-{re.sub(r'[^a-z0-9]+', '-', label)}"
+    parts += _summary_html(results, backends, anchors)
+    parts += _failures_html(failed, anchors)
+    parts += _details_html(results)
+    parts.append(f"<p class=meta>{_e(meta.get('footer', ''))}</p></body></html>")
+    return "".join(parts)
+
+
+def _status_td(v: Verdict, text: str, anchor: str | None) -> str:
+    css = v.status if v.status != "-" else "skip"
+    title = f' title="{_e(v.headline)}"' if v.headline else ""
+    inner = f'<a href="#{anchor}">{_e(text)}</a>' if anchor else _e(text)
+    return f"<td class={css}{title}>{inner}</td>"
