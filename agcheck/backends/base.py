@@ -194,6 +194,9 @@ class Backend:
     name: str = "abstract"
     #: the optional parts of the contract this backend implements (:class:`Capability` names)
     capabilities: frozenset = frozenset()
+    #: whether a function written once against the array API (``array_api_compat``) runs
+    #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
+    runs_array_api_code: bool = True
 
     def supports(self, capability: str) -> bool:
         """Whether this backend implements the optional part ``capability``."""

@@ -285,6 +285,7 @@ class TensorFlowBackend(Backend):
     """
 
     name = "tensorflow"
+    runs_array_api_code = False  # array_api_compat has no namespace for TF tensors
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (

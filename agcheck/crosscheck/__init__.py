@@ -65,7 +65,7 @@ def crosscheck(
     fn,
     inputs,
     *,
-    backends: Sequence = ("torch", "jax"),
+    backends: Sequence | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     fast_mode: bool = False,
@@ -89,10 +89,12 @@ def crosscheck(
         The arguments, as NumPy arrays (converted for each backend: a torch tensor that
         requires grad, a ``jax.numpy`` array, ...); other values are passed through.
         The floating point and complex arrays are differentiated (or those at ``wrt``).
-    backends : sequence
+    backends : sequence, optional
         Backend names (or configured :class:`~agcheck.backend.Backend` instances). The
         first is the reference the others are compared with. Backends whose framework is
         not installed are skipped (noted in the result); fewer than two left raise.
+        Default: the backends of the ports when ``fn`` is a mapping, else
+        ``("torch", "jax")``.
     rtol, atol : float, optional
         ``|other - reference| <= atol + rtol * |reference|``. Defaults by the inputs'
         precision: float64/complex128 ``rtol=1e-7, atol=1e-10``; float32/complex64
@@ -133,6 +135,8 @@ def crosscheck(
     np_inputs = as_inputs(inputs)
     checked = checked_positions(np_inputs, wrt)
     rtol, atol = tolerances(np_inputs, checked, rtol, atol)
+    if backends is None:
+        backends = tuple(fn) if isinstance(fn, Mapping) else ("torch", "jax")
     resolved, skipped = resolve_backends(backends, dict(backend_options or {}), None if wrt is None else checked)
     ports = ports_of(fn, resolved, skipped)
     require_two(ports, resolved, skipped)

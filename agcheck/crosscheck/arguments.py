@@ -117,6 +117,12 @@ def ports_of(fn, resolved: list, skipped: dict) -> list:
                 continue
             port = fn[name]
         else:
+            if not be.runs_array_api_code:
+                raise ValueError(
+                    f"crosscheck: one function reaches the {name!r} backend only through the array API, "
+                    f"which {name!r} arrays do not implement (array_api_compat has no namespace for them); "
+                    f"give ports instead: crosscheck({{'torch': f_torch, {name!r}: f_{name}, ...}}, inputs)"
+                )
             port = fn
         if not callable(port):
             raise TypeError(f"fn for backend {name!r} must be callable, got {type(port).__name__}")
