@@ -138,7 +138,7 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **
                 if opts.raise_exception:  # reports are filled in only for a raised failure
                     complete_report(e, be, opts)
                 raise
-    except GradcheckError as e:
+    except GradcheckError:
         if opts.raise_exception:
             raise
         return False

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import agcheck
-from agcheck.engine import compressed
+from agcheck.engine import coloured, compressed
 from agcheck.engine.outcome import EngineEvent
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
@@ -181,10 +181,10 @@ def test_dense_functions_are_not_compressed():
 
 
 def test_index_signs_separate_every_pair():
-    signs = compressed._index_signs(1000, 1 + compressed._bits(1000) + 4, np.random.default_rng(0))
+    signs = compressed.index_signs(1000, 1 + compressed.bits_for(1000) + 4, np.random.default_rng(0))
     assert (signs[0] == 1).all()
     # any two indices get opposite relative signs in some round
-    codes = signs[1:1 + compressed._bits(1000)].T
+    codes = signs[1:1 + compressed.bits_for(1000)].T
     assert len({tuple(c) for c in codes}) == 1000
 
 
@@ -329,12 +329,12 @@ def test_colouring_separates_elements_that_meet():
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 50, size=400)
     cols = rng.integers(0, 120, size=400)
-    colour = compressed.colour_columns(rows, cols, 120, limit=120)
+    colour = coloured.colour_columns(rows, cols, 120, limit=120)
     assert colour is not None
     seen = {}
     for r, c in zip(rows, cols):
         assert seen.setdefault((r, colour[c]), c) == c
-    assert compressed.colour_columns(rows, cols, 120, limit=2) is None
+    assert coloured.colour_columns(rows, cols, 120, limit=2) is None
 
 
 # -- property: on random elementwise-like functions with random planted bugs, the default

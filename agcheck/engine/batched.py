@@ -27,7 +27,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
-from agcheck.engine import compressed
+from agcheck.engine import coloured, compressed
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 
 __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
@@ -306,7 +306,7 @@ MISMATCH = "Jacobian mismatch"
 
 def _reverse(run, p, diff) -> None:
     be, opts = run.be, run.opts
-    fn, trace, args, checked = p.fn, p.trace, p.args, p.checked
+    trace, args, checked = p.trace, p.args, p.checked
     batchable = [p.batched_ok(q) for q in checked]
     # compressed differences need a few dozen evaluations: worth it also one call at a time
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
@@ -319,7 +319,7 @@ def _reverse(run, p, diff) -> None:
         # the analytical side first: its pattern may let the numerical side be coloured
         # (in batches, or one plain call per colour class where the input cannot be batched)
         analytical = {k: _analytical_full(p, k, inputs) for k in diff}
-        if compressed.try_from_analytical(p, checked, diff, analytical):
+        if coloured.try_from_analytical(p, checked, diff, analytical):
             run.progress.advance(n_in)
             return
         # rows already computed exactly are reused, here and by the reference engine
@@ -430,7 +430,7 @@ def _looped_columns(p, k, c0, c1, inputs):
 
 def _analytical_full(p, k, inputs) -> list:
     """The whole analytical Jacobian of output ``k``, per input a
-    :class:`compressed.DenseBlock` (rows: output elements), with the reentrancy check.
+    :class:`coloured.DenseBlock` (rows: output elements), with the reentrancy check.
 
     The first pass computes every column (batched one-hot VJPs). The second pass, which
     only has to reproduce the first, is coloured when the first pass's pattern allows:
@@ -449,7 +449,7 @@ def _analytical_full(p, k, inputs) -> list:
             rows[i][c0:c1] = be.to_numpy(a).T
     if rows is None:  # an empty output
         rows = [np.zeros((0, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
-    blocks = [compressed.DenseBlock(r) for r in rows]
+    blocks = [coloured.DenseBlock(r) for r in rows]
     if not _coloured_second_pass(p, k, inputs, blocks):
         _exact_second_pass(p, k, inputs, blocks)
     return blocks
@@ -475,7 +475,7 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
     by_colouring = {}
     for i, block in enumerate(blocks):
         out_idx, in_idx = block.pattern()
-        colour = compressed.colour_columns(in_idx, out_idx, m, m // 4)
+        colour = coloured.colour_columns(in_idx, out_idx, m, m // 4)
         if colour is None:
             p.run.engine_log.append(EngineEvent("vjp", "column by column", i, "input reaches too many outputs"))
             return False

@@ -45,22 +45,22 @@ _PROBE_STEP = 2.0 ** -6
 SIGN_SEED = 8191
 
 
-class _NotCompressible(Exception):
+class NotCompressible(Exception):
     """The hypothesis does not hold or does not pay; the exact engine takes over."""
 
 
-def _bits(n: int) -> int:
+def bits_for(n: int) -> int:
     return max(1, math.ceil(math.log2(max(n, 2))))
 
 
-def _index_signs(count: int, n_rounds: int, rng) -> np.ndarray:
+def index_signs(count: int, n_rounds: int, rng) -> np.ndarray:
     """(n_rounds, count) signs: all +1, then one round per index bit, then random."""
     signs = np.empty((n_rounds, count), dtype=np.int8)
     signs[0] = 1
     index = np.arange(count)
     b = 0
     for r in range(1, n_rounds):
-        if b < _bits(count) and (1 << b) < count:
+        if b < bits_for(count) and (1 << b) < count:
             signs[r] = 1 - 2 * ((index >> b) & 1)
             b += 1
         else:
@@ -95,7 +95,7 @@ class _Pattern:
         self.rows = rows
 
 
-class _Side:
+class CompressedSides:
     """The compressed check of one piece, reverse mode."""
 
     def __init__(self, p, checked, diff):
@@ -111,7 +111,7 @@ class _Side:
         n = be.numel(x)
         xs = be.to_numpy(x).reshape(-1)
         step = _PROBE_STEP * np.maximum(np.abs(xs), 1.0)
-        bits = _bits(n)
+        bits = bits_for(n)
         index = np.arange(n)
         masks = [np.zeros(n)]
         for b in range(bits):
@@ -132,14 +132,14 @@ class _Side:
             low = _changed(base, o[2::2])
             either = high | low
             if (high & low).any():
-                raise _NotCompressible("an output element depends on several input elements")
+                raise NotCompressible("an output element depends on several input elements")
             empty = ~either.any(axis=0)
             if not (empty | either.all(axis=0)).all():
-                raise _NotCompressible("dependence not seen consistently")
+                raise NotCompressible("dependence not seen consistently")
             dep = (high.astype(np.int64) << np.arange(bits)[:, None]).sum(axis=0)
             dep[empty] = -1
             if (dep >= n).any():
-                raise _NotCompressible("dependence decoded out of range")
+                raise NotCompressible("dependence decoded out of range")
             patterns[k] = _Pattern(dep, n)
         return patterns
 
@@ -171,7 +171,7 @@ class _Side:
             deltas = np.where((signs[i // points] > 0) == (m > 0)[:, None], h, -h)
             return deltas if as_deltas else xs + deltas
 
-        return self.evaluate(q, move_rows, signs.shape[0] * points, reduce=_stencil_reduce(stencil, eps), group=points)
+        return self.evaluate(q, move_rows, signs.shape[0] * points, reduce=stencil_reduce(stencil, eps), group=points)
 
     def evaluate(self, q, move_rows, n_rows, reduce=None, group=1) -> dict:
         """``{k: NumPy array}``: ``fn`` at ``n_rows`` moves of ``args[q]``, one row per move
@@ -220,12 +220,12 @@ class _Side:
                 result.append(np.zeros((n_rounds, n_colours, n), dtype=be.to_numpy(x).dtype))
                 continue
             if tuple(g.shape) != (n_rounds * n_colours, *x.shape) or g.dtype != x.dtype:
-                raise _NotCompressible("gradient of unexpected shape or dtype")
+                raise NotCompressible("gradient of unexpected shape or dtype")
             result.append(be.to_numpy(be.to_dense(g)).reshape(n_rounds, n_colours, n))
         return result
 
 
-def _stencil_reduce(stencil, eps):
+def stencil_reduce(stencil, eps):
     """Combines each run of ``len(stencil.offsets)`` evaluations into a derivative."""
     points = len(stencil.offsets)
 
@@ -247,7 +247,7 @@ def allclose_like_torch(a, b, rtol, atol) -> bool:
 _close = allclose_like_torch
 
 
-def _small(values, bound) -> bool:
+def all_small(values, bound) -> bool:
     return not values.size or bool(np.all(np.abs(values) <= bound))
 
 
@@ -264,7 +264,7 @@ def _worth_it(p, checked, diff, patterns, n_rounds, points) -> bool:
         if n_rounds * widest * m * p.itemsize > p.budget // 4:
             return False
         colours += sum(patterns[q][k].n_colours for q in checked)
-    compressed = sum(2 * _bits(be.numel(p.args[q])) + 1 for q in checked) + n_rounds * (
+    compressed = sum(2 * bits_for(be.numel(p.args[q])) + 1 for q in checked) + n_rounds * (
         points * len(checked) + 2 * colours)
     return compressed * _MIN_SAVING <= exact
 
@@ -274,21 +274,21 @@ def try_compressed_reverse(p, checked, diff) -> bool:
 
     Returns True when every entry matched in every round; False when the hypothesis
     does not apply, does not pay, or anything disagreed (the exact engine then decides)."""
-    be, opts, run = p.be, p.opts, p.run
+    be, run = p.be, p.run
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in diff)
     if entries < MIN_ENTRIES:
         return False
-    side = _Side(p, checked, diff)
+    side = CompressedSides(p, checked, diff)
     try:
         patterns = {q: side.probe(q) for q in checked}
-        n_rounds = 1 + max(_bits(be.numel(x)) for x in [p.args[q] for q in checked] + [p.outputs[k] for k in diff])
+        n_rounds = 1 + max(bits_for(be.numel(x)) for x in [p.args[q] for q in checked] + [p.outputs[k] for k in diff])
         n_rounds += RANDOM_ROUNDS
         points = len(run.stencil.offsets) * (2 if any(be.is_complex(p.args[q]) for q in checked) else 1)
         if not _worth_it(p, checked, diff, patterns, n_rounds, points):
             run.engine_log.append(EngineEvent("compressed", "declined", None, "not worth it"))
             return False
         ok, why = _check(side, patterns, n_rounds)
-    except _NotCompressible as reason:
+    except NotCompressible as reason:
         run.engine_log.append(EngineEvent("compressed", "declined", None, f"not compressible: {reason}"))
         return False
     except Exception as reason:  # noqa: BLE001 - the exact engine meets it again, and reports it
@@ -306,11 +306,11 @@ def _check(side, patterns, n_rounds):
     numerical = {}
     col_signs = {}
     for q in side.checked:
-        col_signs[q] = _index_signs(p.be.numel(p.args[q]), n_rounds, side.rng)
+        col_signs[q] = index_signs(p.be.numel(p.args[q]), n_rounds, side.rng)
         numerical[q] = side.numerical(q, col_signs[q])
     for k in side.diff:
         m = p.be.numel(side.outputs[k])
-        row_signs = _index_signs(m, n_rounds, side.rng)
+        row_signs = index_signs(m, n_rounds, side.rng)
         # VJPs are shared by inputs whose colourings coincide
         by_colouring = {}
         for q in side.checked:
@@ -343,13 +343,13 @@ def _compare_block(pat, num, ana, col_signs, row_signs, rtol, atol, tau):
     a_entries = ana[:, colour, dep] * row_signs[:, rows]
     if not _close(a_entries, n_entries, rtol, atol):
         return False, "entries differ"
-    if not _small(num[:, empty_rows], atol):
+    if not all_small(num[:, empty_rows], atol):
         return False, "numerical derivative where none was expected"
     filled = np.zeros(ana.shape[1:], dtype=bool)
     filled[colour, dep] = True
-    if not _small(ana[:, ~filled], atol):
+    if not all_small(ana[:, ~filled], atol):
         return False, "analytical derivative where none was expected"
-    if not _small(n_entries - n_entries[:1], tau) or not _small(a_entries - a_entries[:1], tau):
+    if not all_small(n_entries - n_entries[:1], tau) or not all_small(a_entries - a_entries[:1], tau):
         return False, "rounds disagree"
     return True, ""
 
@@ -366,21 +366,21 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in p.floats)
     if entries < MIN_ENTRIES:
         return False
-    side = _Side(p, checked, p.floats)
+    side = CompressedSides(p, checked, p.floats)
     try:
         patterns = {q: side.probe(q) for q in checked}
-        n_rounds = 1 + max(_bits(be.numel(p.args[q])) for q in checked) + RANDOM_ROUNDS
+        n_rounds = 1 + max(bits_for(be.numel(p.args[q])) for q in checked) + RANDOM_ROUNDS
         exact = sum(2 * be.numel(p.args[q]) for q in checked)
-        compressed = sum(2 * _bits(be.numel(p.args[q])) + 1 + 3 * n_rounds for q in checked)
+        compressed = sum(2 * bits_for(be.numel(p.args[q])) + 1 + 3 * n_rounds for q in checked)
         if compressed * _MIN_SAVING > exact:
             run.engine_log.append(EngineEvent("compressed", "declined", None, "not worth it"))
             return False
         for j, q in enumerate(checked):
-            signs = _index_signs(be.numel(p.args[q]), n_rounds, side.rng)
+            signs = index_signs(be.numel(p.args[q]), n_rounds, side.rng)
             numerical = side.numerical(q, signs)
             analytical = jvp_signed(j, signs)
             if len(analytical) != len(p.floats):
-                raise _NotCompressible("outputs changed")
+                raise NotCompressible("outputs changed")
             for i, k in enumerate(diff):
                 num = numerical[k]
                 ana = analytical[i]
@@ -392,12 +392,12 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
                 n_entries, a_entries = num[:, rows] * unsign, ana[:, rows] * unsign
                 if ana.shape != num.shape or not _close(a_entries, n_entries, opts.rtol, opts.atol):
                     return _forward_done(run, False, "entries differ")
-                if not _small(num[:, empty], opts.atol) or not _small(ana[:, empty], opts.atol):
+                if not all_small(num[:, empty], opts.atol) or not all_small(ana[:, empty], opts.atol):
                     return _forward_done(run, False, "derivative where none was expected")
                 tau = opts.atol / 2
-                if not _small(n_entries - n_entries[:1], tau) or not _small(a_entries - a_entries[:1], tau):
+                if not all_small(n_entries - n_entries[:1], tau) or not all_small(a_entries - a_entries[:1], tau):
                     return _forward_done(run, False, "rounds disagree")
-    except _NotCompressible as reason:
+    except NotCompressible as reason:
         run.engine_log.append(EngineEvent("compressed", "declined", None, f"not compressible: {reason}"))
         return False
     except Exception as reason:  # noqa: BLE001
@@ -411,195 +411,3 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
 def _forward_done(run, ok, why):
     run.engine_log.append(EngineEvent("compressed", "passed") if ok else EngineEvent("compressed", "disagreement", None, why))
     return ok
-
-
-# -- patterns read off the analytical Jacobian ---------------------------------------------
-#
-# When the analytical Jacobian is computed in full anyway (it fits the memory budget), its
-# nonzero pattern tells which input elements never meet in an output element. Those are
-# moved together (Curtis-Powell-Reid colouring); the finite differences of each colour
-# class give every entry of the pattern, and the rounds of signs expose a numerical
-# derivative outside the pattern (a dependence the backward forgot), as above.
-
-class DenseBlock:
-    """One analytical Jacobian block held whole, as NumPy, rows by output element.
-
-    ``by_output`` is ``(m, n)`` (output element, input element), C-contiguous, so that
-    a block of output columns is written and its pattern read without strided copies;
-    ``by_input`` is the ``(n, m)`` view the comparisons use."""
-
-    def __init__(self, by_output: np.ndarray):
-        self.by_output = by_output
-        self._pattern = None
-
-    @property
-    def by_input(self) -> np.ndarray:
-        return self.by_output.T
-
-    def pattern(self):
-        """``(output indices, input indices)`` of the nonzero (or NaN) entries."""
-        if self._pattern is None:
-            flat = np.flatnonzero(self.by_output != 0)
-            self._pattern = np.divmod(flat, self.by_output.shape[1])
-        return self._pattern
-
-
-def _valid_colouring(colour, rows, cols) -> bool:
-    keys = rows.astype(np.int64) * (int(colour.max()) + 1) + colour[cols]
-    return int(np.bincount(keys).max()) <= 1
-
-
-def colour_columns(rows, cols, n_cols, limit):
-    """A colouring of the input elements ``cols`` such that no output element (``rows``)
-    meets two of one colour; ``None`` if more than ``limit`` colours are needed.
-
-    Strided colourings (element index modulo, or divided by, the widest row) are tried
-    first, as they fit banded and blocked patterns with the fewest colours; otherwise
-    greedy colouring."""
-    if not len(rows):
-        return np.zeros(n_cols, dtype=np.int64)
-    width = int(np.bincount(rows).max())
-    if width <= limit:
-        index = np.arange(n_cols)
-        for colour in (index % width, index // -(-n_cols // width)):
-            if _valid_colouring(colour, rows, cols):
-                return colour
-    order = np.argsort(cols, kind="stable")
-    rows, cols = rows[order], cols[order]
-    bounds = np.searchsorted(cols, np.arange(n_cols + 1))
-    used = np.zeros((int(rows.max()) + 1 if len(rows) else 1, limit + 1), dtype=bool)
-    colour = np.zeros(n_cols, dtype=np.int64)
-    for j in range(n_cols):
-        r = rows[bounds[j]:bounds[j + 1]]
-        if not len(r):
-            continue
-        free = np.flatnonzero(~used[r].any(axis=0))
-        c = int(free[0])
-        if c >= limit:
-            return None
-        colour[j] = c
-        used[r, c] = True
-    return colour
-
-
-def _rank_in_class(colour):
-    order = np.argsort(colour, kind="stable")
-    ranks = np.empty(len(colour), dtype=np.int64)
-    sorted_colour = colour[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_colour)) + 1]
-    first = np.zeros(len(colour), dtype=np.int64)
-    first[starts] = starts
-    first = np.maximum.accumulate(first)
-    ranks[order] = np.arange(len(colour)) - first
-    return ranks
-
-
-def try_from_analytical(p, checked, diff, analytical) -> bool:
-    """Numerical side by coloured compressed differences, against the full analytical
-    Jacobian ``analytical[k][j]`` (a :class:`DenseBlock`, input ``checked[j]``, output ``k``).
-
-    True when every pattern entry matched in every round (inputs that cannot be coloured
-    are compared row by row, exactly); False otherwise."""
-    be, run, opts = p.be, p.run, p.opts
-    coloured = 0
-    try:
-        for j, q in enumerate(checked):
-            jac = {k: analytical[k][j] for k in diff}
-            try:
-                if not _input_from_analytical(p, q, diff, jac):
-                    return False
-                coloured += 1
-            except _NotCompressible as reason:
-                # this input's rows exactly, the others' still coloured
-                run.engine_log.append(EngineEvent("coloured", "declined", q, f"not compressible: {reason}"))
-                for s, e, rows in p.numerical_row_chunks(q, report=False):
-                    for k in diff:
-                        if not allclose_like_torch(jac[k].by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
-                                                   opts.atol):
-                            return False
-    except Exception as reason:  # noqa: BLE001 - the exact path meets it again
-        if reason in run.user_errors:
-            raise
-        run.engine_log.append(EngineEvent("coloured", "declined", None, f"{type(reason).__name__}: {reason}"))
-        return False
-    if not coloured:
-        # no input could be coloured, and every input's rows, computed exactly, matched
-        run.engine_log.append(EngineEvent("exact", "passed", None, "rows against the full analytical Jacobian"))
-        return True
-    run.engine_log.append(EngineEvent("coloured", "passed"))
-    return True
-
-
-def _input_from_analytical(p, q, diff, jac) -> bool:
-    be, run, opts = p.be, p.run, p.opts
-    x = p.args[q]
-    n = be.numel(x)
-    if be.is_complex(x):
-        raise _NotCompressible("complex input")
-    points = len(run.stencil.offsets)
-    rows, cols, offset = [], [], 0
-    entries = {k: jac[k].pattern()[::-1] for k in diff}  # input element, output element
-    for k in diff:
-        c_idx, r_idx = entries[k]
-        rows.append(r_idx + offset)
-        cols.append(c_idx)
-        offset += jac[k].by_output.shape[0]
-    rows, cols = np.concatenate(rows), np.concatenate(cols)
-    limit = n // 4
-    colour = colour_columns(rows, cols, n, limit) if limit else None
-    if colour is None:
-        raise _NotCompressible("too many colours")
-    n_colours = int(colour.max()) + 1
-    rank = _rank_in_class(colour)
-    n_rounds = 1 + _bits(int(rank.max()) + 1) + RANDOM_ROUNDS
-    evaluations = n_rounds * n_colours * points
-    if 2 * evaluations > points * n or evaluations * (n + p.out_numel) * p.itemsize > p.budget // 2:
-        raise _NotCompressible("not worth it")
-    rng = np.random.default_rng(SIGN_SEED)
-    rank_signs = _index_signs(int(rank.max()) + 1, n_rounds, rng)
-    signs = rank_signs[:, rank]  # (R, n): each element signed by the bits of its rank in its class
-    xs = be.to_numpy(x).reshape(-1)
-    eps = run.eps_for(x)
-    offsets = np.asarray(run.stencil.offsets)
-    by_colour = np.argsort(colour, kind="stable")
-    colour_size = np.bincount(colour, minlength=n_colours)
-    colour_start = np.cumsum(colour_size) - colour_size
-
-    def move_rows(start, stop, as_deltas):
-        # row i: round i // (C P), colour (i // P) % C, stencil point i % P; the elements
-        # of that colour move by +h or -h by their signs (x + (-h) is x - h to the bit),
-        # the others stay
-        i = np.arange(start, stop)
-        m = offsets[i % points]
-        c = (i // points) % n_colours
-        sizes = colour_size[c]
-        row = np.repeat(np.arange(stop - start), sizes)
-        first = np.repeat(np.cumsum(sizes) - sizes, sizes)
-        element = by_colour[np.repeat(colour_start[c], sizes) + np.arange(int(sizes.sum())) - first]
-        h = np.where(np.abs(m) == 1, eps, np.abs(m) * eps).astype(xs.dtype)[row]
-        forward = (signs[(i // (n_colours * points))[row], element] > 0) == (m[row] > 0)
-        out = np.zeros((stop - start, n), dtype=xs.dtype) if as_deltas else np.tile(xs, (stop - start, 1))
-        out[row, element] += np.where(forward, h, -h)
-        return out
-
-    side = _Side(p, [q], diff)
-    outs = side.evaluate(q, move_rows, n_rounds * n_colours * points, reduce=_stencil_reduce(run.stencil, eps),
-                         group=points)
-    tau = opts.atol / 2
-    for k in diff:
-        diffs = outs[k].reshape(n_rounds, n_colours, -1)  # (R, C, m)
-        c_idx, r_idx = entries[k]
-        n_entries = diffs[:, colour[c_idx], r_idx] * signs[:, c_idx]
-        a_entries = jac[k].by_output[r_idx, c_idx]
-        if not _close(np.broadcast_to(a_entries, n_entries.shape), n_entries, opts.rtol, opts.atol):
-            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: entries differ"))
-            return False
-        expected = np.zeros(diffs.shape[1:], dtype=bool)
-        expected[colour[c_idx], r_idx] = True
-        if not _small(diffs[:, ~expected], opts.atol):
-            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: derivative where none expected"))
-            return False
-        if not _small(n_entries - n_entries[:1], tau):
-            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: rounds disagree"))
-            return False
-    return True
