@@ -9,7 +9,7 @@ from agcheck.backends.registry import available_backends, get_backend, infer_bac
 from agcheck.crosscheck import CrosscheckResult, crosscheck
 from agcheck.gradcheck import CostWarning, OutputTypeError, gradcheck
 from agcheck.gradgradcheck import gradgradcheck
-from agcheck.frontends.dropin import Patch, patch_jax, patch_torch
+from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
 from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
 from agcheck.options import GradcheckOptions
 from agcheck.report import GradcheckError
@@ -22,6 +22,7 @@ __all__ = [
     "crosscheck",
     "patch_torch",
     "patch_jax",
+    "check_grads",
     "Patch",
     "numerical_jacobian",
     "analytical_jacobian",

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Callable
 
-__all__ = ["Patch", "patch_torch", "patch_jax", "stats", "add_failure_listener", "remove_failure_listener"]
+__all__ = ["Patch", "patch_torch", "patch_jax", "check_grads", "stats", "add_failure_listener", "remove_failure_listener"]
 
 _LOCK = threading.RLock()
 #: framework -> active patches
@@ -191,3 +191,25 @@ def patch_jax() -> Patch:
     same ``AssertionError`` on failure, with agcheck's report in the message). A context
     manager, or a :class:`Patch` to ``restore()``."""
     return Patch("jax")._install()
+
+
+def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False):
+    """``jax.test_util.check_grads`` on agcheck: the same checks, defaults and verdicts.
+
+    Checks the JVP (``"fwd"``), the VJP (``"rev"``) and/or ``jax.linearize``
+    (``"lin"``) of ``f`` at ``args`` along random directions against central finite
+    differences (step ``eps``, default ``1e-4``), recursively up to ``order``, with JAX's
+    tolerances per dtype (float32 ``2e-3``, float64 ``1e-5``, ...) unless ``atol`` /
+    ``rtol`` (numbers, or dicts by dtype) are given.
+
+    Raises an ``AssertionError`` (:class:`~agcheck.backends.jax_dropin.CheckGradsError`)
+    on a failure: JAX's message (which level, ``primal`` / ``tangent`` / ``cotangent
+    projection``), then agcheck's comparison of the failing level's full Jacobians with
+    its failure report (``.report``). ``full=True`` (beyond JAX) also compares full
+    Jacobians of every level with :func:`agcheck.gradcheck` / ``gradgradcheck`` (slow
+    mode) after the random-direction checks pass.
+    """
+    __tracebackhide__ = True
+    from agcheck.backends.jax_dropin import check_grads as run
+
+    return run(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full)
