@@ -34,12 +34,17 @@ GRADGRADCHECK_KEYWORDS = frozenset({
 #: **kwargs)`` when set (the drop-in frontend counts checks and saves reports through it)
 observer = None
 
+#: agcheck's own keywords (engine, memory_budget, stencil, progress) added to every routed
+#: call; set by the outermost ``patch_torch(**keywords)``
+defaults: dict = {}
+AGCHECK_KEYWORDS = frozenset({"engine", "memory_budget", "stencil", "progress"})
+
 
 def _run(kind, check, allowed, func, inputs, kwargs):
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise TypeError(f"{kind}() got an unexpected keyword argument {unknown[0]!r}")
-    kwargs = dict(kwargs, backend="torch")
+    kwargs = dict(defaults, **kwargs, backend="torch")
     if observer is None:
         return check(func, inputs, **kwargs)
     return observer(kind, check, func, inputs, kwargs)
