@@ -1,9 +1,10 @@
 """PyTorch's own tests of gradcheck (test/test_autograd.py: test_gradcheck_*,
 test_gradgradcheck_* and tests that assert a gradcheck outcome), restated for agcheck.
 
-Every test runs twice: through agcheck's API (``agcheck.gradcheck``) and through torch's
-names with agcheck patched in (``agcheck.patch_torch()``: the test calls
-``torch.autograd.gradcheck``), and, as in PyTorch, each checks fast and slow mode. Inputs,
+Every test runs through agcheck's API (``agcheck.gradcheck``) and through torch's names
+with agcheck patched in (``agcheck.patch_torch()``: the test calls
+``torch.autograd.gradcheck``), and, as in PyTorch, each checks fast and slow mode. A third
+run through torch's own checker shows that the restated assertions are torch's. Inputs,
 expected verdicts, exception types and matched message phrases are PyTorch's; the code is
 written anew.
 """
@@ -24,6 +25,9 @@ import agcheck  # noqa: E402
 import sys  # noqa: E402
 
 GradcheckError = sys.modules["torch.autograd.gradcheck"].GradcheckError
+# torch's own functions (kept in a dict: the patch rebinds module-level names bound to them)
+_TORCH = {"gradcheck": sys.modules["torch.autograd.gradcheck"].gradcheck,
+          "gradgradcheck": sys.modules["torch.autograd.gradcheck"].gradgradcheck}
 MKLDNN = torch.backends.mkldnn.is_available()
 BOTH = (True, False)
 
@@ -35,6 +39,8 @@ class Checker:
         self.how = how
 
     def gradcheck(self, fn, inputs, **kw):
+        if self.how == "torch":
+            return _TORCH["gradcheck"](fn, inputs, **kw)
         if self.how == "api":
             return agcheck.gradcheck(fn, inputs, **kw)
         f = torch.autograd.gradcheck
@@ -42,6 +48,8 @@ class Checker:
         return f(fn, inputs, **kw)
 
     def gradgradcheck(self, fn, inputs, grad_outputs=None, **kw):
+        if self.how == "torch":
+            return _TORCH["gradgradcheck"](fn, inputs, grad_outputs, **kw)
         if self.how == "api":
             return agcheck.gradgradcheck(fn, inputs, grad_outputs, **kw)
         f = torch.autograd.gradgradcheck
@@ -49,10 +57,10 @@ class Checker:
         return f(fn, inputs, grad_outputs, **kw)
 
 
-@pytest.fixture(params=["api", "patched"])
+@pytest.fixture(params=["api", "patched", "torch"])
 def ck(request):
-    if request.param == "api":
-        yield Checker("api")
+    if request.param != "patched":
+        yield Checker(request.param)
         return
     with agcheck.patch_torch():
         yield Checker("patched")
@@ -534,3 +542,168 @@ def test_forward_ad_batched_grad(ck):
     assert ck.gradcheck(lambda a, c: a.clone(), (x, x.clone()), **kw)  # an unused input: its tangent is None
     with pytest.raises(RuntimeError, match="vmap: We do not yet support calling random operations inside of vmap"):
         ck.gradcheck(RandomJvp.apply, (x,), check_forward_ad=True, check_batched_forward_grad=True)
+
+
+# -- test_custom_function_non_tensor_inputs_outputs (its gradcheck) --------------------------
+
+class MixedOutputs(Function):
+    @staticmethod
+    def forward(ctx, t1, t2, scale, t3):
+        ctx.scale = scale
+        ctx.save_for_backward(t1, t2, t3)
+        t4 = (t1 + t2 * t3) * scale
+        t5 = (t1 * t2 + t3) * scale
+        return scale, t4, None, True, t5, "bar", t1
+
+    @staticmethod
+    def backward(ctx, *grads):
+        t1, t2, t3 = ctx.saved_tensors
+        s = ctx.scale
+        g4, g5, g1 = grads[1], grads[4], grads[6]
+        return (g4 * s + g5 * t2 * s + g1, g4 * t3 * s + g5 * t1 * s, None, g4 * t2 * s + g5 * s)
+
+
+def test_custom_function_with_non_tensor_inputs_and_outputs(ck):
+    t1, t2, t3 = (torch.rand(10, requires_grad=True) for _ in range(3))
+
+    def fn(a, b, c):
+        out = MixedOutputs.apply(a, b, 7, c)
+        return out[1], out[4], out[6]
+
+    assert ck.gradcheck(fn, (t1, t2, t3))
+
+
+# -- test_unrelated_inputs ----------------------------------------------------------------------
+
+def test_unrelated_inputs(ck):
+    x = torch.rand(10, requires_grad=True)
+    y = torch.rand(10, requires_grad=True)
+    assert ck.gradcheck(lambda a, b: a * a, (x, y))
+    assert ck.gradgradcheck(lambda a, b: a * a, (x, y))
+
+
+# -- test_custom_function_forward_mode_wrong_formula -------------------------------------------
+
+class Doubler(Function):
+    @staticmethod
+    def forward(ctx, x, wrong):
+        ctx.wrong = wrong
+        return x * 2
+
+    @staticmethod
+    def vjp(ctx, g):
+        return 2 * g, None
+
+    @staticmethod
+    def jvp(ctx, t, _):
+        return (3 if ctx.wrong else 2) * t
+
+
+def test_custom_function_forward_mode_wrong_formula(ck):
+    x = torch.rand(10, requires_grad=True)
+    for fast in BOTH:
+        assert ck.gradcheck(Doubler.apply, (x, False), check_forward_ad=True, fast_mode=fast)
+        with pytest.raises(RuntimeError, match="Jacobian computed with forward mode mismatch for output 0"):
+            ck.gradcheck(Doubler.apply, (x, True), check_forward_ad=True, fast_mode=fast)
+
+
+# -- test_custom_function_forward_mode_non_tensor_before_tensor_args ---------------------------
+
+class NonTensorsFirst(Function):
+    @staticmethod
+    def forward(ctx, n1, x, n2, y):
+        return x * 2 + y * 3
+
+    @staticmethod
+    def jvp(ctx, n1, x_t, n2, y_t):
+        assert n1 is None and n2 is None
+        return x_t * 2 + y_t * 3
+
+    @staticmethod
+    def vjp(ctx, g):
+        return None, g * 2, None, g * 3
+
+
+def test_custom_function_forward_mode_non_tensor_before_tensor_args(ck):
+    x = torch.randn((), requires_grad=True)
+    y = torch.randn((), requires_grad=True)
+    for fast in BOTH:
+        assert ck.gradcheck(NonTensorsFirst.apply, (1, x, 1, y), check_forward_ad=True, check_backward_ad=False,
+                            check_batched_grad=False, fast_mode=fast)
+
+
+# -- test_custom_function_forward_mode_inplace_checks ------------------------------------------
+
+class InPlaceDouble(Function):
+    @staticmethod
+    def forward(ctx, x, wrong):
+        ctx.mark_dirty(x)
+        ctx.wrong = wrong
+        x.mul_(2)
+        return x
+
+    @staticmethod
+    def vjp(ctx, g):
+        return 2 * g, None
+
+    @staticmethod
+    def jvp(ctx, t, _):
+        if ctx.wrong:
+            return 2 * t  # a new tensor: the tangent must be modified in place
+        t.mul_(2)
+        return t
+
+
+def test_custom_function_forward_mode_inplace_checks(ck):
+    a = torch.rand(5, requires_grad=True)
+    for fast in BOTH:
+        assert ck.gradcheck(lambda x, w: InPlaceDouble.apply(x.clone(), w), (a, False), check_forward_ad=True,
+                            fast_mode=fast)
+        with pytest.raises(RuntimeError, match="inplace custom Function is not modifying the forward mode gradients"):
+            ck.gradcheck(lambda x, w: InPlaceDouble.apply(x.clone(), w), (a, True), check_forward_ad=True,
+                         fast_mode=fast)
+
+
+# -- test_custom_function_forward_mode_view_checks ---------------------------------------------
+
+class NarrowView(Function):
+    @staticmethod
+    def forward(ctx, x, how):
+        ctx.how, ctx.shape = how, x.shape
+        return x.narrow(0, 0, 2)
+
+    @staticmethod
+    def vjp(ctx, g):
+        out = g.new_zeros(ctx.shape)
+        out.narrow(0, 0, 2).copy_(g)
+        return out, None
+
+    @staticmethod
+    def jvp(ctx, t, _):
+        r = t.narrow(0, 0, 2)
+        if ctx.how != "ok":
+            r = r.clone()
+        if ctx.how in ("not_a_view_of_inp", "not_a_view_of_inp_base"):
+            r = r.view_as(r)
+        return r
+
+
+@pytest.mark.parametrize("how,message", [
+    ("ok", None),
+    ("not_a_view", "jvp is not returning a view"),
+    ("not_a_view_of_inp", "jvp is not returning a view of the given"),
+    ("not_a_view_of_inp_base", "jvp is not returning a view of the same base"),
+])
+def test_custom_function_forward_mode_view_checks(ck, how, message):
+    def fn(x):
+        if how == "not_a_view_of_inp_base":
+            x = x.view_as(x)
+        return NarrowView.apply(x, how)
+
+    x = torch.rand(4, 4, requires_grad=True)
+    for fast in BOTH:
+        if message is None:
+            assert ck.gradcheck(fn, x, check_forward_ad=True, fast_mode=fast)
+        else:
+            with pytest.raises(RuntimeError, match=message):
+                ck.gradcheck(fn, x, check_forward_ad=True, fast_mode=fast)
