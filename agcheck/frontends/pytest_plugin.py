@@ -302,7 +302,12 @@ class AgcheckFixture:
         path = self.save_report(report)
         if path:
             message = message.rstrip("\n") + f"\n\nagcheck report saved to {path}"
-        return AgcheckFailure(message, error=error, report_path=path)
+        failure = AgcheckFailure(message, error=error, report_path=path)
+        if any(c.__module__ == "torch.autograd.gradcheck" for c in type(error).__mro__):
+            from agcheck.backends.torch_errors import adopt  # torch is imported: the error is torch's
+
+            adopt(failure)  # still caught by torch's GradcheckError, as the error it replaces
+        return failure
 
     def save_report(self, report) -> str | None:
         """Save ``report`` in the report folder (if one is configured and the report can be
