@@ -9,6 +9,7 @@ for torch's functions) and pass every keyword on; failures are torch's ``Gradche
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from agcheck.gradcheck import gradcheck as _agcheck_gradcheck
 from agcheck.gradgradcheck import gradgradcheck as _agcheck_gradgradcheck
@@ -82,6 +83,11 @@ ORIGINALS = {"gradcheck": _original("gradcheck"), "gradgradcheck": _original("gr
 REPLACEMENTS = {"gradcheck": gradcheck, "gradgradcheck": gradgradcheck}
 gradcheck.agcheck_original = ORIGINALS["gradcheck"]
 gradgradcheck.agcheck_original = ORIGINALS["gradgradcheck"]
+for _name, _f in REPLACEMENTS.items():  # introspection (inspect.signature) shows torch's parameters
+    try:
+        _f.__signature__ = inspect.signature(ORIGINALS[_name])
+    except (TypeError, ValueError):
+        pass
 
 
 def targets() -> list:
