@@ -138,8 +138,9 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **
                 if opts.raise_exception:  # reports are filled in only for a raised failure
                     complete_report(e, be, opts)
                 raise
-    except GradcheckError:
+    except GradcheckError as e:
         if opts.raise_exception:
+            be.adopt_error(e)  # torch: also torch.autograd.gradcheck.GradcheckError
             raise
         return False
     return True
