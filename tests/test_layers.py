@@ -11,7 +11,9 @@ Every import counts, also one placed inside a function. The layers, lowest first
     agcheck.checks.*                                   the checks, each (run, piece)
     agcheck.gradcheck, agcheck.gradgradcheck           the orchestration and public entry
     agcheck.crosscheck.*                               several backends compared
-    agcheck.frontends.*                                CLI, main job, catalog, pytest plugin
+    agcheck.frontends.*                                CLI, main job, catalog, pytest plugin,
+                                                       drop-in (and its framework side,
+                                                       agcheck.backends.{torch,jax}_dropin)
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ GRAPH = {name: {m for m in _imports(p) if m in MODULES and m != name} for name, 
 
 def _rank(module: str) -> int:
     order = [
+        # the framework side of the drop-in: patches a framework to call agcheck's public API
+        ("agcheck.backends.torch_dropin", 8), ("agcheck.backends.jax_dropin", 8),
         ("agcheck.backends.base", 0), ("agcheck.options", 0), ("agcheck.core.stencil", 0),
         ("agcheck.report.values", 0), ("agcheck.report.render", 0), ("agcheck.report.model", 0),
         ("agcheck.report.errors", 0),
