@@ -9,6 +9,7 @@ from agcheck.backends.registry import available_backends, get_backend, infer_bac
 from agcheck.crosscheck import CrosscheckResult, crosscheck
 from agcheck.gradcheck import CostWarning, OutputTypeError, gradcheck
 from agcheck.gradgradcheck import gradgradcheck
+from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
 from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
 from agcheck.options import GradcheckOptions
 from agcheck.report import GradcheckError
@@ -19,6 +20,10 @@ __all__ = [
     "gradcheck",
     "gradgradcheck",
     "crosscheck",
+    "patch_torch",
+    "patch_jax",
+    "check_grads",
+    "Patch",
     "numerical_jacobian",
     "analytical_jacobian",
     "CrosscheckResult",

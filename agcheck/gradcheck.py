@@ -170,6 +170,7 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **
                 raise
     except GradcheckError as e:
         if opts.raise_exception:
+            be.adopt_error(e)  # torch: also torch.autograd.gradcheck.GradcheckError
             raise
         return False
     return True

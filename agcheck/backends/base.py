@@ -149,6 +149,13 @@ class Backend:
             raise TypeError(f"the {self.name!r} backend takes no extra keywords, got {sorted(options)}")
         return self
 
+    def adopt_error(self, error):
+        """Make ``error`` (an :class:`agcheck.GradcheckError` about to leave the public
+        entry) also an instance of the framework's own gradcheck error type, so that the
+        framework's handlers catch it; message, report and traceback stay. The default
+        leaves it as it is."""
+        return error
+
     def check_supported(self, opts) -> None:
         """Raise, before any work, if this backend cannot run the checks ``opts`` asks for."""
 

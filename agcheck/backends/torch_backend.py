@@ -12,7 +12,7 @@ import torch.autograd.forward_ad as fwAD
 
 from agcheck.backends.base import Backend, Trace
 
-from agcheck.backends import torch_sparse
+from agcheck.backends import torch_errors, torch_sparse
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -99,6 +99,9 @@ class TorchBackend(Backend):
         new = copy.copy(self)
         new.sparse_vjp = mode
         return new
+
+    def adopt_error(self, error):
+        return torch_errors.adopt(error)
 
     # -- inspection -------------------------------------------------------------------
     def owns(self, x) -> bool:

@@ -25,9 +25,18 @@ Options
 ``--agcheck-backend NAME``
     Backend(s) for the fixtures; repeat it or separate names with commas
     (``--agcheck-backend torch,jax``). Also the ini setting ``agcheck_backend``.
+``--agcheck-torch``
+    Route ``torch.autograd.gradcheck`` / ``gradgradcheck`` (and every name bound to them,
+    also by conftest files and test modules) to agcheck for the whole run; the patch is
+    installed before the initial conftest files are imported. Failures keep torch's
+    message and error type and add agcheck's report summary; the terminal summary counts
+    the checks that went through agcheck. Also the ini setting ``agcheck_torch = true``.
+``--agcheck-jax``
+    The same for ``jax.test_util.check_grads`` (ini: ``agcheck_jax = true``).
 ``--agcheck-report-dir DIR``
-    Save the report of every failed check as ``DIR/<test id>.html`` (``.json`` when the
-    HTML report cannot be written, e.g. without matplotlib). Also the ini setting
+    Save the report of every failed check (of the fixtures, and of the suite's own checks
+    under ``--agcheck-torch`` / ``--agcheck-jax``) as ``DIR/<test id>.html`` (``.json``
+    when the HTML report cannot be written, e.g. without matplotlib). Also the ini setting
     ``agcheck_report_dir``.
 
 Nothing here imports torch or jax.
@@ -60,6 +69,17 @@ def pytest_addoption(parser):
         "--agcheck-report-dir", action="store", default=None, metavar="DIR",
         help="save the report of every failed agcheck check in DIR (HTML, JSON without matplotlib)",
     )
+    group.addoption(
+        "--agcheck-torch", action="store_true", default=None,
+        help="run torch.autograd.gradcheck / gradgradcheck (and every name bound to them) through agcheck",
+    )
+    group.addoption(
+        "--agcheck-jax", action="store_true", default=None,
+        help="run jax.test_util.check_grads (and every name bound to it) through agcheck",
+    )
+    parser.addini("agcheck_torch", "route torch.autograd.gradcheck/gradgradcheck to agcheck", type="bool",
+                  default=False)
+    parser.addini("agcheck_jax", "route jax.test_util.check_grads to agcheck", type="bool", default=False)
     parser.addini("agcheck_backend", "default backend(s) for the agcheck fixtures (comma-separated)", default="")
     parser.addini("agcheck_report_dir", "folder for the reports of failed agcheck checks", default="")
 
@@ -294,7 +314,142 @@ class AgcheckFixture:
         return None
 
 
+# -- drop-in: the suite's own gradcheck calls through agcheck -----------------------------------
+
+def _wanted_patches(config) -> list:
+    wanted = []
+    for framework in ("torch", "jax"):
+        flag = config.getoption(f"agcheck_{framework}", None)
+        if flag is None:
+            try:
+                flag = config.getini(f"agcheck_{framework}")
+            except (ValueError, KeyError):
+                flag = False
+        if flag:
+            wanted.append(framework)
+    return wanted
+
+
+class _DropinSession:
+    """The patches of one pytest run, and the failures they saw."""
+
+    def __init__(self, config):
+        self.config = config
+        self.patches = {}
+        self.nodeid = None
+        self.counts = {}
+
+    def install(self) -> None:
+        from agcheck.frontends import dropin
+
+        for framework in _wanted_patches(self.config):
+            if framework in self.patches:
+                continue
+            if _installed(framework) is False:
+                raise pytest.UsageError(f"--agcheck-{framework} needs {framework}, which is not installed")
+            patch = dropin.patch_torch() if framework == "torch" else dropin.patch_jax()
+            self.patches[framework] = patch
+        if self.patches:
+            dropin.add_failure_listener(self.on_failure)
+
+    def restore(self) -> None:
+        from agcheck.frontends import dropin
+
+        dropin.remove_failure_listener(self.on_failure)
+        for patch in self.patches.values():
+            patch.restore()
+
+    def on_failure(self, framework, kind, error):
+        directory = configured_report_dir(self.config)
+        report = getattr(error, "report", None)
+        if not directory or report is None or not hasattr(report, "save"):
+            return None
+        nodeid = self.nodeid or "session"
+        n = self.counts[nodeid] = self.counts.get(nodeid, 0) + 1
+        saver = AgcheckFixture(report_dir=directory, nodeid=nodeid, saved=_saved_list(self.config))
+        saver._count = n - 1
+        return saver.save_report(report)
+
+
+_DROPIN_KEY = pytest.StashKey[_DropinSession]() if hasattr(pytest, "StashKey") else None
+
+
+def _dropin_session(config, create=False):
+    if _DROPIN_KEY is not None:
+        session = config.stash.get(_DROPIN_KEY, None)
+        if session is None and create:
+            session = config.stash[_DROPIN_KEY] = _DropinSession(config)
+        return session
+    if create and not hasattr(config, "_agcheck_dropin"):
+        config._agcheck_dropin = _DropinSession(config)
+    return getattr(config, "_agcheck_dropin", None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Patch before the suite's conftest files (and so its test modules) are imported."""
+    if _wanted_patches(early_config):
+        _dropin_session(early_config, create=True).install()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """The same for a plugin registered after the initial conftests (``-p`` in a conftest)."""
+    if _wanted_patches(config):
+        _dropin_session(config, create=True).install()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """An xdist worker hands its drop-in counts to the controller."""
+    dropin_session = _dropin_session(session.config)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if dropin_session is not None and workeroutput is not None:
+        workeroutput["agcheck_dropin"] = {f: [p.checks, p.failures] for f, p in dropin_session.patches.items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up its workers' drop-in counts."""
+    counts = getattr(node, "workeroutput", {}).get("agcheck_dropin")
+    session = _dropin_session(node.config)
+    if not counts or session is None:
+        return
+    for framework, (checks, failures) in counts.items():
+        patch = session.patches.get(framework)
+        if patch is not None:
+            patch.checks += checks
+            patch.failures += failures
+
+
+def pytest_unconfigure(config):
+    session = _dropin_session(config)
+    if session is not None:
+        session.restore()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    session = _dropin_session(item.config)
+    if session is not None:
+        session.nodeid = item.nodeid
+    try:
+        yield
+    finally:
+        if session is not None:
+            session.nodeid = None
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = _dropin_session(config)
+    if session is not None and session.patches:
+        parts = []
+        for framework, patch in session.patches.items():
+            name = "torch gradcheck/gradgradcheck" if framework == "torch" else "jax check_grads"
+            parts.append(f"{patch.checks} {name} call{'s' if patch.checks != 1 else ''} went through agcheck"
+                         f" ({patch.failures} failed)")
+        terminalreporter.write_sep("-", "agcheck drop-in")
+        for line in parts:
+            terminalreporter.write_line(line)
     saved = _saved_list(config)
     if saved:
         terminalreporter.write_sep("-", "agcheck reports")

@@ -1,0 +1,411 @@
+"""``jax.test_util.check_grads`` on agcheck: the same checks, tolerances and verdicts, and
+on a failure agcheck's report of the failing level in the ``AssertionError``.
+
+What JAX's ``check_grads(f, args, order, modes, atol, rtol, eps)`` checks, and so what
+:func:`check_grads` checks (same random directions, same finite differences):
+
+* ``"fwd"``: ``jax.jvp`` of ``f`` along one random tangent (``numpy.random.RandomState(0)``,
+  standard normal per leaf) against the central difference ``(f(x + eps t) - f(x - eps
+  t)) / (2 eps)``, and the primal output against ``f(x)``;
+* ``"rev"``: the VJP against that numerical JVP through the inner products
+  ``<t, J^H c>`` and ``<J t, c>`` with a random cotangent ``c`` (the same generator,
+  continued);
+* ``"lin"``: like ``"fwd"`` with the JVP from ``jax.linearize``;
+* ``order > 1``: the same checks of the JVP (as a function of primals and tangents) and of
+  ``x -> vjp(f, x)(f(x))``, recursively.
+
+Tolerances default per dtype (JAX's gradient tolerances: float32 ``2e-3``, float64
+``1e-5``, ...); ``atol``/``rtol`` may be numbers or dicts by dtype. Comparisons scale
+``atol`` and ``rtol`` by the size of the compared arrays, as JAX's do.
+
+``full=True`` (beyond JAX) additionally compares full Jacobians of every level with
+:func:`agcheck.gradcheck` / :func:`agcheck.gradgradcheck` (slow mode, JAX backend).
+"""
+from __future__ import annotations
+
+import importlib
+import operator
+import warnings
+from functools import partial
+
+import jax
+import numpy as np
+
+__all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"]
+
+#: JAX's default finite-difference step for check_grads
+DEFAULT_EPS = 1e-4
+
+# -- tolerances ------------------------------------------------------------------------------
+
+
+def _named(name):
+    """The NumPy dtype called ``name`` (ml_dtypes' extended ones included), or None."""
+    try:
+        import ml_dtypes  # JAX's own dependency: bfloat16, float8_*, int4, ...
+    except ImportError:  # pragma: no cover
+        ml_dtypes = None
+    kind = getattr(ml_dtypes, name, None) if ml_dtypes is not None else None
+    try:
+        return np.dtype(kind if kind is not None else name)
+    except TypeError:
+        return None  # a dtype this installation does not have
+
+
+def _dtype_table(entries: dict) -> dict:
+    return {_named(name): value for name, value in entries.items() if _named(name) is not None}
+
+
+_LOW_PRECISION = ("float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
+                  "float8_e5m2", "float8_e5m2fnuz")
+
+#: tolerances of values (used where the gradient table has no entry: integers, bool, float0)
+_VALUE_TOL = _dtype_table({
+    "bool": 0, "int8": 0, "int16": 0, "int32": 0, "int64": 0, "uint8": 0, "uint16": 0, "uint32": 0, "uint64": 0,
+    "int2": 0, "int4": 0, "uint2": 0, "uint4": 0, "int1": 0, "uint1": 0,
+    "float4_e2m1fn": 1.0, "float8_e8m0fnu": 1.0, **{n: 0.1 for n in _LOW_PRECISION},
+    "bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-6, "float64": 1e-15, "complex64": 1e-6, "complex128": 1e-15,
+})
+_VALUE_TOL[np.dtype(jax.dtypes.float0)] = 0
+
+#: default tolerances of derivatives by dtype
+_GRAD_TOL = _dtype_table({
+    "float4_e2m1fn": 1.0, "float8_e8m0fnu": 1.0, **{n: 0.1 for n in _LOW_PRECISION},
+    "bfloat16": 0.1, "float16": 1e-2, "float32": 2e-3, "float64": 1e-5, "complex64": 1e-3, "complex128": 1e-5,
+})
+
+_UPCAST = {_named(n) for n in ("bfloat16", "float4_e2m1fn", "float8_e8m0fnu", *_LOW_PRECISION)} - {None}
+_NARROW_INTS = {_named(n): np.int8 if n.startswith("int") else np.uint8
+                for n in ("int1", "int2", "int4", "uint1", "uint2", "uint4") if _named(n) is not None}
+
+_PY_SCALAR_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
+                     complex: np.dtype(np.complex128)}
+
+
+def gradient_tolerance(tol=None) -> dict | float:
+    """The tolerance table a check uses: the default gradient tolerances, overridden by
+    ``tol`` (a dict by dtype), or the number ``tol`` itself."""
+    if tol is None:
+        return dict(_GRAD_TOL)
+    if not isinstance(tol, dict):
+        return tol
+    table = dict(_GRAD_TOL)
+    table.update({np.dtype(k): v for k, v in tol.items()})
+    return table
+
+
+def _tol_for(dtype, tol) -> float:
+    if not isinstance(tol, dict):
+        return tol
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+    table = {np.dtype(k): v for k, v in tol.items()}
+    return table[dtype] if dtype in table else _VALUE_TOL[dtype]
+
+
+# -- leaf arithmetic (NumPy, as the reference does it) -----------------------------------------
+
+def _is_py_scalar(v) -> bool:
+    return isinstance(v, (bool, int, float, complex)) and not isinstance(v, np.generic)
+
+
+def _leaf_dtype(x) -> np.dtype:
+    if hasattr(x, "dtype"):
+        return np.dtype(x.dtype)
+    if type(x) in _PY_SCALAR_DTYPES:
+        return _PY_SCALAR_DTYPES[type(x)]
+    return np.asarray(x).dtype
+
+
+def _keeping_type(op):
+    def apply(*leaves):
+        value = np.array(op(*leaves), dtype=_leaf_dtype(leaves[0]))
+        return value.item() if all(_is_py_scalar(v) for v in leaves) else value
+    return apply
+
+
+def _tree(op):
+    return partial(jax.tree_util.tree_map, op)
+
+
+_add = _tree(_keeping_type(operator.add))
+_sub = _tree(_keeping_type(operator.sub))
+_conj = _tree(_keeping_type(np.conj))
+
+
+def _difference(a, b):
+    dtype = _leaf_dtype(a)
+    with np.errstate(invalid="ignore"):  # inf - inf counts as no difference
+        return np.where(np.equal(a, b), np.array(0, dtype), np.subtract(a, b, dtype=dtype))
+
+
+def _scale(tree, factor):
+    def one(x):
+        dtype = _leaf_dtype(x)
+        value = np.multiply(x, np.array(factor, dtype=dtype), dtype=dtype)
+        return value.item() if _is_py_scalar(x) else value
+    return jax.tree_util.tree_map(one, tree)
+
+
+def _random_like(rng, x):
+    dtype = _leaf_dtype(x)
+    shape = np.shape(x)
+
+    def normal():
+        return np.asarray(rng.randn(*shape), dtype=dtype)
+
+    value = normal() + dtype.type(1j) * normal() if np.issubdtype(dtype, np.complexfloating) else normal()
+    return value.item() if _is_py_scalar(x) else value
+
+
+def _central_difference(f, primals, tangents, eps):
+    step = _scale(tangents, eps)
+    forward = f(*_add(primals, step))
+    backward = f(*_sub(primals, step))
+    return _scale(jax.tree_util.tree_map(_difference, forward, backward), 0.5 / eps)
+
+
+def _inner(xs, ys):
+    def one(x, y):
+        return np.real(np.dot(np.conj(x).reshape(-1), y.reshape(-1)))
+    return jax.tree_util.tree_reduce(np.add, jax.tree_util.tree_map(one, xs, ys))
+
+
+# -- comparisons ------------------------------------------------------------------------------
+
+def _close_leaf(a, b, atol, rtol, err_msg):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape
+    abs_tol = max(_tol_for(a.dtype, atol), _tol_for(b.dtype, atol)) * a.size
+    rel_tol = max(_tol_for(a.dtype, rtol), _tol_for(b.dtype, rtol)) * b.size
+    float0 = np.dtype(jax.dtypes.float0)
+    if a.dtype == float0 and b.dtype == float0:
+        np.testing.assert_array_equal(a, b, err_msg=err_msg)
+        return
+    a, b = (x.astype(np.float32) if x.dtype in _UPCAST else
+            x.astype(_NARROW_INTS[x.dtype]) if x.dtype in _NARROW_INTS else x for x in (a, b))
+    kw = {}
+    if abs_tol:
+        kw["atol"] = abs_tol
+    if rel_tol:
+        kw["rtol"] = rel_tol
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(a, b, err_msg=err_msg, **kw)
+
+
+def _close(xs, ys, atol, rtol, err_msg):
+    jax.tree_util.tree_map(partial(_close_leaf, atol=atol, rtol=rtol, err_msg=err_msg), xs, ys)
+
+
+def _same_dtypes(xs, ys):
+    x64 = bool(jax.config.jax_enable_x64)
+
+    def one(x, y):
+        dx, dy = _leaf_dtype(x), _leaf_dtype(y)
+        if not x64:
+            dx, dy = jax.dtypes.canonicalize_dtype(dx), jax.dtypes.canonicalize_dtype(dy)
+        assert dx == dy
+    jax.tree_util.tree_map(one, xs, ys)
+
+
+def _label(prefix, err_msg):
+    return f"{err_msg} {prefix}" if err_msg else prefix
+
+
+# -- one level --------------------------------------------------------------------------------
+
+def _check_jvp(f, f_jvp, args, atol, rtol, eps, err_msg):
+    rng = np.random.RandomState(0)
+    tangent = jax.tree_util.tree_map(partial(_random_like, rng), args)
+    value, tangent_out = f_jvp(args, tangent)
+    _same_dtypes(value, tangent_out)
+    expected_value = f(*args)
+    _same_dtypes(value, expected_value)
+    expected_tangent = _central_difference(f, args, tangent, eps)
+    _close(value, expected_value, atol, rtol, _label("primal", err_msg))
+    _close(tangent_out, expected_tangent, atol, rtol, _label("tangent", err_msg))
+
+
+def _check_vjp(f, f_vjp, args, atol, rtol, eps, err_msg):
+    draw = partial(_random_like, np.random.RandomState(0))
+    value, pullback = f_vjp(*args)
+    _close(value, f(*args), atol, rtol, _label("primal", err_msg))
+    tangent = jax.tree_util.tree_map(draw, args)
+    tangent_out = _central_difference(f, args, tangent, eps)
+    cotangent = jax.tree_util.tree_map(draw, value)
+    pulled = _conj(pullback(_conj(cotangent)))
+    _close(_inner(tangent, pulled), _inner(tangent_out, cotangent), atol, rtol,
+           _label("cotangent projection", err_msg))
+
+
+def _jvp_by_linearize(f, primals, tangents):
+    value, linear = jax.linearize(f, *primals)
+    return value, linear(*tangents)
+
+
+def _vjp_at_output(f):
+    def vjp_of_f(*args):
+        value, pullback = jax.vjp(f, *args)
+        return pullback(value)
+    return vjp_of_f
+
+
+# -- errors and reports -----------------------------------------------------------------------
+
+class CheckGradsError(AssertionError):
+    """A failed :func:`agcheck.check_grads`: JAX's ``AssertionError`` message, then
+    agcheck's account of the failing level. ``.report`` is agcheck's failure report of that
+    level (or ``None``), ``.level`` says which one (``"VJP of JVP"``, ...)."""
+
+    def __init__(self, message, *, report=None, level=None):
+        super().__init__(message)
+        self.report = report
+        self.level = level
+
+
+#: agcheck's full-Jacobian account of a failing level is skipped above this many entries
+REPORT_MAX_ENTRIES = 1_000_000
+
+
+def _agcheck_account(f, args, mode, atol, rtol, eps):
+    """agcheck's slow-mode check of ``f`` at ``args`` in ``mode``: (text, report)."""
+    from agcheck.gradcheck import gradcheck
+    from agcheck.report import GradcheckError
+
+    leaves = [x for x in jax.tree_util.tree_leaves(args) if hasattr(x, "dtype")
+              and np.issubdtype(np.dtype(x.dtype), np.inexact)]
+    if not leaves:
+        return "agcheck: no floating point or complex inputs to compare full Jacobians for.", None
+    n_in = sum(int(np.size(x)) for x in leaves)
+    try:
+        n_out = sum(int(np.size(o)) for o in jax.tree_util.tree_leaves(jax.eval_shape(f, *args)))
+    except Exception:  # noqa: BLE001
+        n_out = 1
+    if n_in * n_out > REPORT_MAX_ENTRIES:
+        return (f"agcheck: full Jacobians not compared ({n_in} x {n_out} entries is more than "
+                f"{REPORT_MAX_ENTRIES:,}).", None)
+    dtype = max((np.dtype(x.dtype) for x in leaves), key=lambda d: d.itemsize)
+    a = _tol_for(dtype, atol)
+    r = _tol_for(dtype, rtol)
+    forward = mode in ("fwd", "lin")
+    jargs = tuple(jax.tree_util.tree_map(lambda v: jax.numpy.asarray(v) if isinstance(v, np.ndarray) else v, args))
+    try:
+        with warnings.catch_warnings():  # JAX's checks run in any precision: no precision warnings
+            warnings.simplefilter("ignore", UserWarning)
+            gradcheck(f, jargs, backend="jax", eps=eps, atol=a, rtol=r, check_undefined_grad=False,
+                      check_forward_ad=forward, check_backward_ad=not forward, engine="reference")
+    except GradcheckError as error:
+        return "agcheck (full Jacobians of this level, slow mode):\n" + str(error), getattr(error, "report", None)
+    except Exception as error:  # noqa: BLE001 - the account is best effort
+        return f"agcheck could not compare full Jacobians: {type(error).__name__}: {error}", None
+    return (f"agcheck: the full Jacobians of this level agree (atol={a}, rtol={r}, eps={eps}); the random "
+            "projection JAX's check compares failed, so the difference is small or concentrated in few "
+            "entries, or the finite differences are inaccurate at this step."), None
+
+
+def _guarded(kind, f, args, atol, rtol, eps, level, run):
+    try:
+        run()
+    except CheckGradsError:
+        raise
+    except AssertionError as failure:
+        text, report = _agcheck_account(f, args, kind, atol, rtol, eps)
+        message = str(failure).rstrip("\n")
+        raise CheckGradsError(f"{message}\n\n{text}", report=report, level=level) from failure
+
+
+# -- the public check -------------------------------------------------------------------------
+
+def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False):
+    """Check derivatives of ``f`` at ``args`` up to ``order`` as ``jax.test_util.check_grads``
+    does (see the module docstring); ``full=True`` also compares full Jacobians."""
+    args = tuple(args)
+    eps = eps or DEFAULT_EPS
+    atol_table = gradient_tolerance(atol)
+    rtol_table = gradient_tolerance(rtol)
+
+    def level(f, args, order, err_msg=""):
+        if "fwd" in modes:
+            name = f"JVP of {err_msg}" if err_msg else "JVP"
+            _guarded("fwd", f, args, atol_table, rtol_table, eps, name,
+                     lambda: _check_jvp(f, partial(jax.jvp, f), args, atol_table, rtol_table, eps, name))
+            if order > 1:
+                level(partial(jax.jvp, f), (args, args), order - 1, name)
+        if "rev" in modes:
+            name = f"VJP of {err_msg}" if err_msg else "VJP"
+            _guarded("rev", f, args, atol_table, rtol_table, eps, name,
+                     lambda: _check_vjp(f, partial(jax.vjp, f), args, atol_table, rtol_table, eps, name))
+            if order > 1:
+                level(_vjp_at_output(f), args, order - 1, name)
+        if "lin" in modes:
+            name = f"LIN of {err_msg}" if err_msg else "LIN"
+            _guarded("lin", f, args, atol_table, rtol_table, eps, name,
+                     lambda: _check_jvp(f, partial(_jvp_by_linearize, f), args, atol_table, rtol_table, eps, name))
+            if order > 1:
+                level(partial(_jvp_by_linearize, f), (args, args), order - 1, name)
+
+    level(f, args, order)
+    if full:
+        _full_jacobians(f, args, order, modes, atol, rtol, eps)
+
+
+def _full_jacobians(f, args, order, modes, atol, rtol, eps):
+    """Full Jacobians of ``f`` (and of its VJPs up to ``order``) with agcheck, slow mode."""
+    from agcheck.gradcheck import gradcheck
+    from agcheck.gradgradcheck import gradgradcheck
+    from agcheck.report import GradcheckError
+
+    leaves = [x for x in jax.tree_util.tree_leaves(args) if hasattr(x, "dtype")
+              and np.issubdtype(np.dtype(x.dtype), np.inexact)]
+    dtype = max((np.dtype(x.dtype) for x in leaves), key=lambda d: d.itemsize) if leaves else np.dtype(np.float64)
+    a = _tol_for(dtype, gradient_tolerance(atol))
+    r = _tol_for(dtype, gradient_tolerance(rtol))
+    forward = "fwd" in modes or "lin" in modes
+    reverse = "rev" in modes
+    jargs = tuple(jax.tree_util.tree_map(lambda v: jax.numpy.asarray(v) if isinstance(v, np.ndarray) else v, args))
+    try:
+        with warnings.catch_warnings():  # JAX's checks run in any precision: no precision warnings
+            warnings.simplefilter("ignore", UserWarning)
+            gradcheck(f, jargs, backend="jax", eps=eps, atol=a, rtol=r, check_undefined_grad=False,
+                      check_forward_ad=forward, check_backward_ad=reverse)
+            if not reverse:
+                return  # higher orders are checked through VJPs
+            for k in range(2, order + 1):
+                gradgradcheck(f, jargs, backend="jax", eps=eps, atol=a, rtol=r, check_undefined_grad=False,
+                              check_fwd_over_rev=forward, check_rev_over_rev=True, order=k)
+    except GradcheckError as error:
+        raise CheckGradsError(f"full Jacobians (agcheck, slow mode) disagree:\n{error}",
+                              report=getattr(error, "report", None), level="full") from error
+
+
+# -- the drop-in ------------------------------------------------------------------------------
+
+_MODULE = importlib.import_module("jax._src.public_test_util")
+
+#: called as ``observer(kind, check, fn, inputs, kwargs)`` when set (see agcheck.frontends.dropin)
+observer = None
+
+
+def dropin_check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None):
+    """agcheck's :func:`check_grads` in the place of ``jax.test_util.check_grads``."""
+    __tracebackhide__ = True
+    kwargs = dict(order=order, modes=modes, atol=atol, rtol=rtol, eps=eps)
+    if observer is None:
+        return check_grads(f, args, **kwargs)
+    return observer("check_grads", check_grads, f, args, kwargs)
+
+
+dropin_check_grads.agcheck_dropin = "jax"
+_ORIGINAL = getattr(_MODULE.check_grads, "agcheck_original", _MODULE.check_grads)
+dropin_check_grads.agcheck_original = _ORIGINAL
+
+
+def targets() -> list:
+    return [(_ORIGINAL, dropin_check_grads)]
+
+
+def ensure_bound_modules() -> None:
+    importlib.import_module("jax.test_util")
+
+
+def failure_types() -> tuple:
+    return (AssertionError,)

@@ -1,0 +1,215 @@
+"""agcheck in the place of a framework's own gradient checker.
+
+:func:`patch_torch` routes ``torch.autograd.gradcheck`` / ``gradgradcheck`` (and every
+name bound to them, e.g. by ``from torch.autograd import gradcheck`` in a module imported
+earlier, and so the wrappers of ``torch.testing._internal.common_utils``) to agcheck;
+:func:`patch_jax` does the same for ``jax.test_util.check_grads``. Both work as context
+managers and as plain calls returning a :class:`Patch` whose ``restore()`` undoes them.
+
+The mechanism is framework-free: a backend's drop-in module supplies ``(original,
+replacement)`` pairs, and every module in ``sys.modules`` whose globals hold an original
+is rebound; restoring rebinds every replacement (also in modules imported meanwhile) to
+its original. Patches nest: the rebinding happens for the first and is undone with the
+last.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from typing import Callable
+
+__all__ = ["Patch", "patch_torch", "patch_jax", "check_grads", "stats", "add_failure_listener", "remove_failure_listener"]
+
+_LOCK = threading.RLock()
+#: framework -> active patches
+_ACTIVE: dict[str, list["Patch"]] = {}
+#: framework -> {"checks": n, "failures": n} over the life of the process
+_STATS: dict[str, dict[str, int]] = {}
+_LISTENERS: list[Callable] = []
+
+_DROPIN_MODULES = {"torch": "agcheck.backends.torch_dropin", "jax": "agcheck.backends.jax_dropin"}
+
+
+def stats(framework: str | None = None) -> dict:
+    """How many checks went through agcheck's drop-ins (and how many failed), per
+    framework, or for one framework."""
+    with _LOCK:
+        if framework is not None:
+            return dict(_STATS.get(framework, {"checks": 0, "failures": 0}))
+        return {k: dict(v) for k, v in _STATS.items()}
+
+
+def add_failure_listener(listener: Callable) -> None:
+    """Call ``listener(framework, kind, error)`` for every failure raised by a drop-in
+    check; a string it returns (a saved report's path) is named in the error's message."""
+    _LISTENERS.append(listener)
+
+
+def remove_failure_listener(listener: Callable) -> None:
+    if listener in _LISTENERS:
+        _LISTENERS.remove(listener)
+
+
+def _count(framework, key):
+    with _LOCK:
+        entry = _STATS.setdefault(framework, {"checks": 0, "failures": 0})
+        entry[key] += 1
+        for patch in _ACTIVE.get(framework, ()):
+            setattr(patch, key, getattr(patch, key) + 1)
+
+
+def _observer(framework: str, failure_types: tuple):
+    def observe(kind, check, fn, inputs, kwargs):
+        __tracebackhide__ = True
+        _count(framework, "checks")
+        try:
+            result = check(fn, inputs, **kwargs)
+        except failure_types as error:
+            _count(framework, "failures")
+            _notify(framework, kind, error)
+            raise
+        if result is False:
+            _count(framework, "failures")
+        return result
+
+    return observe
+
+
+def _notify(framework, kind, error) -> None:
+    for listener in list(_LISTENERS):
+        try:
+            path = listener(framework, kind, error)
+        except Exception:  # noqa: BLE001 - a listener must never hide the failure
+            continue
+        if isinstance(path, str) and error.args and isinstance(error.args[0], str):
+            error.args = (error.args[0].rstrip("\n") + f"\n\nagcheck report saved to {path}",) + error.args[1:]
+
+
+def rebind(pairs, modules=None, skip=()) -> int:
+    """Rebind every module-level name bound to a ``pairs`` original to its replacement
+    (except in the modules ``skip`` names); the number of names rebound."""
+    by_id = {id(old): (old, new) for old, new in pairs}
+    count = 0
+    for key, module in list((modules if modules is not None else sys.modules).items()):
+        if key in skip:
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            hit = by_id.get(id(value))
+            if hit is None or hit[0] is not value:
+                continue
+            try:
+                namespace[name] = hit[1]
+            except Exception:  # noqa: BLE001 - a read-only namespace stays as it is
+                continue
+            count += 1
+    return count
+
+
+class Patch:
+    """An active drop-in patch. ``restore()`` (or leaving the ``with`` block) undoes it;
+    calling it again does nothing.
+
+    Attributes
+    ----------
+    framework : str
+        ``"torch"`` or ``"jax"``.
+    checks, failures : int
+        Checks routed to agcheck while this patch was active, and how many of them failed.
+    rebound : int
+        Names rebound when the patch was installed (0 for a patch nested in another).
+    """
+
+    def __init__(self, framework: str):
+        self.framework = framework
+        self.checks = 0
+        self.failures = 0
+        self.rebound = 0
+        self.active = False
+        self._module = importlib.import_module(_DROPIN_MODULES[framework])
+
+    def _install(self) -> "Patch":
+        mod = self._module
+        with _LOCK:
+            active = _ACTIVE.setdefault(self.framework, [])
+            if not active:
+                mod.ensure_bound_modules()
+                mod.observer = _observer(self.framework, mod.failure_types())
+                self.rebound = rebind(mod.targets(), skip=(mod.__name__,))
+            active.append(self)
+            self.active = True
+        return self
+
+    def restore(self) -> None:
+        """Undo the patch (the last active patch of a framework rebinds the originals)."""
+        mod = self._module
+        with _LOCK:
+            active = _ACTIVE.get(self.framework, [])
+            if not self.active:
+                return
+            self.active = False
+            active.remove(self)
+            if not active:
+                rebind([(new, old) for old, new in mod.targets()], skip=(mod.__name__,))
+                mod.observer = None
+
+    def __enter__(self) -> "Patch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "restored"
+        return f"<agcheck {self.framework} patch, {state}, {self.checks} checks, {self.failures} failures>"
+
+
+def patch_torch() -> Patch:
+    """Route ``torch.autograd.gradcheck`` and ``torch.autograd.gradgradcheck`` to agcheck.
+
+    Reaches the functions of ``torch.autograd`` and of the module
+    ``torch.autograd.gradcheck``, every name bound to them in modules already imported
+    (``from torch.autograd import gradcheck``), and hence the wrappers of
+    ``torch.testing._internal.common_utils``. Every keyword is passed on; failures are
+    ``torch.autograd.gradcheck.GradcheckError`` (and :class:`agcheck.GradcheckError`),
+    with agcheck's report summary after torch's message.
+
+    Use it as a context manager (``with agcheck.patch_torch(): ...``) or keep the
+    returned :class:`Patch` and call its ``restore()``.
+    """
+    return Patch("torch")._install()
+
+
+def patch_jax() -> Patch:
+    """Route ``jax.test_util.check_grads`` to :func:`agcheck.check_grads` (same arguments,
+    same ``AssertionError`` on failure, with agcheck's report in the message). A context
+    manager, or a :class:`Patch` to ``restore()``."""
+    return Patch("jax")._install()
+
+
+def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False):
+    """``jax.test_util.check_grads`` on agcheck: the same checks, defaults and verdicts.
+
+    Checks the JVP (``"fwd"``), the VJP (``"rev"``) and/or ``jax.linearize``
+    (``"lin"``) of ``f`` at ``args`` along random directions against central finite
+    differences (step ``eps``, default ``1e-4``), recursively up to ``order``, with JAX's
+    tolerances per dtype (float32 ``2e-3``, float64 ``1e-5``, ...) unless ``atol`` /
+    ``rtol`` (numbers, or dicts by dtype) are given.
+
+    Raises an ``AssertionError`` (:class:`~agcheck.backends.jax_dropin.CheckGradsError`)
+    on a failure: JAX's message (which level, ``primal`` / ``tangent`` / ``cotangent
+    projection``), then agcheck's comparison of the failing level's full Jacobians with
+    its failure report (``.report``). ``full=True`` (beyond JAX) also compares full
+    Jacobians of every level with :func:`agcheck.gradcheck` / ``gradgradcheck`` (slow
+    mode) after the random-direction checks pass.
+    """
+    __tracebackhide__ = True
+    from agcheck.backends.jax_dropin import check_grads as run
+
+    return run(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full)
