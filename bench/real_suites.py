@@ -77,7 +77,8 @@ SUITES = {
     "e3nn-jax": {
         "framework": "jax",
         "dir": "e3nn_jax-0.21.0",
-        "paths": ["tests"],
+        # the two files that call check_grads (the others need flax / haiku to collect)
+        "paths": ["tests/_src/spherical_harmonics/sh_test.py", "tests/_src/utils/einsum_test.py"],
         "args": [],
         "env": {},
         "source": "e3nn-jax 0.21.0 sdist (pip download --no-deps --no-binary :all: e3nn-jax==0.21.0)",
@@ -133,7 +134,7 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
            "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header", "-rN", "--rootdir", str(root),
            *spec["paths"], *spec["args"], *extra]
     if force_slow:
-        cmd.append("--suite-force-slow")
+        cmd += ["--suite-force-slow", "--suite-force-slow-max-numel", str(force_slow)]
     if checker != "torch" and via == "dropin":
         cmd.append(f"--agcheck-{spec['framework']}")
     env = dict(os.environ, **THREAD_ENV, **spec["env"])
@@ -250,8 +251,14 @@ def analyse(data):
     modes = {}
     for r in fw.values():
         modes[f"{r['kind']}/{r['mode']}"] = modes.get(f"{r['kind']}/{r['mode']}", 0) + 1
+    modes_run, not_forced = {}, []
+    for r in fw.values():
+        modes_run[f"{r['kind']}/{r['mode_run']}"] = modes_run.get(f"{r['kind']}/{r['mode_run']}", 0) + 1
+        if r.get("not_forced"):
+            not_forced.append(f"{r['nodeid']} #{r['index']} ({r['not_forced']})")
     return {
         "calls": {c: len(cs) for c, cs in calls.items()}, "paired": len(pairs), "modes_passed": modes,
+        "modes_run": modes_run, "not_forced": not_forced,
         "verdicts": verdicts, "checkers": checkers, "tests": tests,
         "verdict_differences": diffs, "message_differences": msgdiffs,
         "input_digest_differences": digestdiffs, "dropin_misses": misses,
@@ -273,7 +280,9 @@ def print_report(data, summary, out=sys.stdout):
     for c, r in data["runs"].items():
         p(f"   {c:8s} pytest rc={r['rc']} in {r['seconds']:.0f}s; tests {summary['tests'].get(c)}; "
           f"checks {summary['calls'].get(c, 0)} {summary['verdicts'].get(c)}; checker(s) {summary['checkers'].get(c)}")
-    p(f"   calls by kind/mode as passed: {summary['modes_passed']}")
+    p(f"   calls by kind/mode as passed: {summary['modes_passed']}; as run: {summary['modes_run']}")
+    for c in summary.get("not_forced", []):
+        p(f"   kept in fast mode: {c}")
     nd = len([d for d in summary["verdict_differences"]])
     p(f"-- verdicts: {summary['paired']} calls paired; {nd} verdict difference(s); "
       f"{len(summary['message_differences'])} first-line message difference(s) with the same verdict; "
@@ -307,6 +316,9 @@ def main(argv=None):
     ap.add_argument("--src", default="/work/suites-src", help="folder holding the suites' source trees")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each check on the same arguments")
     ap.add_argument("--force-slow", action="store_true", help="fast_mode=False for every torch call")
+    ap.add_argument("--force-slow-max-numel", type=int, default=20000,
+                    help="with --force-slow, calls whose differentiable inputs hold more elements keep fast mode "
+                         "(torch's slow mode is O(n) evaluations: a 224x224 image model would take hours)")
     ap.add_argument("--via", choices=("auto", "dropin", "dropin-late", "plugin"), default="auto")
     ap.add_argument("--checkers", default="torch,agcheck")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -335,7 +347,7 @@ def main(argv=None):
     for checker in args.checkers.split(","):
         print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
         records, rc, seconds, cmd, log = run_suite(args.suite, spec, args.src, checker, via_plugin, args.repeat,
-                                                   args.force_slow, args.pytest_args, args.timeout, log_dir)
+                                                   args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir)
         data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
     summary = analyse(data)
     data["summary"] = summary

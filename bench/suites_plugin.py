@@ -74,6 +74,8 @@ def pytest_addoption(parser):
                     choices=("torch", "agcheck", "dropin", "dropin-late"))
     group.addoption("--suite-repeat", type=int, default=1)
     group.addoption("--suite-force-slow", action="store_true", default=False)
+    group.addoption("--suite-force-slow-max-numel", type=int, default=20000,
+                    help="leave calls whose differentiable inputs hold more elements in the mode passed")
     group.addoption("--suite-select", action="store_true", default=False,
                     help="keep only tests whose source mentions gradcheck/check_grads")
     group.addoption("--suite-frameworks", default="torch,jax",
@@ -209,6 +211,21 @@ def _digest(inputs):
     return h.hexdigest()[:16], shapes
 
 
+def _grad_numel(inputs):
+    """Elements of the inputs a torch check differentiates (floating/complex, requires_grad)."""
+    n = 0
+    stack = [inputs]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif getattr(x, "requires_grad", False):
+            n += x.numel()
+    return n
+
+
 def _verdict(result, error):
     if error is not None:
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -249,10 +266,15 @@ def _make_wrapper(kind, inner, which):
         index = _STATE["counters"].get(nodeid, 0)
         _STATE["counters"][nodeid] = index + 1
         passed_fast = bool(kwargs.get("fast_mode", False))
-        if kind != "check_grads" and _STATE["force_slow"]:
-            kwargs = dict(kwargs, fast_mode=False)
-        run_fast = bool(kwargs.get("fast_mode", False))
         inputs = args[1] if len(args) > 1 else kwargs.get("inputs", kwargs.get("args"))
+        numel = _grad_numel(inputs)
+        not_forced = None
+        if kind != "check_grads" and _STATE["force_slow"] and passed_fast:
+            if numel <= _STATE.get("force_slow_max", 20000):
+                kwargs = dict(kwargs, fast_mode=False)
+            else:
+                not_forced = f"{numel} differentiable elements > --suite-force-slow-max-numel"
+        run_fast = bool(kwargs.get("fast_mode", False))
         digest, shapes = _digest(inputs)
         fn = args[0] if args else kwargs.get("func", kwargs.get("f"))
         record = {
@@ -261,7 +283,8 @@ def _make_wrapper(kind, inner, which):
             "mode_run": "-" if kind == "check_grads" else ("fast" if run_fast else "slow"),
             "fn": getattr(fn, "__qualname__", type(fn).__name__),
             "kwargs": _kw_summary({k: v for k, v in kwargs.items() if k not in ("func", "inputs", "f", "args")}),
-            "positional": len(args), "inputs": shapes, "digest": digest,
+            "positional": len(args), "inputs": shapes, "digest": digest, "grad_numel": numel,
+            "not_forced": not_forced,
             "runs": [],
         }
         first = (None, None)
@@ -322,6 +345,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _STATE["checker"] = getattr(ns, "suite_checker", "torch") or "torch"
     _STATE["repeat"] = getattr(ns, "suite_repeat", 1) or 1
     _STATE["force_slow"] = bool(getattr(ns, "suite_force_slow", False))
+    _STATE["force_slow_max"] = getattr(ns, "suite_force_slow_max_numel", 20000)
     frameworks = (getattr(ns, "suite_frameworks", "torch,jax") or "").split(",")
     if "torch" in frameworks:
         try:
