@@ -114,7 +114,7 @@ def _has_dropin(framework):
     return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
-def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout, log_dir):
+def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout, log_dir, interleave=False):
     """One pytest process; returns (records, returncode, seconds)."""
     root = Path(src) / spec["dir"]
     if not root.is_dir():
@@ -137,9 +137,11 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
         cmd += ["--suite-force-slow", "--suite-force-slow-max-numel", str(force_slow)]
     if checker != "torch" and via == "dropin":
         cmd.append(f"--agcheck-{spec['framework']}")
+    if checker != "torch" and interleave:
+        cmd.append("--suite-interleave")
     env = dict(os.environ, **THREAD_ENV, **spec["env"])
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    log = Path(log_dir) / f"{name}-{checker}.log"
+    log = Path(log_dir) / f"{name}-{checker}{'-slow' if force_slow else ''}{'-interleaved' if interleave else ''}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n\n")
@@ -242,6 +244,19 @@ def analyse(data):
     worst = sorted(pairs.items(), key=lambda kv: _best(kv[1][0]) / max(_best(kv[1][1]), 1e-12))[:8]
     worst = [{"call": f"{k[0]} #{k[1]}", "mode": a["mode_run"], "inputs": a["inputs"], "torch_cpu": _best(a),
               "agcheck_cpu": _best(b), "ratio": _best(a) / max(_best(b), 1e-12)} for k, (a, b) in worst]
+    inter_stats, inter_diffs = {}, []
+    inter = [b for b in ag.values() if b.get("runs_fw")]
+    for b in inter:
+        va, vb = b["runs_fw"][0]["verdict"], b["runs"][0]["verdict"]
+        if _verdict_class(va) != _verdict_class(vb):
+            inter_diffs.append({"call": f"{b['nodeid']} #{b['index']}", "torch": va, "agcheck": vb,
+                                "why": "same process, same arguments (interleaved)"})
+    for mode in ("fast", "slow", "-"):
+        sel = [b for b in inter if b["mode_run"] == mode]
+        for which in ("best", "first"):
+            st = ratio_stats([(_best({"runs": b["runs_fw"]}, "cpu", which), _best(b, "cpu", which)) for b in sel])
+            if st:
+                inter_stats[f"{mode}/cpu/{which}"] = st
     tests = {}
     for c in runs:
         outcomes = {}
@@ -271,6 +286,7 @@ def analyse(data):
         "verdict_differences": diffs, "message_differences": msgdiffs,
         "input_digest_differences": digestdiffs, "dropin_misses": misses,
         "ratios": stats, "slowest": slowest, "worst_ratios": worst,
+        "interleaved_ratios": inter_stats, "interleaved_verdict_differences": inter_diffs,
     }
 
 
@@ -309,6 +325,15 @@ def print_report(data, summary, out=sys.stdout):
         mode, field, which = key.split("/")
         label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
         p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
+    if summary.get("interleaved_ratios"):
+        p(f"-- interleaved in the agcheck process ({fwname}'s checker and agcheck alternating on the same arguments): "
+          f"{len(summary['interleaved_verdict_differences'])} verdict difference(s)")
+        for d in summary["interleaved_verdict_differences"]:
+            p(f"   DIFF {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}")
+        for key, s in summary["interleaved_ratios"].items():
+            mode, field, which = key.split("/")
+            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
+            p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
     p("-- slowest calls (by the framework's best CPU time; CPU seconds, framework vs agcheck)")
     for s in summary["slowest"]:
         p(f"   best {s['torch_cpu']:8.3f}s vs {s['agcheck_cpu']:8.3f}s  x{s['ratio']:6.2f}  "
@@ -331,6 +356,11 @@ def main(argv=None):
                          "(torch's slow mode is O(n) evaluations: a 224x224 image model would take hours)")
     ap.add_argument("--via", choices=("auto", "dropin", "dropin-late", "plugin"), default="auto")
     ap.add_argument("--checkers", default="torch,agcheck")
+    ap.add_argument("--interleave", action="store_true",
+                    help="in the agcheck process, also run the framework's own checker on the same arguments, "
+                         "alternating with agcheck's repeats: per-call ratios from one process and one moment, "
+                         "robust to the load of a shared machine (JAX: both share JAX's compilation caches, "
+                         "so 'first' figures are not meaningful there)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/real-suites-SUITE-DATE[-slow].json)")
     ap.add_argument("--report", default=None, help="print the report of a saved JSON file and exit")
@@ -351,13 +381,14 @@ def main(argv=None):
     log_dir = HERE / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     data = {"suite": args.suite, "framework": spec["framework"], "source": spec["source"], "via": via,
-            "repeat": args.repeat, "force_slow": args.force_slow, "pytest_args": args.pytest_args,
+            "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave, "pytest_args": args.pytest_args,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "python": sys.version.split()[0], "versions": _versions(spec["framework"]), "runs": {}}
     for checker in args.checkers.split(","):
         print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
         records, rc, seconds, cmd, log = run_suite(args.suite, spec, args.src, checker, via_plugin, args.repeat,
-                                                   args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir)
+                                                   args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir,
+                                                   interleave=args.interleave)
         data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
     summary = analyse(data)
     data["summary"] = summary
@@ -368,7 +399,7 @@ def main(argv=None):
         json.dump(data, f, separators=(",", ":"))
     print_report(data, summary)
     print(f"raw records: {out}")
-    return 1 if summary["verdict_differences"] else 0
+    return 1 if summary["verdict_differences"] or summary["interleaved_verdict_differences"] else 0
 
 
 def _versions(framework):

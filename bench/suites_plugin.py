@@ -76,6 +76,9 @@ def pytest_addoption(parser):
     group.addoption("--suite-force-slow", action="store_true", default=False)
     group.addoption("--suite-force-slow-max-numel", type=int, default=20000,
                     help="leave calls whose differentiable inputs hold more elements in the mode passed")
+    group.addoption("--suite-interleave", action="store_true", default=False,
+                    help="with an agcheck checker, also run the framework's own checker on the same arguments "
+                         "in the same process, alternating with agcheck's runs (timing robust to machine load)")
     group.addoption("--suite-select", action="store_true", default=False,
                     help="keep only tests whose source mentions gradcheck/check_grads")
     group.addoption("--suite-frameworks", default="torch,jax",
@@ -156,7 +159,8 @@ def install():
             if id(target) in _STATE["wrappers"]:
                 continue
             inner = _agcheck_direct(kind) if checker == "agcheck" else target
-            wrapper = _make_wrapper(kind, inner, _which(inner, original) if checker != "agcheck" else "agcheck-direct")
+            wrapper = _make_wrapper(kind, inner, _which(inner, original) if checker != "agcheck" else "agcheck-direct",
+                                    original)
             wrapper.suite_inner = target
             _STATE["wrappers"][id(target)] = wrapper
             pairs.append((target, wrapper))
@@ -257,10 +261,30 @@ def _kw_summary(kwargs):
     return out
 
 
-def _make_wrapper(kind, inner, which):
+def _timed(fn, args, kwargs, side="inner"):
+    result = error = None
+    _LOCAL.side = side
+    c0, w0 = time.process_time(), time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - recorded by the caller
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        error = e
+    finally:
+        _LOCAL.side = None
+    w1, c1 = time.perf_counter(), time.process_time()
+    return result, error, {"wall": w1 - w0, "cpu": c1 - c0, "verdict": _verdict(result, error)}
+
+
+def _make_wrapper(kind, inner, which, original=None):
     def wrapper(*args, **kwargs):
         __tracebackhide__ = True
         if getattr(_LOCAL, "depth", 0):
+            # a nested call (torch's gradgradcheck calls its module's gradcheck): inside an
+            # interleaved run of the framework's own checker it must stay the framework's
+            if getattr(_LOCAL, "side", None) == "fw" and original is not None:
+                return original(*args, **kwargs)
             return inner(*args, **kwargs)
         nodeid = _STATE["nodeid"] or "<outside a test>"
         index = _STATE["counters"].get(nodeid, 0)
@@ -288,19 +312,20 @@ def _make_wrapper(kind, inner, which):
             "runs": [],
         }
         first = (None, None)
+        interleave = (_STATE.get("interleave") and original is not None and inner is not original
+                      and which != _which(original, original))
+        if interleave:
+            record["runs_fw"] = []
         _LOCAL.depth = 1
         try:
             for r in range(max(1, _STATE["repeat"])):
-                result = error = None
-                c0, w0 = time.process_time(), time.perf_counter()
-                try:
-                    result = inner(*args, **kwargs)
-                except BaseException as e:  # noqa: BLE001 - recorded, re-raised below
-                    if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                        raise
-                    error = e
-                w1, c1 = time.perf_counter(), time.process_time()
-                record["runs"].append({"wall": w1 - w0, "cpu": c1 - c0, "verdict": _verdict(result, error)})
+                # interleaved: agcheck first on even repeats, the framework's checker first on odd
+                if interleave and r % 2 == 1:
+                    record["runs_fw"].append(_timed(original, args, kwargs, "fw")[2])
+                result, error, run = _timed(inner, args, kwargs)
+                record["runs"].append(run)
+                if interleave and r % 2 == 0:
+                    record["runs_fw"].append(_timed(original, args, kwargs, "fw")[2])
                 if r == 0:
                     first = (result, error)
                     # pytest's own skip/xfail exceptions, or an interrupt-like outcome: no repeats
@@ -345,6 +370,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _STATE["checker"] = getattr(ns, "suite_checker", "torch") or "torch"
     _STATE["repeat"] = getattr(ns, "suite_repeat", 1) or 1
     _STATE["force_slow"] = bool(getattr(ns, "suite_force_slow", False))
+    _STATE["interleave"] = bool(getattr(ns, "suite_interleave", False))
     _STATE["force_slow_max"] = getattr(ns, "suite_force_slow_max_numel", 20000)
     frameworks = (getattr(ns, "suite_frameworks", "torch,jax") or "").split(",")
     if "torch" in frameworks:
