@@ -132,7 +132,7 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
            "--suite-record", out, "--suite-checker", plugin_checker, "--suite-repeat", str(repeat),
            "--suite-select", "--suite-frameworks", spec["framework"],
            "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header", "-rN", "--rootdir", str(root),
-           *spec["paths"], *spec["args"], *extra]
+           *(spec["paths"] if not any(not a.startswith("-") for a in extra) else []), *spec["args"], *extra]
     if force_slow:
         cmd += ["--suite-force-slow", "--suite-force-slow-max-numel", str(force_slow)]
     if checker != "torch" and via == "dropin":
@@ -364,7 +364,8 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/real-suites-SUITE-DATE[-slow].json)")
     ap.add_argument("--report", default=None, help="print the report of a saved JSON file and exit")
-    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --), e.g. -k expr")
+    ap.add_argument("pytest_args", nargs="*",
+                    help="extra pytest arguments (after --), e.g. -k expr; test paths given here replace the suite's")
     args = ap.parse_args(argv)
 
     if args.report:
