@@ -176,6 +176,18 @@ def _verdict_class(v):
     return v
 
 
+def _same_verdict(a, b):
+    """Framework run ``a`` and agcheck run ``b`` (run records): the same verdict when the
+    classes match, or when agcheck raised a subclass of the framework's exception (what a
+    suite's ``except`` / ``pytest.raises`` sees is then the same)."""
+    ca, cb = _verdict_class(a["verdict"]), _verdict_class(b["verdict"])
+    if ca == cb:
+        return True
+    if ca.startswith("raise ") and cb.startswith("raise ") and a.get("types") and b.get("types"):
+        return a["types"][0] in b["types"]
+    return False
+
+
 def _quantile(xs, q):
     xs = sorted(xs)
     if not xs:
@@ -207,7 +219,7 @@ def analyse(data):
              for c in runs}
     fw, ag = calls.get("torch", {}), calls.get("agcheck", {})
     keys = sorted(set(fw) | set(ag)) if fw and ag else []
-    diffs, msgdiffs, digestdiffs, misses = [], [], [], []
+    diffs, msgdiffs, digestdiffs, misses, subclassed = [], [], [], [], []
     pairs = {}
     for k in keys:
         a, b = fw.get(k), ag.get(k)
@@ -219,13 +231,15 @@ def analyse(data):
             misses.append(f"{k[0]} #{k[1]}")
         if a["digest"] != b["digest"]:
             digestdiffs.append(f"{k[0]} #{k[1]}")
-        if _verdict_class(a["verdict"]) != _verdict_class(b["verdict"]):
+        if not _same_verdict(a["runs"][0], b["runs"][0]):
             diffs.append({"call": f"{k[0]} #{k[1]}", "torch": a["verdict"], "agcheck": b["verdict"],
                           "same_inputs": a["digest"] == b["digest"], "mode": a["mode_run"], "fn": a["fn"]})
-        elif a["verdict"] != b["verdict"]:
+        elif a["verdict"].split(":", 1)[-1] != b["verdict"].split(":", 1)[-1]:
             msgdiffs.append({"call": f"{k[0]} #{k[1]}", "torch": a["verdict"], "agcheck": b["verdict"]})
-        flaky = {r["verdict"] for r in a["runs"]} | {r["verdict"] for r in b["runs"]}
-        if len({_verdict_class(v) for v in flaky}) > 1:
+        if _verdict_class(a["verdict"]) != _verdict_class(b["verdict"]) and _same_verdict(a["runs"][0], b["runs"][0]):
+            subclassed.append({"call": f"{k[0]} #{k[1]}", "torch": a["verdict"], "agcheck": b["verdict"],
+                               "agcheck_types": b["runs"][0].get("types")})
+        if any(len({_verdict_class(r["verdict"]) for r in side["runs"]}) > 1 for side in (a, b)):
             diffs.append({"call": f"{k[0]} #{k[1]}", "torch": [r["verdict"] for r in a["runs"]],
                           "agcheck": [r["verdict"] for r in b["runs"]], "why": "verdict varies between repeats"})
         pairs[k] = (a, b)
@@ -283,7 +297,7 @@ def analyse(data):
         "calls": {c: len(cs) for c, cs in calls.items()}, "paired": len(pairs), "modes_passed": modes,
         "modes_run": modes_run, "not_forced": not_forced,
         "verdicts": verdicts, "checkers": checkers, "tests": tests,
-        "verdict_differences": diffs, "message_differences": msgdiffs,
+        "verdict_differences": diffs, "message_differences": msgdiffs, "subclass_verdicts": subclassed,
         "input_digest_differences": digestdiffs, "dropin_misses": misses,
         "ratios": stats, "slowest": slowest, "worst_ratios": worst,
         "interleaved_ratios": inter_stats, "interleaved_verdict_differences": inter_diffs,
@@ -315,6 +329,9 @@ def print_report(data, summary, out=sys.stdout):
     for d in summary["verdict_differences"]:
         p(f"   DIFF {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}"
           + (f"\n        ({d['why']})" if d.get("why") else f"\n        (same inputs: {d.get('same_inputs')}, mode {d.get('mode')}, fn {d.get('fn')})"))
+    for d in summary.get("subclass_verdicts", []):
+        p(f"   same failure, exception a subclass of the framework's: {d['call']}\n        {fwname}:   {d['torch']}"
+          f"\n        agcheck: {d['agcheck']}\n        agcheck's classes: {d['agcheck_types']}")
     for d in summary["message_differences"][:20]:
         p(f"   msg  {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}")
     for m in summary["dropin_misses"][:20]:

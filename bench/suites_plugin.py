@@ -274,7 +274,11 @@ def _timed(fn, args, kwargs, side="inner"):
     finally:
         _LOCAL.side = None
     w1, c1 = time.perf_counter(), time.process_time()
-    return result, error, {"wall": w1 - w0, "cpu": c1 - c0, "verdict": _verdict(result, error)}
+    run = {"wall": w1 - w0, "cpu": c1 - c0, "verdict": _verdict(result, error)}
+    if error is not None:
+        # the exception's classes, so that a subclass of the framework's error counts as it
+        run["types"] = [f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__]
+    return result, error, run
 
 
 def _make_wrapper(kind, inner, which, original=None):
