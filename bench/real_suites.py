@@ -21,8 +21,12 @@ test and from (node id, call index) after each check, so the two runs feed the c
 same inputs whatever the checkers draw from the global RNG; the digests prove it per call.
 
 Printed: verdict agreement (every difference listed), the distribution of per-call time
-ratios framework/agcheck (CPU time of the fastest repeat) for fast-mode and slow-mode calls
-separately, and the slowest calls. The raw records and the summary are saved as JSON under
+ratios framework/agcheck (CPU and wall time; of the fastest repeat and of the first run)
+for fast-mode and slow-mode calls separately, and the slowest calls. ``--interleave`` also
+runs the framework's checker inside the agcheck process, alternating with agcheck on the
+same arguments (ratios from one process and one moment); ``--force-slow`` passes
+``fast_mode=False`` to every torch check whose differentiable inputs hold at most
+``--force-slow-max-numel`` elements. The raw records and the summary are saved as JSON under
 bench/results/.
 """
 from __future__ import annotations
@@ -65,14 +69,6 @@ SUITES = {
         "args": [],
         "env": {},
         "source": "roma 1.8.0 sdist (pip download --no-deps --no-binary :all: roma==1.8.0); test/ against the installed wheel",
-    },
-    "e3nn": {
-        "framework": "torch",
-        "dir": "e3nn-0.6.0",
-        "paths": ["tests"],
-        "args": [],
-        "env": {},
-        "source": "e3nn 0.6.0 sdist (pip download --no-deps --no-binary :all: e3nn==0.6.0)",
     },
     "e3nn-jax": {
         "framework": "jax",
