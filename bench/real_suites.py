@@ -217,14 +217,14 @@ def analyse(data):
     keys = sorted(set(fw) | set(ag)) if fw and ag else []
     diffs, msgdiffs, digestdiffs, misses, subclassed = [], [], [], [], []
     pairs = {}
+    # a call that reached the framework's own checker in the agcheck process
+    misses = [f"{k[0]} #{k[1]}" for k, b in sorted(ag.items()) if b["checker"] in ("torch", "jax")]
     for k in keys:
         a, b = fw.get(k), ag.get(k)
         if a is None or b is None:
             diffs.append({"call": f"{k[0]} #{k[1]}", "torch": a and a["verdict"], "agcheck": b and b["verdict"],
                           "why": "call made in one run only"})
             continue
-        if b["checker"] in ("torch", "jax"):
-            misses.append(f"{k[0]} #{k[1]}")
         if a["digest"] != b["digest"]:
             digestdiffs.append(f"{k[0]} #{k[1]}")
         if not _same_verdict(a["runs"][0], b["runs"][0]):
@@ -318,10 +318,14 @@ def print_report(data, summary, out=sys.stdout):
     for c in summary.get("not_forced", []):
         p(f"   kept in fast mode: {c}")
     nd = len([d for d in summary["verdict_differences"]])
-    p(f"-- verdicts: {summary['paired']} calls paired; {nd} verdict difference(s); "
-      f"{len(summary['message_differences'])} first-line message difference(s) with the same verdict; "
-      f"{len(summary['input_digest_differences'])} call(s) with different inputs; "
-      f"{len(summary['dropin_misses'])} call(s) the drop-in missed")
+    if len(data["runs"]) < 2:
+        p("-- verdicts: one process only (see the interleaved comparison below, if any); "
+          f"{len(summary['dropin_misses'])} call(s) the drop-in missed")
+    else:
+        p(f"-- verdicts: {summary['paired']} calls paired; {nd} verdict difference(s); "
+          f"{len(summary['message_differences'])} first-line message difference(s) with the same verdict; "
+          f"{len(summary['input_digest_differences'])} call(s) with different inputs; "
+          f"{len(summary['dropin_misses'])} call(s) the drop-in missed")
     for d in summary["verdict_differences"]:
         p(f"   DIFF {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}"
           + (f"\n        ({d['why']})" if d.get("why") else f"\n        (same inputs: {d.get('same_inputs')}, mode {d.get('mode')}, fn {d.get('fn')})"))
