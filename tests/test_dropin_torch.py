@@ -219,3 +219,69 @@ def test_ini_option(pytester):
     result.assert_outcomes(passed=2, failed=1)
     assert "ROUTED torch" in result.stdout.str()
     assert "went through agcheck" in result.stdout.str()
+
+
+def test_agcheck_keywords_for_every_routed_call():
+    calls = [0]
+
+    class Counted(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            calls[0] += 1
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    x = torch.rand(20, dtype=torch.float64, requires_grad=True)
+    calls[0] = 0
+    _TORCH["gradcheck"](Counted.apply, (x,))
+    torch_calls = calls[0]
+    with agcheck.patch_torch(engine="reference"):
+        calls[0] = 0
+        torch.autograd.gradcheck(Counted.apply, (x,))
+        assert calls[0] == torch_calls
+    with pytest.raises(TypeError, match="engine, memory_budget"):
+        agcheck.patch_torch(eps=1e-3)
+
+
+def test_plugin_engine_option(pytester):
+    pytester.makepyfile(test_count="""
+import torch
+
+calls = [0]
+
+class Counted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        calls[0] += 1
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+def test_count():
+    x = torch.rand(20, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(Counted.apply, (x,))
+    print("CALLS", calls[0])
+""")
+    result = run(pytester, "--agcheck-torch", "--agcheck-engine=reference", "-s")
+    result.assert_outcomes(passed=1)
+    x = torch.rand(20, dtype=torch.float64, requires_grad=True)
+    calls = [0]
+
+    class Counted(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            calls[0] += 1
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    _TORCH["gradcheck"](Counted.apply, (x,))
+    assert f"CALLS {calls[0]}" in result.stdout.str()

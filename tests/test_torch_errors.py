@@ -7,6 +7,9 @@ torch = pytest.importorskip("torch")
 from torch.autograd.gradcheck import GradcheckError as TorchGradcheckError  # noqa: E402
 
 import agcheck  # noqa: E402
+# imported here, at collection: an in-process pytester run elsewhere in the session would
+# otherwise import (and drop) these modules first, leaving two copies of the error class
+import agcheck.backends.torch_backend  # noqa: E402,F401
 
 
 class Tripled(torch.autograd.Function):

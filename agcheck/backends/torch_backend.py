@@ -25,6 +25,29 @@ def _is_sparse(x) -> bool:
     return x.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
+@contextmanager
+def _quiet_batching():
+    """Silence torch's "There is a performance drop because we have not yet implemented
+    the batching rule for ..." UserWarnings inside agcheck's own vmapped evaluations: they
+    are how agcheck computes, not something fn does, and torch's checker (which evaluates
+    fn one element at a time there) never causes them. Nothing else is filtered."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
+        yield
+
+
+def _fresh(t):
+    """``t``, or a copy of it when it is a view (of the flat vector the core drew): user code
+    (a custom Function's jvp or backward) gets tensors of its own, as torch's checker hands
+    it, so checks of view relations in torch ("the jvp is not returning a view of the given
+    grad input") see what they would under torch. Batched (vmapped) tangents pass as they are."""
+    if t is None or not isinstance(t, torch.Tensor) or not t._is_view():
+        return t
+    if torch._C._functorch.is_batchedtensor(t) or t.layout != torch.strided:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated with ``autograd.grad``."""
 
@@ -34,7 +57,8 @@ class TorchTrace(Trace):
 
     def vjp(self, output_positions, cotangents) -> list:
         outs = [self.outputs[p] for p in output_positions]
-        return list(torch.autograd.grad(outs, self.inputs, list(cotangents), retain_graph=True, allow_unused=True))
+        cotangents = [_fresh(c) for c in cotangents]
+        return list(torch.autograd.grad(outs, self.inputs, cotangents, retain_graph=True, allow_unused=True))
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
         with warnings.catch_warnings():
@@ -209,7 +233,7 @@ class TorchBackend(Backend):
                     raise ValueError("MKLDNN inputs are not support for forward AD gradcheck.")
                 if torch_sparse.is_sparse(a):
                     torch_sparse.reject_forward_ad(a)
-                t = tangents_by_position[k]
+                t = _fresh(tangents_by_position[k])
                 new[k] = a.detach() if t is None else fwAD.make_dual(a.detach(), t)
             elif detach_others and isinstance(a, torch.Tensor):
                 new[k] = a.detach()
@@ -261,7 +285,8 @@ class TorchBackend(Backend):
             moved[position] = value
             return self.as_tuple(fn(*moved))
 
-        return tuple(o.detach() for o in torch.func.vmap(at)(stacked))
+        with _quiet_batching():
+            return tuple(o.detach() for o in torch.func.vmap(at)(stacked))
 
     def element_moves(self, x, flat, step, sign):
         """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,

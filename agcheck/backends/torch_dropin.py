@@ -9,6 +9,7 @@ for torch's functions) and pass every keyword on; failures are torch's ``Gradche
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from agcheck.gradcheck import gradcheck as _agcheck_gradcheck
 from agcheck.gradgradcheck import gradgradcheck as _agcheck_gradgradcheck
@@ -34,12 +35,17 @@ GRADGRADCHECK_KEYWORDS = frozenset({
 #: **kwargs)`` when set (the drop-in frontend counts checks and saves reports through it)
 observer = None
 
+#: agcheck's own keywords (engine, memory_budget, stencil, progress) added to every routed
+#: call; set by the outermost ``patch_torch(**keywords)``
+defaults: dict = {}
+AGCHECK_KEYWORDS = frozenset({"engine", "memory_budget", "stencil", "progress"})
+
 
 def _run(kind, check, allowed, func, inputs, kwargs):
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise TypeError(f"{kind}() got an unexpected keyword argument {unknown[0]!r}")
-    kwargs = dict(kwargs, backend="torch")
+    kwargs = dict(defaults, **kwargs, backend="torch")
     if observer is None:
         return check(func, inputs, **kwargs)
     return observer(kind, check, func, inputs, kwargs)
@@ -77,6 +83,11 @@ ORIGINALS = {"gradcheck": _original("gradcheck"), "gradgradcheck": _original("gr
 REPLACEMENTS = {"gradcheck": gradcheck, "gradgradcheck": gradgradcheck}
 gradcheck.agcheck_original = ORIGINALS["gradcheck"]
 gradgradcheck.agcheck_original = ORIGINALS["gradgradcheck"]
+for _name, _f in REPLACEMENTS.items():  # introspection (inspect.signature) shows torch's parameters
+    try:
+        _f.__signature__ = inspect.signature(ORIGINALS[_name])
+    except (TypeError, ValueError):
+        pass
 
 
 def targets() -> list:

@@ -6,10 +6,12 @@ import warnings
 from agcheck.core.jacobian import random_vectors
 from agcheck.report import UNDEFINED_GRAD_HINT, GradcheckError
 
+#: torch's warning, word for word: suites assert on it (e.g. with assertWarnsRegex)
 _OPT_OUT = (
-    "gradcheck checks by default that undefined output gradients are supported "
-    "(check_undefined_grad=True); callers that do not need this can pass "
-    "check_undefined_grad=False."
+    "Backwards compatibility: New undefined gradient support checking "
+    "feature is enabled by default, but it may break existing callers "
+    "of this function. If this is true for you, you can call this "
+    'function with "check_undefined_grad=False" to disable the feature'
 )
 
 

@@ -126,8 +126,9 @@ class Patch:
         Names rebound when the patch was installed (0 for a patch nested in another).
     """
 
-    def __init__(self, framework: str):
+    def __init__(self, framework: str, defaults: dict | None = None):
         self.framework = framework
+        self.defaults = dict(defaults or {})
         self.checks = 0
         self.failures = 0
         self.rebound = 0
@@ -141,6 +142,8 @@ class Patch:
             if not active:
                 mod.ensure_bound_modules()
                 mod.observer = _observer(self.framework, mod.failure_types())
+                if hasattr(mod, "defaults"):
+                    mod.defaults = dict(self.defaults)
                 self.rebound = rebind(mod.targets(), skip=(mod.__name__,))
             active.append(self)
             self.active = True
@@ -158,6 +161,8 @@ class Patch:
             if not active:
                 rebind([(new, old) for old, new in mod.targets()], skip=(mod.__name__,))
                 mod.observer = None
+                if hasattr(mod, "defaults"):
+                    mod.defaults = {}
 
     def __enter__(self) -> "Patch":
         return self
@@ -170,7 +175,7 @@ class Patch:
         return f"<agcheck {self.framework} patch, {state}, {self.checks} checks, {self.failures} failures>"
 
 
-def patch_torch() -> Patch:
+def patch_torch(**agcheck_keywords) -> Patch:
     """Route ``torch.autograd.gradcheck`` and ``torch.autograd.gradgradcheck`` to agcheck.
 
     Reaches the functions of ``torch.autograd`` and of the module
@@ -182,8 +187,17 @@ def patch_torch() -> Patch:
 
     Use it as a context manager (``with agcheck.patch_torch(): ...``) or keep the
     returned :class:`Patch` and call its ``restore()``.
+
+    ``agcheck_keywords`` (``engine``, ``memory_budget``, ``stencil``, ``progress``) are
+    added to every routed call, e.g. ``patch_torch(engine="reference")`` to evaluate the
+    suite's functions exactly as often as torch's checker does (see docs/switching.md).
+    A patch nested in an active one keeps the outer patch's keywords.
     """
-    return Patch("torch")._install()
+    unknown = sorted(set(agcheck_keywords) - {"engine", "memory_budget", "stencil", "progress"})
+    if unknown:
+        raise TypeError(f"patch_torch() takes agcheck's engine, memory_budget, stencil and progress "
+                        f"keywords only, got {unknown}")
+    return Patch("torch", agcheck_keywords)._install()
 
 
 def patch_jax() -> Patch:

@@ -31,6 +31,10 @@ Options
     installed before the initial conftest files are imported. Failures keep torch's
     message and error type and add agcheck's report summary; the terminal summary counts
     the checks that went through agcheck. Also the ini setting ``agcheck_torch = true``.
+``--agcheck-engine NAME``
+    agcheck's engine for the checks ``--agcheck-torch`` routes (``reference``: torch's
+    element-by-element algorithm, so the suite's functions run as often as under torch).
+    Also the ini setting ``agcheck_engine``.
 ``--agcheck-jax``
     The same for ``jax.test_util.check_grads`` (ini: ``agcheck_jax = true``).
 ``--agcheck-report-dir DIR``
@@ -77,6 +81,12 @@ def pytest_addoption(parser):
         "--agcheck-jax", action="store_true", default=None,
         help="run jax.test_util.check_grads (and every name bound to it) through agcheck",
     )
+    group.addoption(
+        "--agcheck-engine", action="store", default=None, metavar="NAME",
+        help="agcheck's engine for the checks routed by --agcheck-torch (auto, batched, reference; "
+             "reference evaluates the suite's functions exactly as often as torch's checker)",
+    )
+    parser.addini("agcheck_engine", "agcheck's engine for the checks routed by agcheck_torch", default="")
     parser.addini("agcheck_torch", "route torch.autograd.gradcheck/gradgradcheck to agcheck", type="bool",
                   default=False)
     parser.addini("agcheck_jax", "route jax.test_util.check_grads to agcheck", type="bool", default=False)
@@ -292,7 +302,12 @@ class AgcheckFixture:
         path = self.save_report(report)
         if path:
             message = message.rstrip("\n") + f"\n\nagcheck report saved to {path}"
-        return AgcheckFailure(message, error=error, report_path=path)
+        failure = AgcheckFailure(message, error=error, report_path=path)
+        if any(c.__module__ == "torch.autograd.gradcheck" for c in type(error).__mro__):
+            from agcheck.backends.torch_errors import adopt  # torch is imported: the error is torch's
+
+            adopt(failure)  # still caught by torch's GradcheckError, as the error it replaces
+        return failure
 
     def save_report(self, report) -> str | None:
         """Save ``report`` in the report folder (if one is configured and the report can be
@@ -347,7 +362,11 @@ class _DropinSession:
                 continue
             if _installed(framework) is False:
                 raise pytest.UsageError(f"--agcheck-{framework} needs {framework}, which is not installed")
-            patch = dropin.patch_torch() if framework == "torch" else dropin.patch_jax()
+            if framework == "torch":
+                engine = self.config.getoption("agcheck_engine", None) or self.config.getini("agcheck_engine")
+                patch = dropin.patch_torch(**({"engine": engine} if engine else {}))
+            else:
+                patch = dropin.patch_jax()
             self.patches[framework] = patch
         if self.patches:
             dropin.add_failure_listener(self.on_failure)

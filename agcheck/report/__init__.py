@@ -62,14 +62,18 @@ NONDET_HINT = (
     "differences up to that size."
 )
 
+#: torch's note, word for word (suites match it), then the slow-mode Jacobians follow
 FAST_MODE_NOTE = (
-    "\nThe quantities above are projections v^T J u of the Jacobians on random vectors "
-    "(fast mode). The full Jacobians, recomputed in slow mode, follow:\n\n"
+    "\nThe above quantities relating the numerical and analytical jacobians are computed \n"
+    "in fast mode. See: https://github.com/pytorch/pytorch/issues/53876 for more background \n"
+    "about fast mode. Below, we recompute numerical and analytical jacobians in slow mode:\n\n"
 )
 
 FAST_FAIL_SLOW_OK = (
-    "Fast gradcheck failed but element-wise differences are small: slow mode "
-    "(fast_mode=False) would have passed this check."
+    "Fast gradcheck failed but element-wise differences are small. This means that the\n"
+    "test might've passed in slow_mode!\n\n"
+    "To check this function element by element, pass fast_mode=False (for OpInfo-based "
+    "tests: gradcheck_fast_mode=False in the OpInfo; for module tests: in the module_test entry)."
 )
 
 BATCHED_HINT = (
