@@ -1,0 +1,436 @@
+"""Run the gradient checks of real third-party test suites through the framework's own
+checker and through agcheck, call by call, and compare verdicts and times.
+
+    python bench/real_suites.py --suite kornia --src /work/suites-src --repeat 3
+    python bench/real_suites.py --suite roma --src /work/suites-src --force-slow
+    python bench/real_suites.py --report bench/results/real-suites-kornia-....json
+
+For each checker (``torch`` = the framework's own: torch.autograd.gradcheck /
+gradgradcheck, jax.test_util.check_grads; ``agcheck``) it starts one pytest process in the
+suite's source tree with bench/suites_plugin.py loaded, which records every outermost
+checker call (test node id + call index, mode as passed, verdict, time inside the checker
+for each of ``--repeat`` runs on the same arguments, a digest of the inputs). agcheck is
+reached the drop-in way (``pytest --agcheck-torch`` / ``--agcheck-jax``) when the installed
+agcheck has it (``--via dropin``), else through the plugin (``--via plugin``, which calls
+``agcheck.gradcheck(..., backend="torch")`` in the checker's place); ``--via dropin-late``
+calls ``agcheck.patch_torch()`` after collection instead, so the names the suite bound at
+import time must be rebound by the patch.
+
+Both processes reseed Python's, NumPy's and torch's global RNGs from the node id before each
+test and from (node id, call index) after each check, so the two runs feed the checkers the
+same inputs whatever the checkers draw from the global RNG; the digests prove it per call.
+
+Printed: verdict agreement (every difference listed), the distribution of per-call time
+ratios framework/agcheck (CPU and wall time; of the fastest repeat and of the first run)
+for fast-mode and slow-mode calls separately, and the slowest calls. ``--interleave`` also
+runs the framework's checker inside the agcheck process, alternating with agcheck on the
+same arguments (ratios from one process and one moment); ``--force-slow`` passes
+``fast_mode=False`` to every torch check whose differentiable inputs hold at most
+``--force-slow-max-numel`` elements. The raw records and the summary are saved as JSON under
+bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: name -> how to run its gradient checks. ``dir`` is relative to --src; ``paths`` are the
+#: test paths inside it; ``args`` extra pytest arguments; ``env`` extra environment.
+SUITES = {
+    "kornia": {
+        "framework": "torch",
+        "dir": "kornia",
+        "paths": ["tests"],
+        "args": ["--device", "cpu", "--dtype", "float64"],
+        "env": {"KORNIA_TEST_DEVICE": "cpu"},
+        "source": "github kornia/kornia at commit b4f5a78a1 (v0.9.0rc1-61): "
+                  "git archive of the repository (tests/, testing/, conftest.py and the kornia/ package "
+                  "it imports, from the same tree)",
+    },
+    "roma": {
+        "framework": "torch",
+        "dir": "roma-1.8.0",
+        "paths": ["test"],
+        # the sdist's top folder has an __init__.py (for use as a git submodule), which makes
+        # pytest import it as a package: run a copy of test/ alone (its modules do
+        # `from test.utils import ...` with the working folder on sys.path)
+        "stage": ["test"],
+        "args": [],
+        "env": {},
+        "source": "roma 1.8.0 sdist (pip download --no-deps --no-binary :all: roma==1.8.0); test/ against the installed wheel",
+    },
+    "e3nn-jax": {
+        "framework": "jax",
+        "dir": "e3nn_jax-0.21.0",
+        # the two files that call check_grads (the others need flax / haiku to collect)
+        "paths": ["tests/_src/spherical_harmonics/sh_test.py", "tests/_src/utils/einsum_test.py"],
+        "args": [],
+        "env": {},
+        "source": "e3nn-jax 0.21.0 sdist (pip download --no-deps --no-binary :all: e3nn-jax==0.21.0)",
+    },
+    "numpyro": {
+        "framework": "jax",
+        "dir": "numpyro-0.22.0",
+        "paths": ["test/test_distributions_util.py"],
+        "args": [],
+        "env": {},
+        "source": "numpyro 0.22.0 sdist (pip download --no-deps --no-binary :all: numpyro==0.22.0)",
+    },
+    "optax": {
+        "framework": "jax",
+        "dir": "optax-0.2.8",
+        "paths": ["optax/losses/_classification_test.py"],
+        "args": [],
+        "env": {},
+        "source": "optax 0.2.8 sdist (pip download --no-deps --no-binary :all: optax==0.2.8)",
+    },
+}
+
+THREAD_ENV = {
+    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": "0",
+}
+
+
+def _has_dropin(framework):
+    code = ("import agcheck, sys; "
+            f"sys.exit(0 if hasattr(agcheck, 'patch_{framework}') else 1)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout, log_dir, interleave=False):
+    """One pytest process; returns (records, returncode, seconds)."""
+    root = Path(src) / spec["dir"]
+    if not root.is_dir():
+        raise SystemExit(f"{root} does not exist: see bench/README.md for how to get {name}'s sources")
+    stage = None
+    if spec.get("stage"):
+        stage = tempfile.mkdtemp(prefix=f"suite-{name}-")
+        for rel in spec["stage"]:
+            shutil.copytree(root / rel, Path(stage) / rel)
+        root = Path(stage)
+    fd, out = tempfile.mkstemp(prefix=f"suite-{name}-{checker}-", suffix=".jsonl")
+    os.close(fd)
+    plugin_checker = "torch" if checker == "torch" else via
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-p", "suites_plugin",
+           "--suite-record", out, "--suite-checker", plugin_checker, "--suite-repeat", str(repeat),
+           "--suite-select", "--suite-frameworks", spec["framework"],
+           "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header", "-rN", "--rootdir", str(root),
+           *(spec["paths"] if not any(not a.startswith("-") for a in extra) else []), *spec["args"], *extra]
+    if force_slow:
+        cmd += ["--suite-force-slow", "--suite-force-slow-max-numel", str(force_slow)]
+    if checker != "torch" and via == "dropin":
+        cmd.append(f"--agcheck-{spec['framework']}")
+    if checker != "torch" and interleave:
+        cmd.append("--suite-interleave")
+    env = dict(os.environ, **THREAD_ENV, **spec["env"])
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    log = Path(log_dir) / f"{name}-{checker}{'-slow' if force_slow else ''}{'-interleaved' if interleave else ''}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n\n")
+        f.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    seconds = time.perf_counter() - t0
+    records = [json.loads(line) for line in open(out) if line.strip()]
+    os.unlink(out)
+    if stage:
+        shutil.rmtree(stage, ignore_errors=True)
+    return records, rc, seconds, " ".join(cmd), str(log)
+
+
+# -- analysis ---------------------------------------------------------------------------------
+
+def _best(rec, field="cpu", which="best"):
+    """The fastest repeat (``best``) or the first run (``first``: what the suite itself paid,
+    including one-time costs such as JAX compiling a function the first time it is checked)."""
+    if not rec["runs"]:
+        return float("nan")
+    if which == "first":
+        return rec["runs"][0][field]
+    return min(r[field] for r in rec["runs"])
+
+
+def _verdict_class(v):
+    if v.startswith("raise "):
+        return v.split(":", 1)[0]
+    return v
+
+
+def _same_verdict(a, b):
+    """Framework run ``a`` and agcheck run ``b`` (run records): the same verdict when the
+    classes match, or when agcheck raised a subclass of the framework's exception (what a
+    suite's ``except`` / ``pytest.raises`` sees is then the same)."""
+    ca, cb = _verdict_class(a["verdict"]), _verdict_class(b["verdict"])
+    if ca == cb:
+        return True
+    if ca.startswith("raise ") and cb.startswith("raise ") and a.get("types") and b.get("types"):
+        return a["types"][0] in b["types"]
+    return False
+
+
+def _quantile(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ratio_stats(pairs):
+    """pairs: [(t_fw, t_ag)]; per-call ratios fw/ag."""
+    pairs = [(a, b) for a, b in pairs if a > 0 and b > 0]
+    if not pairs:
+        return None
+    ratios = [a / b for a, b in pairs]
+    return {
+        "calls": len(pairs), "min": min(ratios), "p10": _quantile(ratios, 0.10),
+        "median": _quantile(ratios, 0.5), "geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+        "p90": _quantile(ratios, 0.9), "max": max(ratios),
+        "total_fw": sum(a for a, _ in pairs), "total_ag": sum(b for _, b in pairs),
+        "total_ratio": sum(a for a, _ in pairs) / sum(b for _, b in pairs),
+        "slower_calls": sum(1 for r in ratios if r < 1.0),
+    }
+
+
+def analyse(data):
+    runs = data["runs"]
+    calls = {c: {(r["nodeid"], r["index"]): r for r in runs[c]["records"] if r["type"] == "call"}
+             for c in runs}
+    fw, ag = calls.get("torch", {}), calls.get("agcheck", {})
+    keys = sorted(set(fw) | set(ag)) if fw and ag else []
+    diffs, msgdiffs, digestdiffs, misses, subclassed = [], [], [], [], []
+    pairs = {}
+    # a call that reached the framework's own checker in the agcheck process
+    misses = [f"{k[0]} #{k[1]}" for k, b in sorted(ag.items()) if b["checker"] in ("torch", "jax")]
+    for k in keys:
+        a, b = fw.get(k), ag.get(k)
+        if a is None or b is None:
+            diffs.append({"call": f"{k[0]} #{k[1]}", "torch": a and a["verdict"], "agcheck": b and b["verdict"],
+                          "why": "call made in one run only"})
+            continue
+        if a["digest"] != b["digest"]:
+            digestdiffs.append(f"{k[0]} #{k[1]}")
+        if not _same_verdict(a["runs"][0], b["runs"][0]):
+            diffs.append({"call": f"{k[0]} #{k[1]}", "torch": a["verdict"], "agcheck": b["verdict"],
+                          "same_inputs": a["digest"] == b["digest"], "mode": a["mode_run"], "fn": a["fn"]})
+        elif a["verdict"].split(":", 1)[-1] != b["verdict"].split(":", 1)[-1]:
+            msgdiffs.append({"call": f"{k[0]} #{k[1]}", "torch": a["verdict"], "agcheck": b["verdict"]})
+        if _verdict_class(a["verdict"]) != _verdict_class(b["verdict"]) and _same_verdict(a["runs"][0], b["runs"][0]):
+            subclassed.append({"call": f"{k[0]} #{k[1]}", "torch": a["verdict"], "agcheck": b["verdict"],
+                               "agcheck_types": b["runs"][0].get("types")})
+        if any(len({_verdict_class(r["verdict"]) for r in side["runs"]}) > 1 for side in (a, b)):
+            diffs.append({"call": f"{k[0]} #{k[1]}", "torch": [r["verdict"] for r in a["runs"]],
+                          "agcheck": [r["verdict"] for r in b["runs"]], "why": "verdict varies between repeats"})
+        pairs[k] = (a, b)
+    stats, slowest = {}, []
+    for mode in ("fast", "slow", "-"):
+        sel = [(a, b) for a, b in pairs.values() if a["mode_run"] == mode]
+        for which in ("best", "first"):
+            for field in ("cpu", "wall"):
+                s = ratio_stats([(_best(a, field, which), _best(b, field, which)) for a, b in sel])
+                if s:
+                    stats[f"{mode}/{field}/{which}"] = s
+    for k, (a, b) in sorted(pairs.items(), key=lambda kv: -_best(kv[1][0]))[:12]:
+        slowest.append({"call": f"{k[0]} #{k[1]}", "kind": a["kind"], "mode": a["mode_run"], "inputs": a["inputs"],
+                        "torch_cpu": _best(a), "agcheck_cpu": _best(b), "ratio": _best(a) / max(_best(b), 1e-12),
+                        "torch_first": _best(a, which="first"), "agcheck_first": _best(b, which="first")})
+    worst = sorted(pairs.items(), key=lambda kv: _best(kv[1][0]) / max(_best(kv[1][1]), 1e-12))[:8]
+    worst = [{"call": f"{k[0]} #{k[1]}", "mode": a["mode_run"], "inputs": a["inputs"], "torch_cpu": _best(a),
+              "agcheck_cpu": _best(b), "ratio": _best(a) / max(_best(b), 1e-12)} for k, (a, b) in worst]
+    inter_stats, inter_diffs = {}, []
+    inter = [b for b in ag.values() if b.get("runs_fw")]
+    for b in inter:
+        va, vb = b["runs_fw"][0]["verdict"], b["runs"][0]["verdict"]
+        if _verdict_class(va) != _verdict_class(vb):
+            inter_diffs.append({"call": f"{b['nodeid']} #{b['index']}", "torch": va, "agcheck": vb,
+                                "why": "same process, same arguments (interleaved)"})
+    for mode in ("fast", "slow", "-"):
+        sel = [b for b in inter if b["mode_run"] == mode]
+        for which in ("best", "first"):
+            st = ratio_stats([(_best({"runs": b["runs_fw"]}, "cpu", which), _best(b, "cpu", which)) for b in sel])
+            if st:
+                inter_stats[f"{mode}/cpu/{which}"] = st
+    tests = {}
+    for c in runs:
+        outcomes = {}
+        for r in runs[c]["records"]:
+            if r["type"] == "test":
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+        tests[c] = outcomes
+    verdicts = {}
+    for c, cs in calls.items():
+        counts = {}
+        for r in cs.values():
+            counts[_verdict_class(r["verdict"])] = counts.get(_verdict_class(r["verdict"]), 0) + 1
+        verdicts[c] = counts
+    checkers = {c: sorted({r["checker"] for r in cs.values()}) for c, cs in calls.items()}
+    modes = {}
+    for r in fw.values():
+        modes[f"{r['kind']}/{r['mode']}"] = modes.get(f"{r['kind']}/{r['mode']}", 0) + 1
+    modes_run, not_forced = {}, []
+    for r in fw.values():
+        modes_run[f"{r['kind']}/{r['mode_run']}"] = modes_run.get(f"{r['kind']}/{r['mode_run']}", 0) + 1
+        if r.get("not_forced"):
+            not_forced.append(f"{r['nodeid']} #{r['index']} ({r['not_forced']})")
+    return {
+        "calls": {c: len(cs) for c, cs in calls.items()}, "paired": len(pairs), "modes_passed": modes,
+        "modes_run": modes_run, "not_forced": not_forced,
+        "verdicts": verdicts, "checkers": checkers, "tests": tests,
+        "verdict_differences": diffs, "message_differences": msgdiffs, "subclass_verdicts": subclassed,
+        "input_digest_differences": digestdiffs, "dropin_misses": misses,
+        "ratios": stats, "slowest": slowest, "worst_ratios": worst,
+        "interleaved_ratios": inter_stats, "interleaved_verdict_differences": inter_diffs,
+    }
+
+
+def _fmt_stats(s):
+    return (f"{s['calls']:5d} calls  min {s['min']:.2f}  p10 {s['p10']:.2f}  median {s['median']:.2f}  "
+            f"geomean {s['geomean']:.2f}  max {s['max']:.2f}  total {s['total_fw']:.2f}s/{s['total_ag']:.2f}s "
+            f"= {s['total_ratio']:.2f}x  ({s['slower_calls']} calls slower under agcheck)")
+
+
+def print_report(data, summary, out=sys.stdout):
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    fwname = "jax" if data["framework"] == "jax" else "torch"
+    p(f"== {data['suite']} ({data['framework']}): {data['source']}")
+    p(f"   via={data['via']} repeat={data['repeat']} force_slow={data['force_slow']}")
+    for c, r in data["runs"].items():
+        p(f"   {c:8s} pytest rc={r['rc']} in {r['seconds']:.0f}s; tests {summary['tests'].get(c)}; "
+          f"checks {summary['calls'].get(c, 0)} {summary['verdicts'].get(c)}; checker(s) {summary['checkers'].get(c)}")
+    p(f"   calls by kind/mode as passed: {summary['modes_passed']}; as run: {summary['modes_run']}")
+    for c in summary.get("not_forced", []):
+        p(f"   kept in fast mode: {c}")
+    nd = len([d for d in summary["verdict_differences"]])
+    if len(data["runs"]) < 2:
+        p("-- verdicts: one process only (see the interleaved comparison below, if any); "
+          f"{len(summary['dropin_misses'])} call(s) the drop-in missed")
+    else:
+        p(f"-- verdicts: {summary['paired']} calls paired; {nd} verdict difference(s); "
+          f"{len(summary['message_differences'])} first-line message difference(s) with the same verdict; "
+          f"{len(summary['input_digest_differences'])} call(s) with different inputs; "
+          f"{len(summary['dropin_misses'])} call(s) the drop-in missed")
+    for d in summary["verdict_differences"]:
+        p(f"   DIFF {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}"
+          + (f"\n        ({d['why']})" if d.get("why") else f"\n        (same inputs: {d.get('same_inputs')}, mode {d.get('mode')}, fn {d.get('fn')})"))
+    for d in summary.get("subclass_verdicts", []):
+        p(f"   same failure, exception a subclass of the framework's: {d['call']}\n        {fwname}:   {d['torch']}"
+          f"\n        agcheck: {d['agcheck']}\n        agcheck's classes: {d['agcheck_types']}")
+    for d in summary["message_differences"][:20]:
+        p(f"   msg  {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}")
+    for m in summary["dropin_misses"][:20]:
+        p(f"   MISS {m} reached {fwname}'s own checker under the drop-in")
+    p(f"-- time ratios {fwname}/agcheck per call; >1 = agcheck faster. best = fastest of {data['repeat']} "
+      "repeat(s) on the same arguments; first = the first run, the one the suite pays")
+    for key, s in summary["ratios"].items():
+        mode, field, which = key.split("/")
+        label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
+        p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
+    if summary.get("interleaved_ratios"):
+        p(f"-- interleaved in the agcheck process ({fwname}'s checker and agcheck alternating on the same arguments): "
+          f"{len(summary['interleaved_verdict_differences'])} verdict difference(s)")
+        for d in summary["interleaved_verdict_differences"]:
+            p(f"   DIFF {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}")
+        for key, s in summary["interleaved_ratios"].items():
+            mode, field, which = key.split("/")
+            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
+            p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
+    p("-- slowest calls (by the framework's best CPU time; CPU seconds, framework vs agcheck)")
+    for s in summary["slowest"]:
+        p(f"   best {s['torch_cpu']:8.3f}s vs {s['agcheck_cpu']:8.3f}s  x{s['ratio']:6.2f}  "
+          f"(first {s.get('torch_first', float('nan')):7.3f}s vs {s.get('agcheck_first', float('nan')):7.3f}s)  "
+          f"{s['mode']:4s} {s['kind']:13s} {s['call']}  {' '.join(s['inputs'])[:60]}")
+    p("-- lowest ratios")
+    for s in summary["worst_ratios"]:
+        p(f"   {s['torch_cpu']:8.4f}s vs {s['agcheck_cpu']:8.4f}s  x{s['ratio']:6.2f}  {s['mode']:4s} {s['call']}  "
+          f"{' '.join(s['inputs'])[:60]}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=sorted(SUITES), help="which suite")
+    ap.add_argument("--src", default="/work/suites-src", help="folder holding the suites' source trees")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each check on the same arguments")
+    ap.add_argument("--force-slow", action="store_true", help="fast_mode=False for every torch call")
+    ap.add_argument("--force-slow-max-numel", type=int, default=20000,
+                    help="with --force-slow, calls whose differentiable inputs hold more elements keep fast mode "
+                         "(torch's slow mode is O(n) evaluations: a 224x224 image model would take hours)")
+    ap.add_argument("--via", choices=("auto", "dropin", "dropin-late", "plugin"), default="auto")
+    ap.add_argument("--checkers", default="torch,agcheck")
+    ap.add_argument("--interleave", action="store_true",
+                    help="in the agcheck process, also run the framework's own checker on the same arguments, "
+                         "alternating with agcheck's repeats: per-call ratios from one process and one moment, "
+                         "robust to the load of a shared machine (JAX: both share JAX's compilation caches, "
+                         "so 'first' figures are not meaningful there)")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--out", default=None, help="JSON file (default bench/results/real-suites-SUITE-DATE[-slow].json)")
+    ap.add_argument("--report", default=None, help="print the report of a saved JSON file and exit")
+    ap.add_argument("pytest_args", nargs="*",
+                    help="extra pytest arguments (after --), e.g. -k expr; test paths given here replace the suite's")
+    args = ap.parse_args(argv)
+
+    if args.report:
+        data = json.load(open(args.report))
+        print_report(data, analyse(data))
+        return 0
+    if not args.suite:
+        ap.error("--suite is required")
+    spec = SUITES[args.suite]
+    via = args.via
+    if via == "auto":
+        via = "dropin" if _has_dropin(spec["framework"]) else "plugin"
+    via_plugin = {"plugin": "agcheck", "dropin": "dropin", "dropin-late": "dropin-late"}[via]
+    log_dir = HERE / "results" / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    data = {"suite": args.suite, "framework": spec["framework"], "source": spec["source"], "via": via,
+            "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave, "pytest_args": args.pytest_args,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "python": sys.version.split()[0], "versions": _versions(spec["framework"]), "runs": {}}
+    for checker in args.checkers.split(","):
+        print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
+        records, rc, seconds, cmd, log = run_suite(args.suite, spec, args.src, checker, via_plugin, args.repeat,
+                                                   args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir,
+                                                   interleave=args.interleave)
+        data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
+    summary = analyse(data)
+    data["summary"] = summary
+    out = args.out or HERE / "results" / (f"real-suites-{args.suite}-{_dt.date.today().isoformat()}"
+                                          + ("-slow" if args.force_slow else "") + ".json")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(data, f, separators=(",", ":"))
+    print_report(data, summary)
+    print(f"raw records: {out}")
+    return 1 if summary["verdict_differences"] or summary["interleaved_verdict_differences"] else 0
+
+
+def _versions(framework):
+    code = ("import importlib.metadata as m, json; out = {}\n"
+            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro'):\n"
+            "    try: out[n] = m.version(n)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "print(json.dumps(out))")
+    try:
+        return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+    except ValueError:
+        return {}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""pytest plugin for bench/real_suites.py: records every gradient check a third-party suite
+makes, call by call.
+
+Loaded with ``-p suites_plugin`` (bench/ on PYTHONPATH). It wraps the checker functions
+of torch (``gradcheck``, ``gradgradcheck``) and JAX (``jax.test_util.check_grads``) at
+every place a name is bound to them -- ``torch.autograd``, the module
+``torch.autograd.gradcheck``, ``jax.test_util`` and any module that did ``from
+torch.autograd import gradcheck`` before -- and records, for each outermost call:
+
+* the test's node id and the call's index within the test,
+* the mode as the test passed it (``fast_mode``; "slow" when not passed) and the mode run,
+* which checker actually ran (torch's own function, agcheck's drop-in, agcheck called
+  directly),
+* the verdict: ``pass`` / ``False`` / ``raise <Type>: <first message line>``,
+* the time inside the checker (wall and process CPU) of every repeat,
+* a digest of the inputs, so a difference of inputs between two runs is seen as such.
+
+Options (``--suite-checker``):
+
+``torch``
+    the suite's calls go to torch's (or JAX's) own checker; nothing else changes.
+``agcheck``
+    this plugin routes the calls to ``agcheck.gradcheck`` / ``agcheck.gradgradcheck`` /
+    ``agcheck.check_grads`` itself (used before agcheck had a drop-in).
+``dropin``
+    agcheck's own drop-in does the routing (run pytest with ``--agcheck-torch`` /
+    ``--agcheck-jax``); this plugin only wraps what the drop-in installed and records. A
+    call that still reaches the framework's own checker is recorded with
+    ``checker="torch"`` / ``"jax"``, which real_suites.py reports as a drop-in miss.
+``dropin-late``
+    like ``dropin``, but ``agcheck.patch_torch()`` / ``patch_jax()`` is called by this
+    plugin after collection, i.e. after the suite's modules bound the names: tests the
+    rebinding of names bound earlier.
+
+``--suite-repeat N`` runs each check N times on the same arguments (the test sees the first
+run's result); ``--suite-force-slow`` passes ``fast_mode=False`` to every torch call;
+``--suite-select`` keeps only tests whose source mentions a checker.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import random
+import sys
+import threading
+import time
+import zlib
+
+import pytest
+
+_STATE = {
+    "out": None,
+    "checker": "torch",
+    "repeat": 1,
+    "force_slow": False,
+    "nodeid": None,
+    "counters": {},
+    "installed": False,
+    "wrappers": {},  # id(target) -> wrapper
+    "tests": {},
+}
+_LOCAL = threading.local()
+
+SELECT_WORDS = ("gradcheck", "gradgradcheck", "check_grads")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("suites", "bench/real_suites.py recorder")
+    group.addoption("--suite-record", default=None, help="JSON-lines file to append records to")
+    group.addoption("--suite-checker", default="torch",
+                    choices=("torch", "agcheck", "dropin", "dropin-late"))
+    group.addoption("--suite-repeat", type=int, default=1)
+    group.addoption("--suite-force-slow", action="store_true", default=False)
+    group.addoption("--suite-force-slow-max-numel", type=int, default=20000,
+                    help="leave calls whose differentiable inputs hold more elements in the mode passed")
+    group.addoption("--suite-interleave", action="store_true", default=False,
+                    help="with an agcheck checker, also run the framework's own checker on the same arguments "
+                         "in the same process, alternating with agcheck's runs (timing robust to machine load)")
+    group.addoption("--suite-select", action="store_true", default=False,
+                    help="keep only tests whose source mentions gradcheck/check_grads")
+    group.addoption("--suite-frameworks", default="torch,jax",
+                    help="frameworks to import before the suite's conftest files (so their checkers are wrapped)")
+
+
+# -- what is wrapped --------------------------------------------------------------------------
+
+def _torch_targets():
+    """(kind, framework original, current binding) for torch's checkers."""
+    if "torch" not in sys.modules:
+        return []
+    import torch.autograd  # noqa: F401
+    mod = sys.modules["torch.autograd.gradcheck"]
+    out = []
+    for kind in ("gradcheck", "gradgradcheck"):
+        current = getattr(mod, kind)
+        current = getattr(current, "suite_inner", current)
+        original = getattr(current, "agcheck_original", current)
+        out.append((kind, original, current))
+    return out
+
+
+def _jax_targets():
+    if "jax" not in sys.modules:
+        return []
+    import jax.test_util as jtu
+    current = getattr(jtu.check_grads, "suite_inner", jtu.check_grads)
+    original = getattr(current, "agcheck_original", current)
+    return [("check_grads", original, current)]
+
+
+def _which(fn, original):
+    if getattr(fn, "agcheck_dropin", None):
+        return "agcheck-dropin"
+    if fn is original:
+        return "jax" if getattr(fn, "__module__", "").startswith("jax") else "torch"
+    return getattr(fn, "__module__", "?")
+
+
+def _agcheck_direct(kind):
+    import agcheck
+    if kind == "gradcheck":
+        return functools.partial(agcheck.gradcheck, backend="torch")
+    if kind == "gradgradcheck":
+        return functools.partial(agcheck.gradgradcheck, backend="torch")
+    return agcheck.check_grads
+
+
+def _rebind(pairs):
+    by_id = {id(old): new for old, new in pairs}
+    n = 0
+    for module in list(sys.modules.values()):
+        try:
+            ns = vars(module)
+        except TypeError:
+            continue
+        if not isinstance(ns, dict):
+            continue
+        for name, value in list(ns.items()):
+            new = by_id.get(id(value))
+            if new is not None and new is not value:
+                try:
+                    ns[name] = new
+                except Exception:  # noqa: BLE001
+                    continue
+                n += 1
+    return n
+
+
+def install():
+    """Wrap every binding of the checkers (the framework's originals and, when a drop-in
+    is active, its replacements)."""
+    checker = _STATE["checker"]
+    pairs = []
+    for kind, original, current in _torch_targets() + _jax_targets():
+        for target in {id(original): original, id(current): current}.values():
+            if id(target) in _STATE["wrappers"]:
+                continue
+            inner = _agcheck_direct(kind) if checker == "agcheck" else target
+            wrapper = _make_wrapper(kind, inner, _which(inner, original) if checker != "agcheck" else "agcheck-direct",
+                                    original)
+            wrapper.suite_inner = target
+            _STATE["wrappers"][id(target)] = wrapper
+            pairs.append((target, wrapper))
+    n = _rebind(pairs)
+    _STATE["installed"] = True
+    return n
+
+
+# -- one call -----------------------------------------------------------------------------
+
+def _digest(inputs):
+    h = hashlib.sha1()
+    shapes = []
+
+    def visit(x):
+        mod = type(x).__module__
+        if mod.startswith("torch") and hasattr(x, "layout"):
+            import torch
+            shapes.append(f"{tuple(x.shape)}:{str(x.dtype).replace('torch.', '')}"
+                          + ("" if x.layout == torch.strided else f":{x.layout}"))
+            if x.layout == torch.strided:
+                t = x.detach()
+                if t.is_complex():
+                    t = torch.view_as_real(t.resolve_conj())
+                h.update(t.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                         if t.dtype != torch.bool and t.numel() else b"")
+            return
+        if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes)):
+            import numpy as np
+            a = np.asarray(x)
+            shapes.append(f"{a.shape}:{a.dtype}")
+            h.update(np.ascontiguousarray(a).tobytes())
+            return
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+            return
+        if isinstance(x, dict):
+            for k in sorted(x, key=str):
+                visit(x[k])
+            return
+        if isinstance(x, (int, float, complex, bool, str)) or x is None:
+            h.update(repr(x).encode())
+            shapes.append(repr(x) if len(repr(x)) < 20 else type(x).__name__)
+            return
+        shapes.append(type(x).__name__)
+
+    try:
+        visit(inputs)
+    except Exception as e:  # noqa: BLE001
+        return f"digest-error:{type(e).__name__}", shapes
+    return h.hexdigest()[:16], shapes
+
+
+def _grad_numel(inputs):
+    """Elements of the inputs a torch check differentiates (floating/complex, requires_grad)."""
+    n = 0
+    stack = [inputs]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif getattr(x, "requires_grad", False):
+            n += x.numel()
+    return n
+
+
+def _verdict(result, error):
+    if error is not None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"raise {type(error).__name__}: {first[:300]}"
+    if result is True or result is None:
+        return "pass"
+    if result is False:
+        return "False"
+    return f"returned {type(result).__name__}"
+
+
+def _reseed(key):
+    seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed)
+    except ImportError:
+        pass
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+
+
+def _kw_summary(kwargs):
+    out = {}
+    for k, v in kwargs.items():
+        r = repr(v)
+        out[k] = r if len(r) <= 60 else type(v).__name__
+    return out
+
+
+def _timed(fn, args, kwargs, side="inner"):
+    result = error = None
+    _LOCAL.side = side
+    c0, w0 = time.process_time(), time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - recorded by the caller
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        error = e
+    finally:
+        _LOCAL.side = None
+    w1, c1 = time.perf_counter(), time.process_time()
+    run = {"wall": w1 - w0, "cpu": c1 - c0, "verdict": _verdict(result, error)}
+    if error is not None:
+        # the exception's classes, so that a subclass of the framework's error counts as it
+        run["types"] = [f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__]
+    return result, error, run
+
+
+def _make_wrapper(kind, inner, which, original=None):
+    def wrapper(*args, **kwargs):
+        __tracebackhide__ = True
+        if getattr(_LOCAL, "depth", 0):
+            # a nested call (torch's gradgradcheck calls its module's gradcheck): inside an
+            # interleaved run of the framework's own checker it must stay the framework's
+            if getattr(_LOCAL, "side", None) == "fw" and original is not None:
+                return original(*args, **kwargs)
+            return inner(*args, **kwargs)
+        nodeid = _STATE["nodeid"] or "<outside a test>"
+        index = _STATE["counters"].get(nodeid, 0)
+        _STATE["counters"][nodeid] = index + 1
+        passed_fast = bool(kwargs.get("fast_mode", False))
+        inputs = args[1] if len(args) > 1 else kwargs.get("inputs", kwargs.get("args"))
+        numel = _grad_numel(inputs)
+        not_forced = None
+        if kind != "check_grads" and _STATE["force_slow"] and passed_fast:
+            if numel <= _STATE.get("force_slow_max", 20000):
+                kwargs = dict(kwargs, fast_mode=False)
+            else:
+                not_forced = f"{numel} differentiable elements > --suite-force-slow-max-numel"
+        run_fast = bool(kwargs.get("fast_mode", False))
+        digest, shapes = _digest(inputs)
+        fn = args[0] if args else kwargs.get("func", kwargs.get("f"))
+        record = {
+            "type": "call", "nodeid": nodeid, "index": index, "kind": kind, "checker": which,
+            "mode": "-" if kind == "check_grads" else ("fast" if passed_fast else "slow"),
+            "mode_run": "-" if kind == "check_grads" else ("fast" if run_fast else "slow"),
+            "fn": getattr(fn, "__qualname__", type(fn).__name__),
+            "kwargs": _kw_summary({k: v for k, v in kwargs.items() if k not in ("func", "inputs", "f", "args")}),
+            "positional": len(args), "inputs": shapes, "digest": digest, "grad_numel": numel,
+            "not_forced": not_forced,
+            "runs": [],
+        }
+        first = (None, None)
+        interleave = (_STATE.get("interleave") and original is not None and inner is not original
+                      and which != _which(original, original))
+        if interleave:
+            record["runs_fw"] = []
+        _LOCAL.depth = 1
+        try:
+            for r in range(max(1, _STATE["repeat"])):
+                # interleaved: agcheck first on even repeats, the framework's checker first on odd
+                if interleave and r % 2 == 1:
+                    record["runs_fw"].append(_timed(original, args, kwargs, "fw")[2])
+                result, error, run = _timed(inner, args, kwargs)
+                record["runs"].append(run)
+                if interleave and r % 2 == 0:
+                    record["runs_fw"].append(_timed(original, args, kwargs, "fw")[2])
+                if r == 0:
+                    first = (result, error)
+                    # pytest's own skip/xfail exceptions, or an interrupt-like outcome: no repeats
+                    if error is not None and type(error).__module__.startswith(("_pytest", "pytest")):
+                        break
+        finally:
+            _LOCAL.depth = 0
+            record["verdict"] = record["runs"][0]["verdict"] if record["runs"] else "no run"
+            _write(record)
+            _reseed(f"{nodeid}#{index}")
+        result, error = first
+        if error is not None:
+            raise error
+        return result
+
+    wrapper.__name__ = kind
+    wrapper.__qualname__ = kind
+    wrapper.__wrapped_checker__ = inner
+    return wrapper
+
+
+def _write(record):
+    path = _STATE["out"]
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# -- pytest hooks -------------------------------------------------------------------------------
+
+def _late(config):
+    return config.getoption("suite_checker") == "dropin-late"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Wrap after agcheck's drop-in (which patches tryfirst here) and before the suite's
+    conftest files import anything."""
+    ns = early_config.known_args_namespace
+    _STATE["out"] = getattr(ns, "suite_record", None)
+    _STATE["checker"] = getattr(ns, "suite_checker", "torch") or "torch"
+    _STATE["repeat"] = getattr(ns, "suite_repeat", 1) or 1
+    _STATE["force_slow"] = bool(getattr(ns, "suite_force_slow", False))
+    _STATE["interleave"] = bool(getattr(ns, "suite_interleave", False))
+    _STATE["force_slow_max"] = getattr(ns, "suite_force_slow_max_numel", 20000)
+    frameworks = (getattr(ns, "suite_frameworks", "torch,jax") or "").split(",")
+    if "torch" in frameworks:
+        try:
+            import torch
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
+    if "jax" in frameworks:
+        try:
+            import jax.test_util  # noqa: F401
+        except ImportError:
+            pass
+    if _STATE["checker"] != "dropin-late":
+        install()
+
+
+def pytest_configure(config):
+    if not _STATE["installed"] and not _late(config):
+        install()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if not config.getoption("suite_select"):
+        return
+    keep, drop = [], []
+    cache = {}
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is None:
+            keep.append(item)
+            continue
+        key = id(fn)
+        if key not in cache:
+            try:
+                src = inspect.getsource(fn)
+                cache[key] = any(w in src for w in SELECT_WORDS)
+            except (OSError, TypeError):
+                cache[key] = True
+        (keep if cache[key] else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_collection_finish(session):
+    if _late(session.config):
+        import agcheck
+        if "torch" in sys.modules:
+            _STATE["late_patch_torch"] = agcheck.patch_torch()
+        if "jax" in sys.modules and hasattr(agcheck, "patch_jax"):
+            try:
+                _STATE["late_patch_jax"] = agcheck.patch_jax()
+            except Exception as e:  # noqa: BLE001
+                _write({"type": "note", "note": f"patch_jax failed: {type(e).__name__}: {e}"})
+    # a module imported during collection may have bound an original after install()
+    n = install()
+    _write({"type": "session", "checker": _STATE["checker"], "rebound_after_collection": n,
+            "selected": len(session.items), "repeat": _STATE["repeat"],
+            "force_slow": _STATE["force_slow"]})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _STATE["nodeid"] = item.nodeid
+    _reseed(item.nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        outcome = report.outcome
+        if hasattr(report, "wasxfail"):
+            outcome = "xfail" if report.outcome == "skipped" else "xpass"
+        _write({"type": "test", "nodeid": report.nodeid, "when": report.when, "outcome": outcome,
+                "duration": report.duration})
