@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agcheck.backends.wrt import normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, Perturber, Trace
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
@@ -280,32 +281,19 @@ class JaxBackend(Backend):
     )
 
     def __init__(self, wrt=None):
-        self.wrt = self._normalize_wrt(wrt)
+        self.wrt = normalize_wrt(wrt)
         # set by prepare(): the flat arguments it made and the positions checked in them
         self._prepared: tuple | None = None
         self._prepared_checked: list | None = None
 
     # -- configuration ----------------------------------------------------------------
-    @staticmethod
-    def _normalize_wrt(wrt):
-        if wrt is None:
-            return None
-        items = (wrt,) if not isinstance(wrt, (tuple, list)) else tuple(wrt)
-        for w in items:
-            if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
-                raise TypeError(f"wrt must be an int or a tuple of ints, got {wrt!r}")
-        items = tuple(int(w) for w in items)
-        if not items:
-            raise ValueError("wrt must name at least one input position, got an empty tuple")
-        return items
-
     def with_options(self, **options) -> "JaxBackend":
         unknown = sorted(set(options) - {"wrt"})
         if unknown:
             raise TypeError(f"the 'jax' backend takes the extra keyword wrt= only, got {unknown}")
         new = copy.copy(self)  # a per-call instance: prepare() records state on it
         if "wrt" in options:
-            new.wrt = self._normalize_wrt(options["wrt"])
+            new.wrt = normalize_wrt(options["wrt"])
             new._prepared = new._prepared_checked = None
         return new
 
@@ -318,17 +306,6 @@ class JaxBackend(Backend):
                 "backend has nothing to mask. Leave masked at its default."
             )
         return super().refusal(capability, keyword)
-
-    def _resolve_wrt(self, n_args: int) -> tuple:
-        resolved = []
-        for w in self.wrt:
-            k = w + n_args if w < 0 else w
-            if not 0 <= k < n_args:
-                raise ValueError(f"wrt position {w} is out of range for {n_args} input(s)")
-            if k in resolved:
-                raise ValueError(f"wrt names input {k} more than once: {self.wrt!r}")
-            resolved.append(k)
-        return tuple(resolved)
 
     def prepare(self, fn, inputs):
         """Flatten pytree inputs into a flat tuple of leaves; ``fn`` becomes a function of
@@ -346,7 +323,7 @@ class JaxBackend(Backend):
             checked = list(self._prepared_checked)
             checked += [k for k in range(len(prev), len(leaves)) if _is_inexact(leaves[k])]
         else:
-            named = self._resolve_wrt(len(args)) if self.wrt is not None else None
+            named = resolve_wrt(self.wrt, len(args)) if self.wrt is not None else None
             if named is not None:
                 args = tuple(self._as_jax_leaves(a) if k in named else a for k, a in enumerate(args))
             flat_fn, leaves, spans = self._flat_function(fn, args, with_spans=True)

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 import numpy as np
 import tensorflow as tf
 
+from agcheck.backends.wrt import normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace, Watched
 
 __all__ = ["TensorFlowBackend", "TfTrace", "TfPerturber", "BACKEND_CLASS", "owns"]
@@ -294,25 +295,12 @@ class TensorFlowBackend(Backend):
     )
 
     def __init__(self, wrt=None):
-        self.wrt = self._normalize_wrt(wrt)
+        self.wrt = normalize_wrt(wrt)
         self._prepared: tuple | None = None
         self._prepared_checked: list | None = None
         self._native = _Native(self)
 
     # -- configuration ----------------------------------------------------------------
-    @staticmethod
-    def _normalize_wrt(wrt):
-        if wrt is None:
-            return None
-        items = (wrt,) if not isinstance(wrt, (tuple, list)) else tuple(wrt)
-        for w in items:
-            if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
-                raise TypeError(f"wrt must be an int or a tuple of ints, got {wrt!r}")
-        items = tuple(int(w) for w in items)
-        if not items:
-            raise ValueError("wrt must name at least one input position, got an empty tuple")
-        return items
-
     def with_options(self, **options) -> "TensorFlowBackend":
         unknown = sorted(set(options) - {"wrt"})
         if unknown:
@@ -320,7 +308,7 @@ class TensorFlowBackend(Backend):
         new = copy.copy(self)  # a per-call instance: prepare() records state on it
         new._native = _Native(new)
         if "wrt" in options:
-            new.wrt = self._normalize_wrt(options["wrt"])
+            new.wrt = normalize_wrt(options["wrt"])
             new._prepared = new._prepared_checked = None
         return new
 
@@ -333,17 +321,6 @@ class TensorFlowBackend(Backend):
                 "is not supported): there is nothing to mask. Leave masked at its default."
             )
         return super().refusal(capability, keyword)
-
-    def _resolve_wrt(self, n_args: int) -> tuple:
-        resolved = []
-        for w in self.wrt:
-            k = w + n_args if w < 0 else w
-            if not 0 <= k < n_args:
-                raise ValueError(f"wrt position {w} is out of range for {n_args} input(s)")
-            if k in resolved:
-                raise ValueError(f"wrt names input {k} more than once: {self.wrt!r}")
-            resolved.append(k)
-        return tuple(resolved)
 
     @staticmethod
     def _as_tf_input(a):
@@ -365,7 +342,7 @@ class TensorFlowBackend(Backend):
         if prev is not None and len(args) >= len(prev) and all(a is b for a, b in zip(args, prev)):
             checked = list(self._prepared_checked) + [k for k in range(len(prev), len(args)) if _is_inexact(args[k])]
         elif self.wrt is not None:
-            named = self._resolve_wrt(len(args))
+            named = resolve_wrt(self.wrt, len(args))
             args = tuple(self._as_tf_input(a) if k in named else a for k, a in enumerate(args))
             for k in named:
                 if not _is_inexact(args[k]):
