@@ -9,6 +9,8 @@ with the torch backend's on the same functions (TensorFlow's convention is torch
 """
 from __future__ import annotations
 
+pytest_plugins = ["pytester"]
+
 import subprocess
 import sys
 import warnings
@@ -653,3 +655,58 @@ def test_the_batched_engine_uses_the_batched_forms(monkeypatch):
     x = rand(40)
     assert passes(lambda x: tf.tanh(tf.linalg.matvec(w, x)), (x,), engine="batched", check_forward_ad=True)
     assert all(calls.values()), calls
+
+
+# -- the command line and the pytest plugin on TensorFlow ---------------------------------------
+
+TF_MODULE = '''
+import tensorflow as tf
+
+
+def good(x):
+    return tf.sin(x) * x
+
+
+@tf.custom_gradient
+def bad(x):
+    def grad(g):
+        return 2 * g * (tf.cos(x) * x + tf.sin(x))  # twice the right gradient
+    return tf.sin(x) * x, grad
+'''
+
+
+@pytest.mark.parametrize("name", ["tensorflow", "tf"])
+def test_command_line_checks_a_tensorflow_function_both_halves(name, tmp_path, capsys):
+    from agcheck.frontends import cli
+
+    (tmp_path / "tfops.py").write_text(TF_MODULE)
+    good = cli.main(["check", f"{tmp_path / 'tfops.py'}:good", "--input", "3x4", "--backend", name, "--plain"])
+    out = capsys.readouterr().out
+    assert good == 0 and "PASSED" in out, out
+    bad = cli.main(["check", f"{tmp_path / 'tfops.py'}:bad", "--input", "5", "--backend", name, "--plain"])
+    out = capsys.readouterr().out
+    assert bad == 1 and "Jacobian mismatch for output 0 with respect to input 0" in out
+    assert "[factor] analytical = 2.00 x numerical" in out
+
+
+def test_pytest_fixture_runs_on_tensorflow(pytester):
+    pytester.makepyfile(test_tf='''
+import numpy as np
+import tensorflow as tf
+
+def test_sin(agcheck_backend, agcheck):
+    assert agcheck_backend == "tensorflow"
+    x = tf.constant(np.linspace(-1.0, 1.0, 6))
+    assert agcheck.gradcheck(lambda t: tf.sin(t) * t, (x,))
+
+def test_wrong(agcheck):
+    @tf.custom_gradient
+    def doubled(t):
+        return tf.identity(t), lambda g: 2 * g
+    agcheck.gradcheck(doubled, (tf.constant([0.5, 1.5], dtype=tf.float64),))
+''')
+    from .test_pytest_plugin import PLUGIN_ARGS
+
+    result = pytester.runpytest(*PLUGIN_ARGS, "-p", "no:cacheprovider", "--agcheck-backend", "tensorflow")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "Jacobian mismatch" in result.stdout.str()

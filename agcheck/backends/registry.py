@@ -8,7 +8,8 @@ from typing import Iterator
 
 from agcheck.backends.base import Backend, BackendUnavailableError
 
-__all__ = ["register_backend", "register_alias", "available_backends", "get_backend", "infer_backend"]
+__all__ = ["register_backend", "register_alias", "canonical_name", "available_backends", "get_backend",
+           "infer_backend"]
 
 _REGISTRY: dict[str, tuple[str, str, str]] = {}
 #: other names of registered backends (``"tf"`` for ``"tensorflow"``)
@@ -52,13 +53,18 @@ def available_backends() -> dict[str, bool]:
     return {name: _installed(fw) for name, (_, fw, _) in _REGISTRY.items()}
 
 
+def canonical_name(name: str) -> str:
+    """The registered name ``name`` stands for (itself, or what an alias names)."""
+    return _ALIASES.get(name, name)
+
+
 def get_backend(name, **options) -> Backend:
     """The backend called ``name`` (or ``name`` itself if it is a :class:`Backend`),
     configured with ``options`` (the backend-specific keywords of one call)."""
     if isinstance(name, Backend):
         return name.with_options(**options)
     if isinstance(name, str):
-        name = _ALIASES.get(name, name)
+        name = canonical_name(name)
     if not isinstance(name, str) or name not in _REGISTRY:
         known = ", ".join(
             f"{n} ({'installed' if ok else 'not installed'})" for n, ok in available_backends().items()

@@ -204,15 +204,16 @@ def _summary_of(error) -> str:
 # -- subcommands ---------------------------------------------------------------------------
 
 def _backend_for_check(name: str):
-    """The backend ``check`` runs on (torch or jax, installed), else a usage error."""
+    """The backend ``check`` runs on (one with its own autodiff, installed), else a usage error."""
     from agcheck.backends.base import BackendUnavailableError
-    from agcheck.backends.registry import available_backends, get_backend
+    from agcheck.backends.registry import available_backends, canonical_name, get_backend
 
+    name = canonical_name(name)
     if name not in available_backends():
         raise UsageError(f"unknown backend {name!r} (known: {', '.join(available_backends())})")
-    if name not in ("torch", "jax"):
-        raise UsageError(f"the command line generates inputs for the torch and jax backends only, "
-                         f"not {name!r} (use agcheck.gradcheck from Python)")
+    if name == "numpy":
+        raise UsageError("the numpy backend checks hand-written derivatives (vjp=/jvp=), which the "
+                         "command line cannot take: use agcheck.gradcheck from Python")
     try:
         return get_backend(name)
     except BackendUnavailableError as e:
@@ -363,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(p)
-    p.add_argument("--backend", "-b", default="torch", help="torch or jax (default: %(default)s)")
+    p.add_argument("--backend", "-b", default="torch",
+                   help="torch, jax or tensorflow (default: %(default)s)")
     p.add_argument("--forward", action="store_true", help="also check forward-mode AD (check_forward_ad)")
     p.add_argument("--gradgrad", action="store_true", help="check second derivatives (gradgradcheck)")
     p.add_argument("--eps", type=float, default=None, help="finite-difference step (default 1e-6)")
