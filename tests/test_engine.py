@@ -311,3 +311,37 @@ def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkey
     monkeypatch.setattr(ScaledSin, "factor", 1.1)
     broken = run(lambda a, b: ScaledSin.apply(a @ b), (make(24, 24), make(24, 24, seed=1)), engine="batched")
     assert broken.verdict is False
+
+
+def test_batching_that_saves_no_time_stops_after_the_ramp():
+    from agcheck.engine.batched import _batching_saves_nothing
+
+    assert _batching_saves_nothing(1e-3, 1e-3, 64)  # as fast as the loop: only memory to lose
+    assert not _batching_saves_nothing(1e-4, 1e-3, 64)  # ten times faster: keep batching
+    assert not _batching_saves_nothing(1e-3, 1e-3, 8)  # too small a batch to judge
+
+
+def test_a_dense_cnn_is_not_batched_past_the_ramp_when_batching_saves_nothing(monkeypatch):
+    # torch's float64 CPU convolution runs a batch sample by sample with a workspace for
+    # the whole batch: batched rows cost as much as looped ones, and memory grows with the
+    # batch. Made deterministic: a looped row is made to cost nothing (so batching cannot
+    # be faster), and batches are never judged slower (so only the new rule can stop them).
+    import agcheck.engine.batched as engine
+    from agcheck.engine.batched import _Problem
+
+    original = _Problem._probe
+
+    def probe_with_a_free_loop(self, pos):
+        ok = original(self, pos)
+        self._element_cost[pos] = 0.0
+        return ok
+
+    monkeypatch.setattr(_Problem, "_probe", probe_with_a_free_loop)
+    monkeypatch.setattr(engine, "_batching_loses", lambda *a: False)
+    conv = torch.nn.Conv2d(1, 2, 3, padding=1).double()
+    fn = lambda t: torch.tanh(conv(t))  # noqa: E731
+    r = run(fn, (make(1, 1, 12, 12),), engine="batched")
+    assert r.verdict and ("looped", "batched was not faster") in paths(r)
+    monkeypatch.setattr(ScaledSin, "factor", 1.1)
+    broken = run(lambda t: ScaledSin.apply(conv(t)), (make(1, 1, 12, 12),), engine="batched")
+    assert broken.verdict is False

@@ -44,6 +44,9 @@ _INTERMEDIATES = 4
 #: than a row computed on its own (clearly slower: no batching rule); timings are noisy,
 #: and a close call costs nothing either way
 _CLEARLY_SLOWER = 1.5
+#: past the ramp, batching goes on only while a batched row costs this many times less
+#: than a row on its own: otherwise it saves no time and costs memory
+_CLEARLY_FASTER = 1.5
 PROBE_SEED = 5113
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
@@ -94,6 +97,14 @@ def _batching_loses(per_batched: float, per_looped: float, size: int, seconds: f
     if per_batched <= _CLEARLY_SLOWER * per_looped:
         return False
     return size >= _RAMP[-1] or seconds >= _PROBE_SECONDS
+
+
+def _batching_saves_nothing(per_batched: float, per_looped: float, size: int) -> bool:
+    """Whether a batch large enough to amortise fixed costs is still not clearly faster per
+    row (or column) than one at a time. Then batching only costs memory: a framework may
+    run the batch element by element anyway (torch's float64 CPU convolutions do, with a
+    workspace for the whole batch), so larger batches would hold more and save nothing."""
+    return size >= _RAMP[-1] and per_batched * _CLEARLY_FASTER > per_looped
 
 
 class _Problem:
@@ -228,13 +239,17 @@ class _Problem:
             rows = self._batched_rows(pos, list(range(start, stop)), eps, complex_input)
             seconds = time.perf_counter() - began
             yield start, stop, rows
-            if stop < n and _batching_loses(seconds / (stop - start), self._element_cost.get(pos, float("inf")),
-                                            stop - start, seconds):
-                # vmap is slower here than a loop (no batching rule for some op)
-                self._looped.add(pos)
-                self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batched was slower"))
-                yield from self._looped_row_chunks(pos, stop, n, eps)
-                return
+            per_row, looped = seconds / (stop - start), self._element_cost.get(pos, float("inf"))
+            if stop < n and _batching_loses(per_row, looped, stop - start, seconds):
+                why = "batched was slower"  # no batching rule for some op
+            elif stop < n and _batching_saves_nothing(per_row, looped, stop - start):
+                why = "batched was not faster"
+            else:
+                continue
+            self._looped.add(pos)
+            self.run.engine_log.append(EngineEvent("numerical", "looped", pos, why))
+            yield from self._looped_row_chunks(pos, stop, n, eps)
+            return
 
     def _looped_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
@@ -381,6 +396,9 @@ def _analytical_columns(p, k, c0, c1, inputs):
     if _batching_loses(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0, seconds):
         p._vjp_batched = False
         p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batched was slower"))
+    elif p._vjp_batched is None and _batching_saves_nothing(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0):
+        p._vjp_batched = False
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batched was not faster"))
     elif c1 - c0 >= _RAMP[-1]:
         p._vjp_batched = True  # paid at scale; later batches are still timed
     return cols
