@@ -9,6 +9,7 @@ when every check passed, 1 when one failed, 2 on a usage error.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -21,6 +22,9 @@ def _subcommands() -> tuple:
 def main(argv=None) -> int:
     """Run ``agcheck`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # TensorFlow's C++ runtime logs warnings for every traced function (dtype notes,
+    # aborted rendezvous) unless told otherwise before it loads: keep the tables readable
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv and argv[0] in _subcommands():
         from agcheck.frontends import cli
 

@@ -7,6 +7,7 @@ its derivative deliberately scaled by 1.5 fails agcheck.gradcheck.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import re
@@ -32,7 +33,10 @@ except ImportError:  # the main job runs without jax; the jax halves skip
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRIES = list(catalog.CATALOG)
 IDS = [e.name for e in ENTRIES]
-BACKENDS = ["torch"] + (["jax"] if jax is not None else []) + ["numpy"]
+HAS_TF = importlib.util.find_spec("tensorflow") is not None
+BACKENDS = ["torch"] + (["jax"] if jax is not None else []) + (["tensorflow"] if HAS_TF else []) + ["numpy"]
+#: a prelude that hides the optional frameworks a test does not want
+NO_TF = "sys.modules['tensorflow'] = None; "
 #: the whole main job must finish well within this (measured: about 30 s of CPU time)
 WHOLE_JOB_LIMIT_S = 240
 
@@ -204,7 +208,8 @@ def test_whole_main_job(whole_job):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert elapsed < WHOLE_JOB_LIMIT_S
     out = proc.stdout
-    assert re.search(r"function\s+kind\s+torch\s+" + (r"jax\s+" if jax is not None else "") + r"numpy\s+crosscheck\s+time", out)
+    assert re.search(r"function\s+kind\s+torch\s+" + (r"jax\s+" if jax is not None else "")
+                     + (r"tensorflow\s+" if HAS_TF else "") + r"numpy\s+crosscheck\s+time", out)
     assert f"all {len(ENTRIES)} functions passed" in out
     assert "\x1b[" not in out  # a pipe gets plain text
     report = cwd / mainjob.DEFAULT_REPORT
@@ -246,9 +251,12 @@ def test_demo_failure_exits_1_with_the_report(tmp_path):
     proc = _agcheck("--only", "exp", "--demo-failure", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
-    row = _rows(out)["exp_broken_backward"]
-    assert row[3] == "FAIL" and row[4:7] == ["pass", "pass", "DIFFER"]  # torch is wrong, not jax/numpy
-    assert _rows(out)["exp"][2:6] == ["pass", "pass", "pass", "agree"]
+    row = dict(zip(BACKENDS + ["crosscheck"], _rows(out)["exp_broken_backward"][3:]))
+    # torch is wrong, not jax/numpy (the demo has no TensorFlow port)
+    assert row == {**{b: "pass" for b in BACKENDS}, "torch": "FAIL", "crosscheck": "DIFFER",
+                   **({"tensorflow": "-"} if HAS_TF else {})}
+    exp = dict(zip(BACKENDS + ["crosscheck"], _rows(out)["exp"][2:]))
+    assert exp == {**{b: "pass" for b in BACKENDS}, "crosscheck": "agree"}
     assert "Jacobian mismatch for output 0 with respect to input 0" in out
     assert "[factor] analytical = 2.00 x numerical" in out
     assert "FAILED: 1 of 2 functions (exp_broken_backward)" in out
@@ -303,18 +311,18 @@ def test_quiet_and_no_report(capsys, tmp_path, monkeypatch):
 
 
 def test_without_jax_runs_on_torch_alone(tmp_path):
-    proc = _agcheck("--only", "sin,det", "--no-report", cwd=tmp_path, prelude="import sys; sys.modules['jax'] = None")
+    proc = _agcheck("--only", "sin,det", "--no-report", cwd=tmp_path, prelude="import sys; " + NO_TF + "sys.modules['jax'] = None")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "jax is not installed: checking on torch alone" in proc.stdout
     assert "jax" not in proc.stdout.split("function", 1)[1].splitlines()[0]  # no jax column
     assert _rows(proc.stdout)["det"][2:5] == ["pass", "-", "-"]  # torch, numpy, crosscheck
-    proc = _agcheck("--backends", "jax", cwd=tmp_path, prelude="import sys; sys.modules['jax'] = None")
+    proc = _agcheck("--backends", "jax", cwd=tmp_path, prelude="import sys; " + NO_TF + "sys.modules['jax'] = None")
     assert proc.returncode == 2 and "jax is not installed" in proc.stderr
 
 
 def test_without_torch_and_jax_runs_numpy_only(tmp_path):
     proc = _agcheck("--no-report", cwd=tmp_path,
-                    prelude="import sys; sys.modules['jax'] = None; sys.modules['torch'] = None")
+                    prelude="import sys; " + NO_TF + "sys.modules['jax'] = None; sys.modules['torch'] = None")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "neither torch nor jax is installed" in proc.stdout and "numpy only" in proc.stdout
     n = sum(e.vjp is not None or e.jvp is not None for e in ENTRIES)

@@ -198,6 +198,13 @@ class Backend:
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
     runs_array_api_code: bool = True
 
+    def array_namespace(self, *arrays):
+        """The array-API namespace for code running on these arrays of this backend
+        (``array_api_compat``'s by default; a backend it does not know may supply one)."""
+        import array_api_compat
+
+        return array_api_compat.array_namespace(*arrays)
+
     def supports(self, capability: str) -> bool:
         """Whether this backend implements the optional part ``capability``."""
         return capability in self.capabilities

@@ -287,6 +287,12 @@ class TensorFlowBackend(Backend):
 
     name = "tensorflow"
     runs_array_api_code = False  # array_api_compat has no namespace for TF tensors
+
+    def array_namespace(self, *arrays):
+        """agcheck's small array-API namespace over ``tf.math`` / ``tf.linalg``."""
+        from agcheck.backends.tensorflow_xp import namespace
+
+        return namespace
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (

@@ -26,6 +26,8 @@ from typing import Callable
 import array_api_compat
 import numpy as np
 
+from agcheck.backends.registry import infer_backend
+
 __all__ = ["Arg", "Entry", "CATALOG", "KINDS", "by_name", "select", "demo_failure_entry"]
 
 #: the kinds of catalog entries, in display order
@@ -33,7 +35,10 @@ KINDS = ("elementwise", "reduction", "linalg", "composite", "complex", "custom")
 
 
 def _ns(*arrays):
-    return array_api_compat.array_namespace(*arrays)
+    try:
+        return array_api_compat.array_namespace(*arrays)
+    except TypeError:  # a framework array_api_compat does not know (TensorFlow)
+        return infer_backend(arrays).array_namespace(*arrays)
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -118,6 +123,9 @@ class Entry:
     reverse_only : frozenset of str
         Backends on which only reverse mode is checked (e.g. a ``jax.custom_vjp`` has no
         forward mode).
+    not_on : frozenset of str
+        Backends whose arrays cannot run ``fn`` as written (TensorFlow refuses mixed
+        real/complex arithmetic through Python's operators).
     """
 
     name: str
@@ -130,6 +138,7 @@ class Entry:
     vjp: Callable | None = None
     jvp: Callable | None = None
     reverse_only: frozenset = field(default_factory=frozenset)
+    not_on: frozenset = field(default_factory=frozenset)
 
     def inputs(self) -> tuple:
         """The inputs as NumPy arrays (fresh copies, the same on every call)."""
@@ -150,7 +159,11 @@ class Entry:
     def supports(self, backend: str) -> bool:
         if backend == "numpy":
             return self.vjp is not None or self.jvp is not None
-        return backend in ("torch", "jax")
+        if backend in self.not_on:
+            return False
+        if self.ports is not None:
+            return self.ports(backend) is not None
+        return backend in ("torch", "jax", "tensorflow")
 
     def forward_ad(self, backend: str) -> bool:
         """Is forward-mode AD checked on ``backend``?"""
@@ -548,6 +561,17 @@ def _softplus_ports(backend: str):
             return softplus_jax(x), t / (1 + jnp.exp(-x))
 
         return softplus_jax
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.custom_gradient
+        def softplus_tf(x):
+            def backward(g):
+                return g * tf.sigmoid(x)
+
+            return tf.math.log1p(tf.exp(x)), backward
+
+        return softplus_tf
     return None
 
 
@@ -592,6 +616,14 @@ def _cube_ports(backend: str):
 
         cube_jax.defvjp(lambda x: (x * x * x, x), lambda x, g: (3 * x * x * g,))
         return cube_jax
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.custom_gradient
+        def cube_tf(x):
+            return x * x * x, lambda g: 3 * x * x * g
+
+        return cube_tf
     return None
 
 
@@ -660,14 +692,16 @@ CATALOG: tuple = (
        complex_matmul, 65, "a @ b, complex"),
     _e("z_sin_z", "complex elementwise", [Arg((4,), "complex128")], z_sin_z, 66, "z * sin(z): holomorphic"),
     _e("real_of_exp_times", "complex", [Arg((4,), "complex128"), Arg((4,))], real_of_exp_times, 68,
-       "real(exp(z) * w), w real"),
+       "real(exp(z) * w), w real", not_on=frozenset({"tensorflow"})),
     # hand-written derivatives
     _e("softplus_custom", "custom elementwise", [R34], softplus_custom, 70,
-       "softplus: torch.autograd.Function (backward + jvp), jax.custom_jvp, NumPy vjp + jvp",
-       ports=_softplus_ports, vjp=softplus_custom_vjp, jvp=softplus_custom_jvp),
+       "softplus: torch.autograd.Function (backward + jvp), jax.custom_jvp, tf.custom_gradient "
+       "(reverse mode: TF's forward mode does not use custom gradients), NumPy vjp + jvp",
+       ports=_softplus_ports, vjp=softplus_custom_vjp, jvp=softplus_custom_jvp,
+       reverse_only=frozenset({"tensorflow"})),
     _e("cube_custom_vjp", "custom elementwise", [R34], cube_custom_vjp, 71,
-       "x ** 3: torch.autograd.Function and jax.custom_vjp (reverse mode only), NumPy vjp",
-       ports=_cube_ports, vjp=cube_custom_vjp_vjp, reverse_only=frozenset({"torch", "jax"})),
+       "x ** 3: torch.autograd.Function, jax.custom_vjp and tf.custom_gradient (reverse mode only), NumPy vjp",
+       ports=_cube_ports, vjp=cube_custom_vjp_vjp, reverse_only=frozenset({"torch", "jax", "tensorflow"})),
 )
 
 

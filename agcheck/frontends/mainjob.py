@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                              + ", ".join(_catalog.KINDS) + "); repeatable")
     parser.add_argument("--list", action="store_true", help="list the catalog and exit")
     parser.add_argument("--backends", metavar="B[,B]", default=None,
-                        help="backends to run on, among torch, jax, numpy (default: every installed one)")
+                        help="backends to run on, among torch, jax, tensorflow, numpy (default: every installed one)")
     parser.add_argument("--report", metavar="PATH", default=DEFAULT_REPORT,
                         help="where to write the HTML report (default: %(default)s)")
     parser.add_argument("--no-report", action="store_true", help="do not write the HTML report")
@@ -209,7 +209,7 @@ def _choose_backends(args, installed: dict) -> tuple[list, list]:
     if args.backends is not None:
         wanted = list(dict.fromkeys(_split([args.backends])))
         if not wanted:
-            raise UsageError("--backends needs at least one of torch, jax, numpy")
+            raise UsageError("--backends needs at least one of torch, jax, tensorflow, numpy")
         unknown = [b for b in wanted if b not in BACKENDS]
         if unknown:
             raise UsageError(f"unknown backend {', '.join(unknown)} (choose from {', '.join(BACKENDS)})")
@@ -219,18 +219,18 @@ def _choose_backends(args, installed: dict) -> tuple[list, list]:
                              f"(pip install 'agcheck[{missing[0]}]')")
         return [b for b in BACKENDS if b in wanted], notes
     chosen = [b for b in BACKENDS if b in installed]
-    if "torch" in installed and "jax" not in installed:
-        notes.append("jax is not installed: checking on torch alone (and on NumPy the functions with "
-                     "hand-written derivatives); install agcheck[jax] or agcheck[all] to cross-check "
-                     "against JAX.")
-    elif "jax" in installed and "torch" not in installed:
-        notes.append("torch is not installed: checking on jax alone (and on NumPy the functions with "
-                     "hand-written derivatives); install agcheck[torch] or agcheck[all] to cross-check "
-                     "against torch.")
-    elif "torch" not in installed and "jax" not in installed:
+    frameworks = [b for b in chosen if b != "numpy"]
+    missing = [b for b in ("torch", "jax") if b not in installed]
+    if not frameworks:
         notes.append("neither torch nor jax is installed: checking only the functions with hand-written "
                      "derivatives, on the NumPy backend (numpy only); install agcheck[torch] or "
                      "agcheck[all] for the whole catalog.")
+    elif missing:
+        on = frameworks[0] + " alone" if len(frameworks) == 1 else " and ".join(frameworks)
+        name = {"torch": "torch", "jax": "JAX"}[missing[0]]
+        notes.append(f"{missing[0]} is not installed: checking on {on} (and on NumPy the functions with "
+                     f"hand-written derivatives); install agcheck[{missing[0]}] or agcheck[all] to cross-check "
+                     f"against {name}.")
     return chosen, notes
 
 

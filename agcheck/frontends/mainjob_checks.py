@@ -21,7 +21,7 @@ from agcheck.backends.registry import get_backend
 __all__ = ["Verdict", "EntryResult", "BACKENDS", "detect_backends", "port", "convert", "run_entry", "run",
            "cross_text"]
 
-BACKENDS = ("torch", "jax", "numpy")
+BACKENDS = ("torch", "jax", "tensorflow", "numpy")
 
 
 # -- results --------------------------------------------------------------------------------
