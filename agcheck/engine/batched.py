@@ -223,11 +223,9 @@ class _Problem:
             yield from self._exact_rows[pos]
             return
         if not self.batched_ok(pos) or pos in self._looped:
-            chunks = list(self._looped_row_chunks(pos, 0, n, eps)) if self.keep_rows else None
-            if chunks is None:
-                yield from self._looped_row_chunks(pos, 0, n, eps)
-                return
-            self._exact_rows[pos] = chunks
+            chunks = self._looped_row_chunks(pos, 0, n, eps)
+            if self.keep_rows:
+                chunks = self._exact_rows[pos] = list(chunks)
             yield from chunks
             return
         complex_input = be.is_complex(x)
@@ -239,10 +237,10 @@ class _Problem:
             rows = self._batched_rows(pos, list(range(start, stop)), eps, complex_input)
             seconds = time.perf_counter() - began
             yield start, stop, rows
-            per_row, looped = seconds / (stop - start), self._element_cost.get(pos, float("inf"))
-            if stop < n and _batching_loses(per_row, looped, stop - start, seconds):
+            batched, looped = seconds / (stop - start), self._element_cost.get(pos, float("inf"))
+            if stop < n and _batching_loses(batched, looped, stop - start, seconds):
                 why = "batched was slower"  # no batching rule for some op
-            elif stop < n and _batching_saves_nothing(per_row, looped, stop - start):
+            elif stop < n and _batching_saves_nothing(batched, looped, stop - start):
                 why = "batched was not faster"
             else:
                 continue
