@@ -21,7 +21,6 @@ zeros (a custom VJP receives them instantiated as zeros).
 from __future__ import annotations
 
 import contextlib
-import copy
 import warnings
 from contextlib import contextmanager
 
@@ -29,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agcheck.backends.wrt import normalize_wrt, resolve_wrt
+from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, Perturber, Trace
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
@@ -261,7 +260,7 @@ class JaxPerturber(Perturber):
         return self._call(fn, moved)
 
 
-class JaxBackend(Backend):
+class JaxBackend(TakesWrt, Backend):
     """Dense real and complex JAX arrays; pytree inputs; ``wrt=`` picks the checked inputs.
 
     Options (per call, through :meth:`with_options`):
@@ -287,16 +286,6 @@ class JaxBackend(Backend):
         self._prepared_checked: list | None = None
 
     # -- configuration ----------------------------------------------------------------
-    def with_options(self, **options) -> "JaxBackend":
-        unknown = sorted(set(options) - {"wrt"})
-        if unknown:
-            raise TypeError(f"the 'jax' backend takes the extra keyword wrt= only, got {unknown}")
-        new = copy.copy(self)  # a per-call instance: prepare() records state on it
-        if "wrt" in options:
-            new.wrt = normalize_wrt(options["wrt"])
-            new._prepared = new._prepared_checked = None
-        return new
-
     def refusal(self, capability, keyword) -> Exception:
         """``masked`` concerns sparse inputs, which JAX does not have: refuse it clearly."""
         if capability == "masked":

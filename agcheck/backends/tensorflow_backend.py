@@ -32,14 +32,13 @@ What differs from the torch backend:
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 from contextlib import contextmanager
 
 import numpy as np
 import tensorflow as tf
 
-from agcheck.backends.wrt import normalize_wrt, resolve_wrt
+from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace, Watched
 
 __all__ = ["TensorFlowBackend", "TfTrace", "TfPerturber", "BACKEND_CLASS", "owns"]
@@ -274,7 +273,7 @@ class TfPerturber(Perturber):
         return self._evaluate(fn, moved.astype(self._original.dtype, copy=False).reshape(self._original.shape))
 
 
-class TensorFlowBackend(Backend):
+class TensorFlowBackend(TakesWrt, Backend):
     """Dense real and complex TensorFlow tensors and variables; ``wrt=`` picks the
     checked inputs.
 
@@ -287,12 +286,6 @@ class TensorFlowBackend(Backend):
 
     name = "tensorflow"
     runs_array_api_code = False  # array_api_compat has no namespace for TF tensors
-
-    def array_namespace(self, *arrays):
-        """agcheck's small array-API namespace over ``tf.math`` / ``tf.linalg``."""
-        from agcheck.backends.tensorflow_xp import namespace
-
-        return namespace
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (
@@ -307,16 +300,14 @@ class TensorFlowBackend(Backend):
         self._native = _Native(self)
 
     # -- configuration ----------------------------------------------------------------
-    def with_options(self, **options) -> "TensorFlowBackend":
-        unknown = sorted(set(options) - {"wrt"})
-        if unknown:
-            raise TypeError(f"the 'tensorflow' backend takes the extra keyword wrt= only, got {unknown}")
-        new = copy.copy(self)  # a per-call instance: prepare() records state on it
-        new._native = _Native(new)
-        if "wrt" in options:
-            new.wrt = normalize_wrt(options["wrt"])
-            new._prepared = new._prepared_checked = None
-        return new
+    def _per_call_copy(self) -> None:
+        self._native = _Native(self)
+
+    def array_namespace(self, *arrays):
+        """agcheck's small array-API namespace over ``tf.math`` / ``tf.linalg``."""
+        from agcheck.backends.tensorflow_xp import namespace
+
+        return namespace
 
     def refusal(self, capability, keyword) -> Exception:
         """``masked`` concerns sparse layouts, which TensorFlow's dense tensors do not have."""

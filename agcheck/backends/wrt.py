@@ -2,6 +2,8 @@
 not say it themselves (JAX, TensorFlow)."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 
@@ -30,3 +32,22 @@ def resolve_wrt(wrt: tuple, n_args: int) -> tuple:
             raise ValueError(f"wrt names input {k} more than once: {wrt!r}")
         resolved.append(k)
     return tuple(resolved)
+
+
+class TakesWrt:
+    """``with_options(wrt=...)`` for a backend whose checked inputs may be named by position:
+    a per-call copy (``prepare()`` records state on it) with ``wrt`` set."""
+
+    def with_options(self, **options):
+        unknown = sorted(set(options) - {"wrt"})
+        if unknown:
+            raise TypeError(f"the {self.name!r} backend takes the extra keyword wrt= only, got {unknown}")
+        new = copy.copy(self)
+        new._per_call_copy()
+        if "wrt" in options:
+            new.wrt = normalize_wrt(options["wrt"])
+            new._prepared = new._prepared_checked = None
+        return new
+
+    def _per_call_copy(self) -> None:
+        """Make what a copy must not share with the backend it was copied from."""
