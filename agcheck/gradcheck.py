@@ -7,7 +7,8 @@ from typing import Callable
 from agcheck.checks import batched, grad_output_scaling, jacobian, undefined_grads
 from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
-from agcheck.core.problem import numpy_rng_preserved, resolve_problem
+from agcheck.core.numpy_rng import numpy_rng_preserved
+from agcheck.core.problem import resolve_problem
 from agcheck.core.stencil import auto_eps, get_stencil
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors

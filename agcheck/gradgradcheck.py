@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from agcheck.core.problem import numpy_rng_preserved, resolve_problem
+from agcheck.core.numpy_rng import numpy_rng_preserved
+from agcheck.core.problem import resolve_problem
 from agcheck.gradcheck import run_gradcheck
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "UnsupportedError",
-           "OutputPart", "InputPart", "Watched", "REQUIRED_METHODS", "CAPABILITY_METHODS"]
+           "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS"]
 
 
 class Capability:
@@ -100,18 +100,6 @@ class InputPart:
             else:
                 rebuilt[k] = be.real(self.originals[k]) + args[k] * 1j
         return be.as_tuple(self.fn(*rebuilt))
-
-
-@dataclass(frozen=True, eq=False)
-class Watched:
-    """``fn`` itself, called through ``on_call`` (which sees the arguments and may record
-    what ``fn`` raised): backends differentiate ``fn`` as they would unwrapped."""
-
-    fn: Callable
-    on_call: Callable
-
-    def __call__(self, *args):
-        return self.on_call(self.fn, *args)
 
 
 class BackendUnavailableError(ImportError):
@@ -344,11 +332,14 @@ class Backend:
         dimension). Capability :attr:`Capability.BATCHED_FORWARD`."""
         raise UnsupportedError("jvp_batched")
 
-    def vjp_with_undefined_outputs(self, fn: Callable, args: tuple, checked, undefined) -> list:
-        """Evaluate ``fn`` afresh and back-propagate zero cotangents, with the output
-        gradients at the positions in ``undefined`` (indices among the differentiable
-        outputs, or ``"all"``) marked undefined rather than zero. Capability
-        :attr:`Capability.UNDEFINED_GRAD`."""
+    def vjp_with_undefined_outputs(self, fn: Callable, args: tuple, checked, undefined,
+                                   trace: Trace | None = None) -> list:
+        """Back-propagate zero cotangents from the outputs of ``fn`` at ``args``, with the
+        output gradients at the positions in ``undefined`` (indices among the
+        differentiable outputs, or ``"all"``) marked undefined rather than zero.
+        ``trace``, when given, is an evaluation of ``fn`` at ``args`` whose outputs are
+        differentiated (no new call of ``fn``); otherwise ``fn`` is evaluated afresh.
+        Capability :attr:`Capability.UNDEFINED_GRAD`."""
         raise UnsupportedError("vjp_with_undefined_outputs")
 
     # -- batched forms (optional: the engine's faster paths) -----------------------------

@@ -466,10 +466,10 @@ class JaxBackend(TakesWrt, Backend):
     def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
         return jax.vmap(lambda t: self.jvp_wrt(fn, args, position, t))(jnp.asarray(stacked_tangents))
 
-    def vjp_with_undefined_outputs(self, fn, args, checked, undefined) -> list:
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
         # undefined output gradients <-> JAX's symbolic zeros, which a custom_vjp receives
         # instantiated: zero cotangents for every output
-        trace = self.trace(fn, args, checked)
+        trace = trace if trace is not None else self.trace(fn, args, checked)
         return trace.vjp([], [])
 
     # -- batched forms (the batched engine) ---------------------------------------------

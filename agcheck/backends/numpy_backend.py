@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import array_api_compat
 import numpy as np
 
-from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace, Watched
+from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
 from agcheck.report.errors import GradcheckError
 
 __all__ = ["NumpyBackend", "NumpyTrace", "MissingDerivativeError", "BACKEND_CLASS", "owns"]
@@ -95,8 +95,6 @@ def _resolve(f):
     """
     if isinstance(f, UserFunction):
         return ("base", f)
-    if isinstance(f, Watched):  # the core watching fn's calls
-        return _resolve(f.fn)
     if isinstance(f, OutputPart):
         return ("outputs", f.fn, f.part)
     if isinstance(f, InputPart):
@@ -483,9 +481,9 @@ class NumpyBackend(Backend):
                 for b in range(int(stacked_tangents.shape[0]))]
         return tuple(self.stack(list(per_output), axis=0) for per_output in zip(*rows))
 
-    def vjp_with_undefined_outputs(self, fn, args, checked, undefined) -> list:
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
         """NumPy has no "undefined" gradient: undefined output gradients are zero cotangents."""
-        outputs = self.outputs_of(fn, args)
+        outputs = trace.outputs if trace is not None else self.outputs_of(fn, args)
         cots = [self.zeros_like(o) if self.is_differentiable_output(o) else None for o in outputs]
         return self.vjp_of(fn, tuple(args), list(checked), cots)
 

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
-from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace, Watched
+from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
 
 __all__ = ["TensorFlowBackend", "TfTrace", "TfPerturber", "BACKEND_CLASS", "owns"]
 
@@ -142,8 +142,7 @@ def _with_replaced(args, positions, values) -> tuple:
 class _Native:
     """What the core asks TensorFlow to differentiate, in TensorFlow's own arithmetic.
 
-    The core's derived callables (:class:`InputPart`, :class:`OutputPart`,
-    :class:`Watched`) combine arrays with Python's operators; ``InputPart`` rebuilds a
+    The core's derived callables (:class:`InputPart`, :class:`OutputPart`) combine arrays with Python's operators; ``InputPart`` rebuilds a
     complex input as ``re + im * 1j``, which TensorFlow refuses (it does not promote a
     float tensor to complex). This backend unpacks them and rebuilds each with the same
     values through ``tf.complex`` / ``tf.math.real`` / ``tf.math.imag``.
@@ -178,8 +177,6 @@ class _Native:
                 return tuple(take(o) if owns(o) and _dtype(o).is_complex else o for o in be.as_tuple(inner(*args)))
 
             return part_of
-        if isinstance(fn, Watched):
-            return Watched(self(fn.fn), fn.on_call)
         return fn
 
 
@@ -496,11 +493,11 @@ class TensorFlowBackend(TakesWrt, Backend):
     def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
         return tuple(self._jvp_stack(fn, args, [position], 0, stacked_tangents))
 
-    def vjp_with_undefined_outputs(self, fn, args, checked, undefined) -> list:
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
         # TensorFlow has no undefined output gradients: an output nobody differentiates
         # gets zero output_gradients (that is what a tf.custom_gradient receives), so every
         # output is back-propagated with zeros; unconnected inputs give None (undefined)
-        trace = self.trace(fn, args, checked)
+        trace = trace if trace is not None else self.trace(fn, args, checked)
         positions = [k for k, o in enumerate(trace.outputs) if _is_inexact(o)]
         return trace.vjp(positions, [None] * len(positions))
 

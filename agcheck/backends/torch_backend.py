@@ -271,12 +271,15 @@ class TorchBackend(Backend):
             warnings.filterwarnings("ignore", message="There is a performance drop")
             return _vmap(lambda t: self.jvp_wrt(fn, args, position, t))(stacked_tangents)
 
-    def vjp_with_undefined_outputs(self, fn, args, checked, undefined) -> list:
-        outs = [o for o in self.as_tuple(fn(*args)) if isinstance(o, torch.Tensor) and o.requires_grad]
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
+        outputs = trace.outputs if trace is not None else self.as_tuple(fn(*args))
+        outs = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
         make_undefined = torch._C._functions.UndefinedGrad()
         marked = [make_undefined(o) if undefined == "all" or k in undefined else o for k, o in enumerate(outs)]
         zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format) for o in marked]
-        return list(torch.autograd.grad(marked, [args[p] for p in checked], zeros, allow_unused=True))
+        # a trace's graph may be differentiated again (one undefined output at a time)
+        return list(torch.autograd.grad(marked, [args[p] for p in checked], zeros, allow_unused=True,
+                                        retain_graph=trace is not None))
 
     # -- batched forms (the batched engine) ---------------------------------------------
     def evaluate_batch(self, fn, args, position, stacked):

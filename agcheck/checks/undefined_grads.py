@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import warnings
 
-from agcheck.backends.base import Watched
 from agcheck.core.jacobian import random_vectors
 from agcheck.report.errors import UNDEFINED_GRAD_HINT, GradcheckError
 
@@ -18,27 +17,16 @@ _OPT_OUT = (
 
 def check_backward(run, piece) -> None:
     """Back-propagate with all output gradients undefined, then (with several outputs)
-    with one undefined at a time: the backward must not fail and must give zeros."""
-    be, fn, args, checked, n_outputs = run.be, piece.fn, piece.args, piece.checked, len(piece.diff)
+    with one undefined at a time: the backward must not fail and must give zeros. The
+    outputs of the piece's trace are differentiated: ``fn`` is not called again."""
+    be, args, checked, n_outputs = run.be, piece.args, piece.checked, len(piece.diff)
     cases = ["all"]
     if n_outputs > 1:
         cases += [{k} for k in range(n_outputs)]
-    raised = []
-
-    def record(f, *a):
-        try:
-            return f(*a)
-        except Exception as e:
-            raised.append(e)
-            raise
-
-    guarded = Watched(fn, record)
     for undefined in cases:
         try:
-            grads = be.vjp_with_undefined_outputs(guarded, args, checked, undefined)
+            grads = be.vjp_with_undefined_outputs(piece.fn, args, checked, undefined, trace=piece.trace)
         except RuntimeError as e:
-            if any(e is r for r in raised):
-                raise  # fn itself failed, not its backward: the caller's error, as in torch
             warnings.warn(_OPT_OUT, stacklevel=4)
             raise GradcheckError(
                 "Expected backward function to handle undefined output grads. " + UNDEFINED_GRAD_HINT,
