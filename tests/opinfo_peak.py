@@ -12,7 +12,7 @@ memory before the check (after importing torch, op_db and agcheck) and the peak
 op and arguments at a smaller size); ``--mode fast`` measures fast mode. agcheck's engine
 chooses between batched and element-by-element evaluation from timings;
 ``--pin-engine batched`` (or ``loop``) pins that choice (measurement only: it sets the
-engine's private ``_CLEARLY_SLOWER`` threshold).
+engine's ``cost.CLEARLY_SLOWER`` threshold).
 """
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ def main(argv=None) -> int:
                     help="pin agcheck's timing-based choice between batched and looped evaluation")
     args = ap.parse_args(argv)
     if args.pin_engine:
-        from agcheck.engine import batched as engine
+        from agcheck.engine import cost
 
-        if not hasattr(engine, "_CLEARLY_SLOWER"):
-            ap.error("--pin-engine: this agcheck's engine has no _CLEARLY_SLOWER threshold")
-        engine._CLEARLY_SLOWER = float("inf") if args.pin_engine == "batched" else 0.0
+        if not hasattr(cost, "CLEARLY_SLOWER"):
+            ap.error("--pin-engine: this agcheck's engine has no CLEARLY_SLOWER threshold")
+        cost.CLEARLY_SLOWER = float("inf") if args.pin_engine == "batched" else 0.0
 
     op = sweep.find_op(args.op)
     sample = sweep.generate_samples(op, args.dtype, args.index + 1)[args.index]

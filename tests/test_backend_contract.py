@@ -358,3 +358,18 @@ def _with_wrong_gradient(be, fn):
 
     ident.defvjp(lambda x: (x, None), lambda _, g: (2 * g,))
     return lambda x, y: fn(ident(x), y)
+
+
+def test_stacked_evaluation_gives_each_copy_its_own_result(setup):
+    be, make, fn, args = setup
+    if not be.supports(Capability.STACKED_EVALUATION):
+        pytest.skip(f"{be.name} does not list {Capability.STACKED_EVALUATION!r}")
+    moves = be.element_moves(args[0], [0, 3], 1e-3, 1)
+    want = np.stack([X, X])
+    want[0, 0] += 1e-3
+    want[1, 3] += 1e-3
+    (out,) = be.evaluate_stacked(lambda x, y: (x * x * 3.0,), args, 0, moves)
+    np.testing.assert_allclose(_np(be, out), want * want * 3.0, rtol=1e-12)
+    # an output that is not the copies' results end to end cannot be split
+    with pytest.raises(ValueError):
+        be.evaluate_stacked(lambda x, y: ((x * x).sum(),), args, 0, moves)

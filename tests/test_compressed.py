@@ -440,11 +440,14 @@ def test_drift_within_nondet_tol_passes_like_torch():
 # -- inputs that cannot be moved in batches: compressed with one plain call per move -------
 
 def unbatchable(backward):
-    """sin(x) * 2 as an autograd.Function with no vmap rule: vmap refuses it."""
+    """sin(x) * 2 as an autograd.Function with no vmap rule (vmap refuses it) that takes
+    inputs of one size only (as a fixed-size kernel does): no batched form of it exists."""
 
     class Fn(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
+            if x.shape != (N,):
+                raise ValueError(f"a kernel for {N} elements, got {tuple(x.shape)}")
             ctx.save_for_backward(x)
             return x.sin() * 2
 
@@ -486,13 +489,16 @@ def test_input_read_through_a_closure_is_compressed_one_call_at_a_time():
 
 
 class _RecordingMatmulTanh(torch.autograd.Function):
-    """tanh(a @ b) with no vmap rule; keeps a copy of every input it is called with."""
+    """tanh(a @ b) of square blocks of one shape, with no vmap rule; keeps a copy of every
+    input it is called with."""
 
     seen = []
     recording = False
 
     @staticmethod
     def forward(ctx, a, b):
+        if a.shape != b.shape:  # nor can it be batched along a's first dimension
+            raise ValueError("blocks of one shape only")
         if _RecordingMatmulTanh.recording:
             _RecordingMatmulTanh.seen.append((a.detach().clone(), b.detach().clone()))
         y = torch.tanh(a @ b)

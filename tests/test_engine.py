@@ -85,7 +85,7 @@ def test_small_memory_budgets_recompute_but_agree(budget):
     ok = run(fn, (make(12, 12), make(12, 12, seed=3)), memory_budget=budget)
     # with one-row chunks a loop may be cheaper; which way it went depends on timings
     assert ok.verdict and not ok.engine_fallbacks and "batched" in paths(ok)
-    assert paths(ok) <= {"batched", ("looped", "batched was slower")}
+    assert paths(ok) <= {"batched", ("looped", "batched was slower"), ("looped", "batched was not faster")}
     bad = run(OneEntryOff.apply, (make(40),), memory_budget=budget)
     assert bad.verdict is False
 
@@ -149,7 +149,7 @@ def test_nondeterministic_backward_is_caught_by_both_engines():
 
 
 def test_ramp_blocks_start_small_and_cover_the_range():
-    from agcheck.engine.batched import _RAMP, _ramped
+    from agcheck.engine.cost import RAMP as _RAMP, ramped as _ramped
 
     assert _ramped(0, 1000, 300) == [(0, _RAMP[0]), (_RAMP[0], _RAMP[0] + _RAMP[1])] + [
         (c0, min(1000, c0 + 300)) for c0 in range(_RAMP[0] + _RAMP[1], 1000, 300)]
@@ -159,7 +159,7 @@ def test_ramp_blocks_start_small_and_cover_the_range():
 
 
 def test_batching_loses_only_when_clearly_slower_and_not_explained_by_fixed_costs():
-    from agcheck.engine.batched import _batching_loses
+    from agcheck.engine.cost import batching_loses as _batching_loses
 
     assert not _batching_loses(1e-3, 1e-3, 8, 0.2)  # as fast
     assert not _batching_loses(1e-3, 1e-4, 8, 0.008)  # small and quick: fixed costs may explain it
@@ -314,7 +314,7 @@ def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkey
 
 
 def test_batching_that_saves_no_time_stops_after_the_ramp():
-    from agcheck.engine.batched import _batching_saves_nothing
+    from agcheck.engine.cost import batching_saves_nothing as _batching_saves_nothing
 
     assert _batching_saves_nothing(1e-3, 1e-3, 64)  # as fast as the loop: only memory to lose
     assert not _batching_saves_nothing(1e-4, 1e-3, 64)  # ten times faster: keep batching
@@ -326,7 +326,7 @@ def test_a_dense_cnn_is_not_batched_past_the_ramp_when_batching_saves_nothing(mo
     # the whole batch: batched rows cost as much as looped ones, and memory grows with the
     # batch. Made deterministic: a looped row is made to cost nothing (so batching cannot
     # be faster), and batches are never judged slower (so only the new rule can stop them).
-    import agcheck.engine.batched as engine
+    from agcheck.engine import cost
     from agcheck.engine.batched import _Problem
 
     original = _Problem._probe
@@ -337,7 +337,8 @@ def test_a_dense_cnn_is_not_batched_past_the_ramp_when_batching_saves_nothing(mo
         return ok
 
     monkeypatch.setattr(_Problem, "_probe", probe_with_a_free_loop)
-    monkeypatch.setattr(engine, "_batching_loses", lambda *a: False)
+    monkeypatch.setattr(cost, "batching_loses", lambda *a: False)
+    monkeypatch.setattr(cost, "slope_per_row", lambda *a: None)
     conv = torch.nn.Conv2d(1, 2, 3, padding=1).double()
     fn = lambda t: torch.tanh(conv(t))  # noqa: E731
     r = run(fn, (make(1, 1, 12, 12),), engine="batched")
@@ -345,3 +346,65 @@ def test_a_dense_cnn_is_not_batched_past_the_ramp_when_batching_saves_nothing(mo
     monkeypatch.setattr(ScaledSin, "factor", 1.1)
     broken = run(lambda t: ScaledSin.apply(conv(t)), (make(1, 1, 12, 12),), engine="batched")
     assert broken.verdict is False
+
+
+# -- how a batched input is evaluated: stacked on fn's own first dimension, or vmapped ----
+
+def _via(r):
+    return {e.via for e in r.engine_log if e.path == "numerical" and e.decision == "batched"}
+
+
+W16 = torch.randn(16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_a_fn_of_independent_samples_is_evaluated_stacked_even_without_a_vmap_rule(factor, monkeypatch):
+    # ScaledSin has no vmap rule; the samples (rows of x) are independent, so the moved
+    # copies can be laid end to end along the first dimension and evaluated in one call
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    fn = lambda x: ScaledSin.apply(x @ W16)  # noqa: E731
+    r = run(fn, (make(8, 16),), engine="batched")
+    assert _via(r) == {"stacked"}
+    assert r.verdict is (factor == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(8, 16),), raise_exception=False)
+    event = next(e for e in r.engine_log if e.path == "numerical" and e.decision == "batched")
+    assert event.figures["loop_row"] > 0 and event.figures["stacked_probe"] > 0
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_fn_that_mixes_its_samples_is_not_stacked(broken):
+    # the stacked probe sees each copy's result depend on the others (a mean over the
+    # first dimension): vmap evaluates the copies apart instead
+    inner = OneEntryOff.apply if broken else torch.sin
+    fn = lambda t: inner(t - t.mean(0))  # noqa: E731
+    r = run(fn, (make(6, 10),), engine="batched")
+    assert _via(r) == {"vmap"} and "stacked_probe" not in next(
+        e for e in r.engine_log if e.path == "numerical").figures
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(6, 10),), raise_exception=False)
+
+
+def test_batch_sizes_grow_while_rows_get_cheaper_and_stop_where_they_get_dearer():
+    from agcheck.engine.cost import next_batch_size
+
+    looped = 1e-3
+    assert next_batch_size({8: 2e-4}, looped, 1000, seconds=8 * 2e-4) == (16, "")
+    assert next_batch_size({8: 2e-4, 16: 1e-4, 32: 5e-5, 64: 3e-5}, looped, 1000, seconds=0.002) == (1000, "")
+    # a larger batch made rows dearer: back to the best size seen
+    assert next_batch_size({8: 2e-4, 16: 4e-4}, looped, 1000, seconds=0.006) == (8, "")
+    # the budget caps the size
+    assert next_batch_size({8: 2e-4}, looped, 10, seconds=0.002) == (10, "")
+
+
+def test_a_batch_that_loses_even_at_scale_stops_after_the_first_small_batch():
+    from agcheck.engine.cost import next_batch_size, slope_per_row
+
+    # a two-row probe took 1 ms, a batch of 8 rows 9 ms: each row adds ~1.1 ms, the loop
+    # costs 0.5 ms a row, so no batch size can win
+    slope = slope_per_row(1e-3, 1, 9e-3, 8)
+    assert slope > 1e-3
+    size, why = next_batch_size({8: 9e-3 / 8}, 5e-4, 1000, seconds=9e-3, slope=slope)
+    assert size is None and "any size" in why
+    # with rows costing little more than fixed costs, growing goes on
+    slope = slope_per_row(1e-3, 1, 1.5e-3, 8)
+    assert next_batch_size({8: 1.5e-3 / 8}, 5e-4, 1000, seconds=1.5e-3, slope=slope) == (16, "")

@@ -83,9 +83,9 @@ def _settings(n: int):
 # --------------------------------------------------------------------------------------
 
 
-#: the backends' batched (vmapped) evaluations: Backend.evaluate_batch, Trace.vjp_batched,
+#: the backends' batched evaluations: Backend.evaluate_batch (vmapped), evaluate_stacked, Trace.vjp_batched,
 #: Backend.jvp_batched / jvp_rows (the NumPy backend's are loops of plain calls)
-_BATCHED_CALLS = frozenset({"evaluate_batch", "vjp_batched", "jvp_batched", "jvp_rows"})
+_BATCHED_CALLS = frozenset({"evaluate_batch", "evaluate_stacked", "vjp_batched", "jvp_batched", "jvp_rows"})
 
 
 def inside_batched_evaluation() -> bool:

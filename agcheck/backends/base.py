@@ -37,6 +37,7 @@ class Capability:
     SECOND_ORDER = "second_order"  #: differentiable_vjp, random_cotangent (gradgradcheck)
     BATCHED_EVALUATION = "batched_evaluation"  #: evaluate_batch, element_moves, one_hots (engine)
     BATCHED_JVP = "batched_jvp"  #: jvp_rows, jvp_along (engine, forward mode)
+    STACKED_EVALUATION = "stacked_evaluation"  #: evaluate_stacked (engine)
 
 
 #: the methods every backend implements itself (the others have defaults written against
@@ -54,6 +55,7 @@ CAPABILITY_METHODS = {
     Capability.UNDEFINED_GRAD: ("vjp_with_undefined_outputs",),
     Capability.BATCHED_EVALUATION: ("evaluate_batch", "element_moves", "one_hots"),
     Capability.BATCHED_JVP: ("jvp_rows", "jvp_along"),
+    Capability.STACKED_EVALUATION: ("evaluate_stacked",),
     Capability.SECOND_ORDER: ("random_cotangent", "differentiable_vjp"),
 }
 
@@ -348,6 +350,18 @@ class Backend:
         leading batch dimension) in one call: per output, the stacked results.
         Capability :attr:`Capability.BATCHED_EVALUATION`."""
         raise UnsupportedError("evaluate_batch")
+
+    def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
+        """``fn`` called once with ``args[position]`` replaced by the ``b`` copies in
+        ``stacked`` laid end to end along the input's first dimension, as if it were
+        ``fn``'s own batch dimension: per output, the result split back into ``b`` equal
+        parts, shape ``(b, output.shape[0] // b, *output.shape[1:])``.
+
+        Only a function that treats that dimension as independent samples gives each
+        copy its own result; the engine uses this form only after comparing it with
+        plain calls. Raises ``ValueError`` when an output cannot be split so.
+        Capability :attr:`Capability.STACKED_EVALUATION`."""
+        raise UnsupportedError("evaluate_stacked")
 
     def element_moves(self, x, flat: Sequence[int], step, sign: int):
         """Copies of ``x`` stacked, the ``b``-th with element ``flat[b]`` moved by

@@ -102,7 +102,7 @@ class TorchBackend(Backend):
 
     name = "torch"
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "sparse", "masked",
-                              "second_order", "batched_evaluation", "batched_jvp"})
+                              "second_order", "batched_evaluation", "batched_jvp", "stacked_evaluation"})
     no_checked_inputs_message = (
         "gradcheck expects at least one input tensor to require gradient, "
         "but none of them have requires_grad=True."
@@ -292,6 +292,20 @@ class TorchBackend(Backend):
 
         with _quiet_batching():
             return tuple(o.detach() for o in torch.func.vmap(at)(stacked))
+
+    def evaluate_stacked(self, fn, args, position, stacked):
+        x = args[position]
+        b = stacked.shape[0]
+        if x.dim() == 0 or x.layout != torch.strided:
+            raise ValueError("only a strided input with a first dimension can be stacked")
+        moved = list(args)
+        moved[position] = stacked.reshape(b * x.shape[0], *x.shape[1:])
+        split = []
+        for o in self.as_tuple(fn(*moved)):
+            if not isinstance(o, torch.Tensor) or o.dim() == 0 or o.shape[0] % b:
+                raise ValueError("an output is not the copies' results end to end")
+            split.append(o.detach().reshape(b, o.shape[0] // b, *o.shape[1:]))
+        return tuple(split)
 
     def element_moves(self, x, flat, step, sign):
         """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,

@@ -18,14 +18,18 @@ _OPT_OUT = (
 def check_backward(run, piece) -> None:
     """Back-propagate with all output gradients undefined, then (with several outputs)
     with one undefined at a time: the backward must not fail and must give zeros. The
-    outputs of the piece's trace are differentiated: ``fn`` is not called again."""
+    outputs of the piece's trace are differentiated (``fn`` is not called again), except
+    with ``engine="reference"``, which evaluates ``fn`` afresh for each case as torch does."""
     be, args, checked, n_outputs = run.be, piece.args, piece.checked, len(piece.diff)
     cases = ["all"]
     if n_outputs > 1:
         cases += [{k} for k in range(n_outputs)]
     for undefined in cases:
+        trace = piece.trace
+        if run.opts.engine == "reference":
+            trace = be.trace(piece.fn, args, checked)  # fn's own errors propagate from here
         try:
-            grads = be.vjp_with_undefined_outputs(piece.fn, args, checked, undefined, trace=piece.trace)
+            grads = be.vjp_with_undefined_outputs(piece.fn, args, checked, undefined, trace=trace)
         except RuntimeError as e:
             warnings.warn(_OPT_OUT, stacklevel=4)
             raise GradcheckError(

@@ -27,7 +27,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
-from agcheck.engine import coloured, compressed
+from agcheck.engine import coloured, compressed, cost
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 
 __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
@@ -36,75 +36,19 @@ __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGE
 DEFAULT_MEMORY_BUDGET = 1 << 30
 #: below this many elements an input is perturbed element by element (a loop is cheaper)
 MIN_BATCHED_NUMEL = 16
-#: working memory of one batched call, as a fraction of the budget
-_CHUNK_SHARE = 4
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 _INTERMEDIATES = 4
-#: batching is dropped for a loop only when a batched row costs this many times more
-#: than a row computed on its own (clearly slower: no batching rule); timings are noisy,
-#: and a close call costs nothing either way
-_CLEARLY_SLOWER = 1.5
-#: past the ramp, batching goes on only while a batched row costs this many times less
-#: than a row on its own: otherwise it saves no time and costs memory
-_CLEARLY_FASTER = 1.5
 PROBE_SEED = 5113
+#: from this many elements on, the probe's plain calls are timed twice (the best counts)
+_RETIMED_NUMEL = 64
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
 _LOOP_EVALUATIONS = 3
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
-#: the first batches of a batched pass are this small, so that an op whose batched form
-#: is pathologically slow or memory-hungry (cost growing faster than the batch) is caught
-#: cheaply, before a budget-sized batch is tried
-_RAMP = (8, 64)
-#: a small first batch that took this long, and costs clearly more per row or column than
-#: the loop, is judged on its own (fixed costs cannot explain it)
-_PROBE_SECONDS = 0.05
-
-
 class EngineFallback(Exception):
     """Raised inside this module when the batched engine cannot decide a check; its
     entry points turn it into an undecided :class:`Outcome`."""
-
-
-def _rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
-    per_call = max(budget // _CHUNK_SHARE, 1)
-    return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
-
-
-def _seconds(call, *args) -> float:
-    began = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - began
-
-
-def _ramped(begin: int, end: int, chunk: int) -> list[tuple[int, int]]:
-    """``[begin, end)`` in blocks of at most ``chunk``, the first ones ``_RAMP``-sized."""
-    blocks, start = [], begin
-    for size in _RAMP:
-        if start >= end or size >= chunk:
-            break
-        blocks.append((start, min(end, start + size)))
-        start = blocks[-1][1]
-    blocks += [(c0, min(end, c0 + chunk)) for c0 in range(start, end, chunk)]
-    return blocks
-
-
-def _batching_loses(per_batched: float, per_looped: float, size: int, seconds: float) -> bool:
-    """Whether a batch of ``size`` rows (or columns) that took ``seconds`` shows batching
-    to be clearly slower than one at a time: judged once the batch is large enough to
-    amortise fixed costs, or took long enough that fixed costs cannot explain it."""
-    if per_batched <= _CLEARLY_SLOWER * per_looped:
-        return False
-    return size >= _RAMP[-1] or seconds >= _PROBE_SECONDS
-
-
-def _batching_saves_nothing(per_batched: float, per_looped: float, size: int) -> bool:
-    """Whether a batch large enough to amortise fixed costs is still not clearly faster per
-    row (or column) than one at a time. Then batching only costs memory: a framework may
-    run the batch element by element anyway (torch's float64 CPU convolutions do, with a
-    workspace for the whole batch), so larger batches would hold more and save nothing."""
-    return size >= _RAMP[-1] and per_batched * _CLEARLY_FASTER > per_looped
 
 
 class _Problem:
@@ -122,7 +66,11 @@ class _Problem:
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
-        self._vjp_batched = None  # False: found clearly slower; True: paid at scale
+        self._via = {}  # per batched input: "stacked" or "vmap"
+        self._figures = {}  # per probed input: the timings its decision was taken on
+        self._vjp_batched = None  # True: being timed; False: found not to pay
+        self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
+        self._vjp_per_col = {}  # seconds per column of each batch size tried
         self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
         self._looped = set()  # inputs whose batched rows were found clearly slower
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
@@ -133,13 +81,29 @@ class _Problem:
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
-        """Can ``args[pos]`` be moved in batches? (vmappable, and seen by fn)"""
+        """Can ``args[pos]`` be moved in batches? (a batched form agrees with plain calls,
+        and fn sees the input move)"""
         if pos not in self._batched:
             self._batched[pos] = self._probe(pos)
-            self.run.engine_log.append(EngineEvent("numerical", "batched" if self._batched[pos] else "looped", pos))
+            figures = self._figures.get(pos, {})
+            if self._batched[pos]:
+                event = EngineEvent("numerical", "batched", pos, via=self._via[pos], figures=figures)
+            else:
+                event = EngineEvent("numerical", "looped", pos, figures=figures)
+            self.run.engine_log.append(event)
         return self._batched[pos]
 
+    def evaluate(self, pos, stacked):
+        """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
+        batched form the probe chose for that input."""
+        if self._via[pos] == "stacked":
+            return self.be.evaluate_stacked(self.fn, self.args, pos, stacked)
+        return self.be.evaluate_batch(self.fn, self.args, pos, stacked)
+
     def _probe(self, pos) -> bool:
+        """Time one element's rows by plain calls, then evaluate the same two moves in a
+        batched form: ``stacked`` (one plain call, the copies laid along fn's own first
+        dimension) where fn gives each copy its own result, else ``vmap``."""
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
@@ -147,27 +111,58 @@ class _Problem:
         u = be.uniform_unit_vector(x, gen, real=True)
         eps = self.run.eps_for(x)
         try:
-            start = time.perf_counter()
-            sequential = self.run.user_errors.call(jac.numerical_directional, be, self.fn, self.args, pos, u, eps, self.run.stencil)
-            self._element_cost[pos] = (time.perf_counter() - start) * (2 if be.is_complex(x) else 1)
-            if self._setup_outweighs_saving(pos):
-                return False
-            step = be.reshape(u, x.shape) * eps
-            moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
-            batched = be.evaluate_batch(self.fn, self.args, pos, moved)
+            # the best of two: the first plain calls of a check may pay one-time costs
+            timings = []
+            for _ in range(2 if be.numel(x) >= _RETIMED_NUMEL else 1):
+                start = time.perf_counter()
+                sequential = self.run.user_errors.call(jac.numerical_directional, be, self.fn, self.args, pos, u,
+                                                       eps, self.run.stencil)
+                timings.append(time.perf_counter() - start)
         except Exception as e:
             if e in self.run.user_errors:
                 raise
             return False
+        loop_row = self._element_cost[pos] = min(timings) * (2 if be.is_complex(x) else 1)
+        figures = self._figures[pos] = {"loop_row": loop_row}
+        step = be.reshape(u, x.shape) * eps
+        moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
+        forms = [("vmap", be.evaluate_batch)]
+        if be.supports(Capability.STACKED_EVALUATION):
+            forms.insert(0, ("stacked", be.evaluate_stacked))
+        for via, evaluate in forms:
+            if via == "vmap" and self._setup_outweighs_saving(pos):
+                return False
+            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps)
+            if seconds is not None:
+                figures[f"{via}_probe"] = seconds
+                self._via[pos] = via
+                return True
+        return False
+
+    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps) -> float | None:
+        """Seconds of ``evaluate`` at the two probe moves, or ``None`` when it fails or its
+        difference quotient differs from the plain calls' (fn does not see the batch, or
+        mixes the copies)."""
+        be = self.be
+        try:
+            start = time.perf_counter()
+            batched = evaluate(self.fn, self.args, pos, moved)
+            seconds = time.perf_counter() - start
+        except Exception as e:
+            if e in self.run.user_errors:
+                raise
+            return None
         for k in self.floats:
+            if tuple(batched[k].shape) != (2, *self.outputs[k].shape):
+                return None
             minus, plus = batched[k][0], batched[k][1]
             est = be.flatten((plus - minus) / (2 * eps))
             ref = sequential[k] if self.run.stencil.name == "central" else est
             if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
             ):
-                return False
-        return True
+                return None
+        return seconds
 
     def _setup_outweighs_saving(self, pos) -> bool:
         """A batched form of fn that costs a one-time setup (e.g. an import) is used only
@@ -231,30 +226,37 @@ class _Problem:
         complex_input = be.is_complex(x)
         points = len(self.run.stencil.offsets)
         per_row = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * points * (2 if complex_input else 1)
-        chunk = _rows_per_chunk(per_row, self.budget, n)
-        for start, stop in _ramped(0, n, chunk):
+        chunk = cost.rows_per_chunk(per_row, self.budget, n)
+        looped = self._element_cost.get(pos, float("inf"))
+        probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
+        per_row_of, start, size = {}, 0, min(cost.RAMP[0], chunk)
+        while start < n:
+            stop = min(n, start + size)
             began = time.perf_counter()
             rows = self._batched_rows(pos, list(range(start, stop)), eps, complex_input)
             seconds = time.perf_counter() - began
             yield start, stop, rows
-            batched, looped = seconds / (stop - start), self._element_cost.get(pos, float("inf"))
-            if stop < n and _batching_loses(batched, looped, stop - start, seconds):
-                why = "batched was slower"  # no batching rule for some op
-            elif stop < n and _batching_saves_nothing(batched, looped, stop - start):
-                why = "batched was not faster"
-            else:
-                continue
-            self._looped.add(pos)
-            self.run.engine_log.append(EngineEvent("numerical", "looped", pos, why))
-            yield from self._looped_row_chunks(pos, stop, n, eps)
-            return
+            if stop >= n:
+                return
+            per_row_of[size] = seconds / size
+            slope = cost.slope_per_row(probe * (2 if complex_input else 1) if probe else None, 1, seconds, size) \
+                if len(per_row_of) == 1 else None
+            size, why = cost.next_batch_size(per_row_of, looped, chunk, seconds=seconds, slope=slope)
+            start = stop
+            if size is None:
+                self._looped.add(pos)
+                self.run.engine_log.append(EngineEvent(
+                    "numerical", "looped", pos, why, via=self._via[pos],
+                    figures={"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}))
+                yield from self._looped_row_chunks(pos, stop, n, eps)
+                return
 
     def _looped_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
         follows the chunk, not the Jacobian."""
         be = self.be
         per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
-        chunk = _rows_per_chunk(per_row, self.budget, max(end - begin, 1))
+        chunk = cost.rows_per_chunk(per_row, self.budget, max(end - begin, 1))
         for start in range(begin, end, chunk):
             stop = min(end, start + chunk)
             yield start, stop, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
@@ -279,7 +281,7 @@ class _Problem:
                  for m in stencil.offsets]
         points = len(moves)
         moved = be.reshape(be.stack(moves, axis=0), (points * b, *x.shape))
-        outs = be.evaluate_batch(self.fn, self.args, pos, moved)
+        outs = self.evaluate(pos, moved)
         rows = {}
         for k in self.floats:
             o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
@@ -370,19 +372,26 @@ def _keep_columns(be, chunks, k, b0, b1):
 
 
 def _column_blocks(p, m, n_in):
+    """``[0, m)`` in blocks of the batch size the VJP timings chose so far (small first),
+    within the memory budget; read as the blocks are consumed, so that each block's
+    timing decides the next block's size."""
     per_col = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
-    chunk = _rows_per_chunk(per_col, p.budget, m)
-    if p._vjp_batched is None:  # not yet seen to pay at scale: start small
-        return _ramped(0, m, chunk)
-    return [(c0, min(m, c0 + chunk)) for c0 in range(0, m, chunk)]
+    chunk = cost.rows_per_chunk(per_col, p.budget, m)
+    c0 = 0
+    while c0 < m:
+        c1 = min(m, c0 + min(chunk, p._vjp_size))
+        yield c0, c1
+        c0 = c1
 
 
 def _analytical_columns(p, k, c0, c1, inputs):
     """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
-    per column once batching has been seen to be clearly slower (every batch is timed)."""
-    if p._vjp_batched is None and _vjp_setup_outweighs_saving(p, k, c0):
-        p._vjp_batched = False
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
+    per column once batching has been seen to be clearly slower (every batch is timed,
+    and its timing sets the next batch's size: :func:`cost.next_batch_size`)."""
+    if p._vjp_batched is None:
+        p._vjp_batched = not _vjp_setup_outweighs_saving(p, k, c0)
+        if not p._vjp_batched:
+            p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
         return _looped_columns(p, k, c0, c1, inputs)
     began = time.perf_counter()
@@ -390,16 +399,22 @@ def _analytical_columns(p, k, c0, c1, inputs):
     seconds = time.perf_counter() - began
     if p._vjp_column_cost is None:
         # the best of two: a first plain call may pay one-time costs
-        p._vjp_column_cost = min(_seconds(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
-    if _batching_loses(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0, seconds):
+        p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
+    if c1 - c0 < p._vjp_size and c1 - c0 < cost.RAMP[0]:
+        return cols  # a short last block says little
+    p._vjp_per_col[c1 - c0] = seconds / (c1 - c0)
+    size, why = cost.next_batch_size(p._vjp_per_col, p._vjp_column_cost, _NO_LIMIT, seconds=seconds)
+    if size is None:
         p._vjp_batched = False
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batched was slower"))
-    elif p._vjp_batched is None and _batching_saves_nothing(seconds / (c1 - c0), p._vjp_column_cost, c1 - c0):
-        p._vjp_batched = False
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batched was not faster"))
-    elif c1 - c0 >= _RAMP[-1]:
-        p._vjp_batched = True  # paid at scale; later batches are still timed
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, why, figures={
+            "loop_column": p._vjp_column_cost, "batched_column": p._vjp_per_col[c1 - c0]}))
+    else:
+        p._vjp_size = size
     return cols
+
+
+#: no limit from the timings (the memory budget sets one)
+_NO_LIMIT = 1 << 62
 
 
 def _vjp_setup_outweighs_saving(p, k, c) -> bool:
@@ -409,7 +424,7 @@ def _vjp_setup_outweighs_saving(p, k, c) -> bool:
     if not setup:
         return False
     inputs = [p.args[q] for q in p.checked]
-    p._vjp_column_cost = min(_seconds(_looped_columns, p, k, c, c + 1, inputs) for _ in range(2))
+    p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c, c + 1, inputs) for _ in range(2))
     # every column of every differentiable output, twice (the reentrancy pass)
     return 2 * p.out_numel * p._vjp_column_cost < setup
 

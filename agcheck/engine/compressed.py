@@ -193,7 +193,7 @@ class CompressedSides:
             if batched:
                 chunk = move_rows(start, stop, False)
                 stacked = be.reshape(be.array_like(chunk, x), (stop - start, *x.shape))
-                outs = be.evaluate_batch(p.fn, p.args, q, stacked)
+                outs = p.evaluate(q, stacked)
                 outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in self.diff}
             else:
                 outs = p.evaluate_looped(q, move_rows(start, stop, True), self.diff)

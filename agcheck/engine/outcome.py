@@ -30,12 +30,24 @@ class EngineEvent:
         The input position (numerical) or checked-input index the event is about.
     detail : str
         Why, when the decision needs a reason.
+    via : str
+        How a batched input is evaluated: ``"stacked"`` (copies laid end to end along
+        fn's own first dimension, one plain call) or ``"vmap"`` (the framework's
+        vectorising map).
+    figures : dict
+        The measurements the decision was taken on, in seconds: ``"loop_row"`` (one
+        element's rows computed one at a time), ``"stacked_probe"`` or ``"vmap_probe"``
+        (the probe's two-row batch in the form chosen), ``"batched_row"`` (a row of the
+        batch that decided), ``"loop_column"`` / ``"batched_column"`` (one VJP, alone or
+        in a batch).
     """
 
     path: str
     decision: str
     subject: int | None = None
     detail: str = ""
+    via: str = field(default="", compare=False)
+    figures: dict = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

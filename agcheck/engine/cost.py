@@ -1,0 +1,116 @@
+"""The engine's cost model: when batching pays, measured as it goes.
+
+Every decision compares measured seconds per row (a Jacobian row: one input element
+moved, all outputs) or per column (one VJP): the loop's, from the probe's plain calls,
+and a batch's, from the batches actually computed. A path is tried on small batches
+first (``RAMP``), so a losing one costs little before it is dropped; a batch size that
+made rows dearer is not grown further.
+"""
+from __future__ import annotations
+
+import time
+
+__all__ = ["RAMP", "rows_per_chunk", "seconds_of", "ramped", "batching_loses", "batching_saves_nothing",
+           "next_batch_size", "slope_per_row"]
+
+#: working memory of one batched call, as a fraction of the budget
+CHUNK_SHARE = 4
+#: batching is dropped for a loop only when a batched row costs this many times more
+#: than a row computed on its own (clearly slower: no batching rule); timings are noisy,
+#: and a close call costs nothing either way
+CLEARLY_SLOWER = 1.5
+#: past the ramp, batching goes on only while a batched row costs this many times less
+#: than a row on its own: otherwise it saves no time and costs memory
+CLEARLY_FASTER = 1.5
+#: the first batches of a batched pass are this small, so that an op whose batched form
+#: is pathologically slow or memory-hungry (cost growing faster than the batch) is caught
+#: cheaply, before a budget-sized batch is tried
+RAMP = (8, 64)
+#: a small first batch that took this long, and costs clearly more per row or column than
+#: the loop, is judged on its own (fixed costs cannot explain it)
+PROBE_SECONDS = 0.05
+
+
+def rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
+    """How many rows one batched call may hold within its share of ``budget``."""
+    per_call = max(budget // CHUNK_SHARE, 1)
+    return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
+
+
+def seconds_of(call, *args) -> float:
+    """Wall seconds of ``call(*args)``."""
+    began = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - began
+
+
+def ramped(begin: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """``[begin, end)`` in blocks of at most ``chunk``, the first ones ``RAMP``-sized."""
+    blocks, start = [], begin
+    for size in RAMP:
+        if start >= end or size >= chunk:
+            break
+        blocks.append((start, min(end, start + size)))
+        start = blocks[-1][1]
+    blocks += [(c0, min(end, c0 + chunk)) for c0 in range(start, end, chunk)]
+    return blocks
+
+
+def batching_loses(per_batched: float, per_looped: float, size: int, seconds: float) -> bool:
+    """Whether a batch of ``size`` rows (or columns) that took ``seconds`` shows batching
+    to be clearly slower than one at a time: judged once the batch is large enough to
+    amortise fixed costs, or took long enough that fixed costs cannot explain it."""
+    if per_batched <= CLEARLY_SLOWER * per_looped:
+        return False
+    return size >= RAMP[-1] or seconds >= PROBE_SECONDS
+
+
+def batching_saves_nothing(per_batched: float, per_looped: float, size: int) -> bool:
+    """Whether a batch large enough to amortise fixed costs is still not clearly faster per
+    row (or column) than one at a time. Then batching only costs memory: a framework may
+    run the batch element by element anyway (torch's float64 CPU convolutions do, with a
+    workspace for the whole batch), so larger batches would hold more and save nothing."""
+    return size >= RAMP[-1] and per_batched * CLEARLY_FASTER > per_looped
+
+
+def slope_per_row(probe_seconds: float | None, probe_rows: int, seconds: float, rows: int) -> float | None:
+    """What one more row adds to a batch, from two batches of different sizes (the probe's
+    and the first one): the cost of a row once fixed costs are amortised."""
+    if probe_seconds is None or rows <= probe_rows:
+        return None
+    return (seconds - probe_seconds) / (rows - probe_rows)
+
+
+def next_batch_size(per_row: dict[int, float], looped: float, chunk: int, *, seconds: float,
+                    slope: float | None = None) -> tuple[int | None, str]:
+    """The size of the next batch, or ``None`` (with the reason) to finish by the loop.
+
+    Parameters
+    ----------
+    per_row : dict
+        Seconds per row of each batch size tried so far, in the order tried.
+    looped : float
+        Seconds per row one at a time.
+    chunk : int
+        The largest batch the memory budget allows.
+    seconds : float
+        Wall seconds of the last batch.
+    slope : float, optional
+        Seconds one more row adds to a batch (:func:`slope_per_row`), when known: a
+        batch whose rows cost clearly more than the loop's even at scale is losing already.
+    """
+    last = list(per_row)[-1]
+    if batching_loses(per_row[last], looped, last, seconds):
+        return None, "batched was slower"
+    if slope is not None and slope > CLEARLY_SLOWER * looped:
+        return None, "batched rows cost more than looped ones at any size"
+    best = min(per_row, key=per_row.get)
+    if best == last and last < chunk and last < RAMP[-1]:  # growing has paid so far: double
+        return min(2 * last, chunk), ""
+    # settled (a larger batch made rows dearer, or the ramp or the budget is done): the
+    # best size must be clearly faster than the loop, or batching only costs memory
+    if batching_saves_nothing(per_row[best], looped, RAMP[-1]):
+        return None, "batched was not faster"
+    if best == last and last < chunk:
+        return chunk, ""
+    return best, ""
