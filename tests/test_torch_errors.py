@@ -89,3 +89,13 @@ def test_raise_exception_false_and_other_backends():
     with pytest.raises(agcheck.GradcheckError) as info:
         agcheck.gradcheck(np.sin, (x,), backend="numpy", vjp=lambda x, g: 2 * np.cos(x) * g)
     assert not isinstance(info.value, TorchGradcheckError)
+
+
+def test_the_raised_class_is_named_as_torchs():
+    # tracebacks, pytest's failure lines and tools comparing exception names see the same
+    # name as under torch's checker
+    assert agcheck.gradcheck(lambda t: 2 * t, (_x(),))
+    with pytest.raises(TorchGradcheckError) as info:
+        agcheck.gradcheck(Tripled.apply, (_x(),))
+    assert type(info.value).__name__ == "GradcheckError"
+    assert TorchGradcheckError.__name__ == "GradcheckError"  # torch's own
