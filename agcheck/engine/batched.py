@@ -27,7 +27,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
-from agcheck.engine import coloured, compressed, cost
+from agcheck.engine import coloured, compressed, cost, memory
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 
 __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
@@ -39,6 +39,8 @@ MIN_BATCHED_NUMEL = 16
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 _INTERMEDIATES = 4
 PROBE_SEED = 5113
+#: one batched call may always take this many bytes (see _Problem.batch_bytes)
+MIN_BATCH_BYTES = 8 << 20
 #: from this many elements on, the probe's plain calls are timed twice (the best counts)
 _RETIMED_NUMEL = 64
 #: the element-by-element check costs about this many evaluations per input element
@@ -73,8 +75,14 @@ class _Problem:
         self._vjp_per_col = {}  # seconds per column of each batch size tried
         self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
         self._looped = set()  # inputs whose batched rows were found clearly slower
+        jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
-        self.keep_rows = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize <= self.budget // 2
+        self.keep_rows = jacobian_bytes <= self.budget // 2
+        #: what one batched call may take: as much as one Jacobian (which the reference
+        #: engine holds), at least MIN_BATCH_BYTES, at most its share of the budget
+        self.batch_bytes = min(self.budget // cost.CHUNK_SHARE, max(jacobian_bytes, MIN_BATCH_BYTES))
+        self._row_bytes = {}  # per batched input: bytes a row's evaluation took, as measured
+        self._column_bytes = 0  # bytes one batched VJP column took, as measured
         #: per input, its rows computed element by element (as the reference engine
         #: computes them) when all of them were: reused instead of being computed again
         self._exact_rows = {}
@@ -225,22 +233,27 @@ class _Problem:
             return
         complex_input = be.is_complex(x)
         points = len(self.run.stencil.offsets)
-        per_row = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * points * (2 if complex_input else 1)
-        chunk = cost.rows_per_chunk(per_row, self.budget, n)
+        estimate = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * points * (2 if complex_input else 1)
+        self._row_bytes[pos] = estimate
         looped = self._element_cost.get(pos, float("inf"))
         probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
-        per_row_of, start, size = {}, 0, min(cost.RAMP[0], chunk)
+        per_row_of, start = {}, 0
+        size = min(cost.RAMP[0], cost.rows_per_chunk(estimate, self.batch_bytes, n))
         while start < n:
             stop = min(n, start + size)
+            setup_pending = self._via[pos] == "vmap" and be.batch_setup_cost(self.run.fn) > 0
             began = time.perf_counter()
-            rows = self._batched_rows(pos, list(range(start, stop)), eps, complex_input)
+            call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
             seconds = time.perf_counter() - began
-            yield start, stop, rows
+            if call.added_peak is not None and not setup_pending:  # memory as measured
+                self._row_bytes[pos] = max(self._row_bytes[pos], call.added_peak // (stop - start))
+            yield start, stop, call.result
             if stop >= n:
                 return
             per_row_of[size] = seconds / size
             slope = cost.slope_per_row(probe * (2 if complex_input else 1) if probe else None, 1, seconds, size) \
                 if len(per_row_of) == 1 else None
+            chunk = cost.rows_per_chunk(self._row_bytes[pos], self.batch_bytes, n)
             size, why = cost.next_batch_size(per_row_of, looped, chunk, seconds=seconds, slope=slope)
             start = stop
             if size is None:
@@ -256,7 +269,7 @@ class _Problem:
         follows the chunk, not the Jacobian."""
         be = self.be
         per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
-        chunk = cost.rows_per_chunk(per_row, self.budget, max(end - begin, 1))
+        chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, max(end - begin, 1))
         for start in range(begin, end, chunk):
             stop = min(end, start + chunk)
             yield start, stop, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
@@ -375,10 +388,10 @@ def _column_blocks(p, m, n_in):
     """``[0, m)`` in blocks of the batch size the VJP timings chose so far (small first),
     within the memory budget; read as the blocks are consumed, so that each block's
     timing decides the next block's size."""
-    per_col = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
-    chunk = cost.rows_per_chunk(per_col, p.budget, m)
+    estimate = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
     c0 = 0
     while c0 < m:
+        chunk = cost.rows_per_chunk(max(estimate, p._column_bytes), p.batch_bytes, m)
         c1 = min(m, c0 + min(chunk, p._vjp_size))
         yield c0, c1
         c0 = c1
@@ -394,9 +407,13 @@ def _analytical_columns(p, k, c0, c1, inputs):
             p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
         return _looped_columns(p, k, c0, c1, inputs)
+    setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
     began = time.perf_counter()
-    cols = _batched_columns(p, k, c0, c1, inputs)
+    call = memory.measured(_batched_columns, p, k, c0, c1, inputs)
     seconds = time.perf_counter() - began
+    cols = call.result
+    if call.added_peak is not None and not setup_pending:
+        p._column_bytes = max(p._column_bytes, call.added_peak // (c1 - c0))
     if p._vjp_column_cost is None:
         # the best of two: a first plain call may pay one-time costs
         p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))

@@ -185,7 +185,7 @@ class CompressedSides:
         x = p.args[q]
         batched = p.batched_ok(q)
         per_row = (be.numel(x) + p.out_numel) * p.itemsize * 4
-        size = max(1, (p.budget // 4) // max(per_row, 1))
+        size = max(1, p.batch_bytes // max(per_row, 1))
         size = max(group, size // group * group)
         parts = {k: [] for k in self.diff}
         for start in range(0, n_rows, size):

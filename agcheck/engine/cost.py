@@ -13,7 +13,7 @@ import time
 __all__ = ["RAMP", "rows_per_chunk", "seconds_of", "ramped", "batching_loses", "batching_saves_nothing",
            "next_batch_size", "slope_per_row"]
 
-#: working memory of one batched call, as a fraction of the budget
+#: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
 #: batching is dropped for a loop only when a batched row costs this many times more
 #: than a row computed on its own (clearly slower: no batching rule); timings are noisy,
@@ -31,10 +31,10 @@ RAMP = (8, 64)
 PROBE_SECONDS = 0.05
 
 
-def rows_per_chunk(bytes_per_row: int, budget: int, n_rows: int) -> int:
-    """How many rows one batched call may hold within its share of ``budget``."""
-    per_call = max(budget // CHUNK_SHARE, 1)
-    return max(1, min(n_rows, per_call // max(bytes_per_row, 1)))
+def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int) -> int:
+    """How many rows (at least one, at most ``n_rows``) one batched call may hold within
+    ``allowance`` bytes."""
+    return max(1, min(n_rows, allowance // max(bytes_per_row, 1)))
 
 
 def seconds_of(call, *args) -> float:
