@@ -310,22 +310,31 @@ class _InPlacePerturber(Perturber):
     def index(self, flat: int) -> tuple:
         return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
 
-    def _call(self, fn) -> tuple:
-        return _detached_outputs(self._as_tuple, fn(*self.args))
+    def _arguments(self) -> tuple:
+        """The arguments ``fn`` is called with (the moved input in place)."""
+        return self.args
 
-    def _evaluate_moved(self, target: torch.Tensor, fn, step, sign) -> tuple:
+    def _call(self, fn) -> tuple:
+        return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+
+    def evaluate_element(self, fn, flat, step, sign) -> tuple:
+        # fn is called from this frame: user code that walks the stack (torch.manual_seed
+        # does, three times, while CUDA is not initialised) pays for every frame above it
+        target = self._entry(flat)
         original = target.clone()
         try:
             target.copy_(original - step if sign < 0 else original + step)
-            return self._call(fn)
+            return _detached_outputs(self._as_tuple, fn(*self._arguments()))
         finally:
             target.copy_(original)
 
-    def evaluate_element(self, fn, flat, step, sign) -> tuple:
-        return self._evaluate_moved(self._entry(flat), fn, step, sign)
-
     def evaluate_direction(self, fn, step, sign) -> tuple:
-        return self._evaluate_moved(self.data, fn, step, sign)
+        original = self.data.clone()
+        try:
+            self.data.copy_(original - step if sign < 0 else original + step)
+            return self._call(fn)
+        finally:
+            self.data.copy_(original)
 
 
 class SparsePerturber(_InPlacePerturber):
@@ -410,10 +419,10 @@ class MkldnnPerturber(_InPlacePerturber):
         self.numel = self.data.numel()
         self._flat = self.data.view(-1)
 
-    def _call(self, fn) -> tuple:
+    def _arguments(self) -> tuple:
         args = list(self.args)
         args[self.position] = self.data.to_mkldnn()
-        return _detached_outputs(self._as_tuple, fn(*args))
+        return tuple(args)
 
 
 @contextmanager

@@ -70,13 +70,13 @@ def _evaluations(stencil, evaluate, step):
 
 def _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil):
     index = perturber.index(flat)
-
-    def at(step, sign):
-        return perturber.evaluate_element(fn, flat, step, sign)
-
-    d_real = stencil_difference(be, _evaluations(stencil, at, eps), eps, stencil, index)
+    values = []
+    for m in stencil.offsets:  # a loop, not a helper: fn runs two frames below (see evaluate_element)
+        values.append(perturber.evaluate_element(fn, flat, abs(m) * eps if abs(m) != 1 else eps, 1 if m > 0 else -1))
+    d_real = stencil_difference(be, values, eps, stencil, index)
     if not complex_input:
         return d_real
+    at = lambda step, sign: perturber.evaluate_element(fn, flat, step, sign)  # noqa: E731
     d_imag = stencil_difference(be, _evaluations(stencil, at, eps * 1j), eps, stencil, index)
     # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
     return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
