@@ -49,6 +49,7 @@ from agcheck.report.model import Diagnosis
 from .blocks import diagnose_block
 from .checks import CHECK_HANDLERS
 from .facts import machine_eps
+from .probes import PROBED_BLOCKS
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_block", "machine_eps"]
 
@@ -57,13 +58,14 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
     """The diagnoses of a failure report (an empty list when no pattern is recognised).
 
     ``resamplers`` maps the index of a block in ``report.blocks`` to its ``resample``
-    callable (blocks without one skip the step-size probes).
+    callable (blocks without one, and blocks after the first ``PROBED_BLOCKS``, skip the
+    step-size probes).
     """
     if report.blocks:
         resamplers = resamplers or {}
         found = []
         for i, block in enumerate(report.blocks):
-            found += diagnose_block(block, i, resamplers.get(i))
+            found += diagnose_block(block, i, resamplers.get(i) if i < PROBED_BLOCKS else None)
         return found
     handler = CHECK_HANDLERS.get(report.check)
     return handler(report) if handler is not None else []

@@ -19,10 +19,13 @@ from agcheck.report.values import fmt
 
 from .facts import where
 
-__all__ = ["PROBED_ENTRIES", "Probe", "probe", "step_size_evidence"]
+__all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "Probe", "probe", "step_size_evidence"]
 
-#: entries re-evaluated with other steps on a failure
-PROBED_ENTRIES = 6
+#: entries re-evaluated with other steps on a failure (each costs about a dozen
+#: evaluations of fn: a failure should cost little more than the check)
+PROBED_ENTRIES = 4
+#: failing blocks whose entries are re-evaluated (the others get the structural diagnoses)
+PROBED_BLOCKS = 2
 
 
 @dataclass
