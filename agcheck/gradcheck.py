@@ -1,6 +1,7 @@
 """``agcheck.gradcheck``: which checks run, in which order, on which pieces of ``fn``."""
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Callable
 
@@ -188,7 +189,10 @@ class _Run:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
         before = [be.snapshot(self.args[p]) for p in self.checked]
+        began = time.perf_counter()
         trace = be.trace(self.fn, self.args, self.checked)
+        #: seconds of one evaluation of fn with its graph: the engine's first cost figure
+        self.evaluation_seconds = time.perf_counter() - began
         self._assert_inputs_untouched(before)
         diff = self._differentiable(trace.outputs)
         be.validate_outputs([trace.outputs[k] for k in diff])

@@ -13,6 +13,16 @@ from agcheck.engine.outcome import EngineEvent
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
 
+
+@pytest.fixture(autouse=True)
+def _engine_always_runs(monkeypatch):
+    """These tests are about the engine's paths: it runs however little the loop would
+    cost (the plan that sends such checks to the reference engine is tested on its own)."""
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+
+
 N = 600  # 600 x 600 Jacobian entries: above compressed.MIN_ENTRIES
 
 

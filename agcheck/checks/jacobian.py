@@ -8,7 +8,8 @@ from agcheck.checks import no_differentiable_outputs
 from agcheck.core import jacobian as jac
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
-from agcheck.engine.outcome import undecided
+from agcheck.engine import cost
+from agcheck.engine.outcome import EngineEvent, undecided
 from agcheck.report.collect import attach_jacobian_failure
 from agcheck.report.errors import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
 
@@ -49,7 +50,7 @@ def _compare_slow(run, piece: Piece) -> None:
         return
     n_in = sum(be.numel(x) for x in piece.inputs)
     run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
-    if run.opts.engine in ("auto", "batched"):
+    if run.opts.engine == "batched" or run.opts.engine == "auto" and not _loop_is_cheap(run, piece, n_in):
         compare = engine.compare_slow_forward if piece.forward else engine.compare_slow_reverse
         try:
             outcome = compare(run, piece)
@@ -64,6 +65,22 @@ def _compare_slow(run, piece: Piece) -> None:
         _reference_slow(run, piece, reuse=outcome.numerical or {})
         return
     _reference_slow(run, piece)
+
+
+def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
+    """Whether the element-by-element check is estimated to cost less than the engine's
+    probes would (then it decides at once, and the decision is logged with its figures)."""
+    be = run.be
+    seconds = getattr(run, "evaluation_seconds", None)
+    if seconds is None:
+        return False
+    n_out = sum(be.numel(piece.outputs[k]) for k in piece.diff)
+    estimate = cost.loop_seconds(n_in, n_out, seconds)
+    if estimate >= cost.ENGINE_WORTH_SECONDS:
+        return False
+    run.engine_log.append(EngineEvent("plan", "reference", None, "the loop costs less than probing would",
+                                      figures={"evaluation": seconds, "loop_estimate": estimate}))
+    return True
 
 
 def _reference_slow(run, piece: Piece, reuse: dict | None = None) -> None:

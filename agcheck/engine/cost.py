@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["RAMP", "rows_per_chunk", "seconds_of", "ramped", "batching_loses", "batching_saves_nothing",
+__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "seconds_of", "ramped", "batching_loses", "batching_saves_nothing",
            "next_batch_size", "slope_per_row"]
 
 #: one batched call may take at most this fraction of the memory budget
@@ -26,9 +26,19 @@ CLEARLY_FASTER = 1.5
 #: is pathologically slow or memory-hungry (cost growing faster than the batch) is caught
 #: cheaply, before a budget-sized batch is tried
 RAMP = (8, 64)
+#: checks whose element-by-element loop is estimated below this many seconds go to the
+#: reference engine at once: the engine's probes would cost about as much as they save
+ENGINE_WORTH_SECONDS = 0.01
 #: a small first batch that took this long, and costs clearly more per row or column than
 #: the loop, is judged on its own (fixed costs cannot explain it)
 PROBE_SECONDS = 0.05
+
+
+def loop_seconds(n_in: int, n_out: int, evaluation_seconds: float) -> float:
+    """The element-by-element check's cost, estimated from one evaluation of fn: two
+    evaluations per input element (central differences) and two backward passes per output
+    element (the Jacobian and its reentrancy check), a backward costing about an evaluation."""
+    return (2 * n_in + 2 * n_out) * evaluation_seconds
 
 
 def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int) -> int:
