@@ -439,3 +439,58 @@ def test_a_batch_that_loses_even_at_scale_stops_after_the_first_small_batch():
     # with rows costing little more than fixed costs, growing goes on
     slope = slope_per_row(1e-3, 1, 1.5e-3, 8)
     assert next_batch_size({8: 1.5e-3 / 8}, 5e-4, 1000, seconds=1.5e-3, slope=slope) == (16, "")
+
+
+class _DenseWithJvp(torch.autograd.Function):
+    """tanh(W x) with a hand-written forward derivative scaled by ``scale`` (1: right);
+    vmappable, so the forward engine's batched JVPs work."""
+
+    generate_vmap_rule = True
+    calls = 0
+    scale = 1.0
+    W = torch.randn(120, 120, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    @staticmethod
+    def forward(x):
+        _DenseWithJvp.calls += 1
+        return torch.tanh(_DenseWithJvp.W @ x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_forward(output)
+        ctx.y = output
+
+    @staticmethod
+    def jvp(ctx, t):
+        return _DenseWithJvp.scale * (1 - ctx.y * ctx.y) * (_DenseWithJvp.W @ t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _DenseWithJvp.W.T @ (g * (1 - ctx.y * ctx.y))
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_a_failing_forward_check_reuses_the_rows_the_engine_computed(scale, monkeypatch):
+    # the numerical rows are computed element by element (the probe is made to find the
+    # input unbatchable), the JVPs batched: on a mismatch the reference engine gets the rows
+    from agcheck.engine.batched import _Problem
+
+    monkeypatch.setattr(_Problem, "_probe", lambda self, pos: False)
+    monkeypatch.setattr(_DenseWithJvp, "scale", scale)
+    kw = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, raise_exception=False)
+    x = make(120, seed=6)
+    _DenseWithJvp.calls = 0
+    torch_verdict = torch.autograd.gradcheck(_DenseWithJvp.apply, (x,), **kw)
+    torch_calls = _DenseWithJvp.calls
+    _DenseWithJvp.calls = 0
+    r = run(_DenseWithJvp.apply, (x,), **kw)
+    assert r.verdict is torch_verdict is (scale == 1.0)
+    assert _DenseWithJvp.calls <= 1.05 * torch_calls, (_DenseWithJvp.calls, torch_calls)
+    if scale != 1.0:
+        assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"] and r.engine_fallbacks[0].numerical
+        strict = {k: v for k, v in kw.items() if k != "raise_exception"}
+        with pytest.raises(RuntimeError) as ours:
+            agcheck.gradcheck(_DenseWithJvp.apply, (x,), **strict)
+        with pytest.raises(RuntimeError) as reference:
+            agcheck.gradcheck(_DenseWithJvp.apply, (x,), engine="reference", **strict)
+        assert str(ours.value).split("\n\n")[0] == str(reference.value).split("\n\n")[0]

@@ -205,12 +205,14 @@ class _Problem:
             yield start, stop, rows
 
     def exact_numerical(self) -> dict | None:
-        """``{input position: {output position: Jacobian}}`` when every checked input's rows
-        were computed element by element (the reference engine's numbers, bit for bit)."""
-        if not self.keep_rows or any(q not in self._exact_rows for q in self.checked):
+        """``{input position: {output position: Jacobian}}`` for the checked inputs whose
+        rows were all computed element by element (the reference engine's numbers, bit for
+        bit); ``None`` when there are none."""
+        done = [q for q in self.checked if q in self._exact_rows]
+        if not self.keep_rows or not done:
             return None
         be, whole = self.be, {}
-        for q in self.checked:
+        for q in done:
             chunks, x = self._exact_rows[q], self.args[q]
             whole[q] = {}
             for k in self.floats:
@@ -604,17 +606,20 @@ def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
 def compare_slow_forward(run, piece) -> Outcome:
     """Slow-mode forward check of one piece, batched by input rows: passed, or undecided
     with a reason."""
+    p = None
     try:
-        _forward(run, piece.fn, piece.args, piece.checked, piece.diff, piece.trace)
+        _require_dense(run.be, piece.args)
+        p = _Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+        _forward(run, p, piece.diff)
     except EngineFallback as reason:
-        return undecided(str(reason))
+        exact = p.exact_numerical() if p is not None and str(reason) == MISMATCH else None
+        return undecided(str(reason), exact)
     return PASSED
 
 
-def _forward(run, fn, args, checked, diff, trace) -> None:
+def _forward(run, p, diff) -> None:
     be, opts = run.be, run.opts
-    _require_dense(be, args)
-    p = _Problem(run, fn, trace, args, checked)
+    fn, args, checked = p.fn, p.args, p.checked
     if not be.supports(Capability.BATCHED_JVP):
         raise EngineFallback("no batched JVP")
     if opts.engine == "auto":
