@@ -311,6 +311,9 @@ def print_report(data, summary, out=sys.stdout):
     fwname = "jax" if data["framework"] == "jax" else "torch"
     p(f"== {data['suite']} ({data['framework']}): {data['source']}")
     p(f"   via={data['via']} repeat={data['repeat']} force_slow={data['force_slow']}")
+    versions = data.get("versions", {})
+    if "agcheck_source" in versions:
+        p(f"   agcheck from {versions['agcheck_source']} at {versions.get('agcheck_commit', '?')}")
     for c, r in data["runs"].items():
         p(f"   {c:8s} pytest rc={r['rc']} in {r['seconds']:.0f}s; tests {summary['tests'].get(c)}; "
           f"checks {summary['calls'].get(c, 0)} {summary['verdicts'].get(c)}; checker(s) {summary['checkers'].get(c)}")
@@ -427,9 +430,31 @@ def _versions(framework):
             "    except m.PackageNotFoundError: pass\n"
             "print(json.dumps(out))")
     try:
-        return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+        out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
     except ValueError:
+        out = {}
+    out.update(_agcheck_source())
+    return out
+
+
+def _agcheck_source() -> dict:
+    """Which agcheck the suites import (from a neutral directory, as the suites' pytest
+    processes do), and its git commit: an editable install may point at another checkout
+    than this script's."""
+    code = "import agcheck, os; print(os.path.dirname(os.path.dirname(os.path.abspath(agcheck.__file__))))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/").stdout.strip()
+    if not found:
         return {}
+    info = {"agcheck_source": found}
+    head = subprocess.run(["git", "-C", found, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", found, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    if head.returncode == 0:
+        info["agcheck_commit"] = head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    if Path(found).resolve() != HERE.parent.resolve():
+        print(f"WARNING: the suites import agcheck from {found}, not from this checkout ({HERE.parent})",
+              file=sys.stderr)
+    return info
 
 
 if __name__ == "__main__":
