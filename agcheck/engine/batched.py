@@ -345,31 +345,29 @@ def _reverse(run, p, diff) -> None:
     inputs = [args[q] for q in checked]
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
-    if full <= p.budget // 2 and opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES:
+    colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
+    if full <= p.budget // 2 and (colourable or any(batchable)):
         # the analytical side first: its pattern may let the numerical side be coloured
         # (in batches, or one plain call per colour class where the input cannot be batched)
         analytical = {k: _analytical_full(p, k, inputs) for k in diff}
-        if coloured.try_from_analytical(p, checked, diff, analytical):
-            run.progress.advance(n_in)
-            return
-        # rows already computed exactly are reused, here and by the reference engine
-        numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
-        for k in diff:
-            for q, a in zip(checked, analytical[k]):
-                for s, e, rows in numerical[q]:
-                    if not compressed.allclose_like_torch(a.by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
-                                                          opts.atol):
+        if colourable:
+            try:
+                if coloured.try_from_analytical(p, checked, diff, analytical):
+                    run.progress.advance(n_in)
+                    return
+            except coloured.RowsDiffer:
+                raise EngineFallback(MISMATCH) from None  # decided: no row is computed twice
+        # rows already computed exactly are reused, here and by the reference engine; the
+        # first row block that differs ends the pass
+        for j, q in enumerate(checked):
+            for s, e, rows in p.numerical_row_chunks(q):
+                for k in diff:
+                    if not compressed.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
+                                                          opts.rtol, opts.atol):
                         raise EngineFallback(MISMATCH)
         return
     if not any(batchable):
         raise EngineFallback("no input can be moved in batches")
-    if full <= p.budget // 2:
-        numerical = {q: list(p.numerical_row_chunks(q)) for q in checked}
-        for k in diff:
-            m = be.numel(trace.outputs[k])
-            for c0, c1 in _column_blocks(p, m, n_in):
-                _compare_columns(p, k, c0, c1, inputs, numerical)
-        return
     for k in diff:
         m = be.numel(trace.outputs[k])
         block = max(1, (p.budget // 2) // max(n_in * p.itemsize, 1))

@@ -87,12 +87,19 @@ def _rank_in_class(colour):
     return ranks
 
 
+class RowsDiffer(Exception):
+    """Rows computed exactly (element by element, or batched on an input that could not be
+    coloured) differ from the analytical Jacobian: the check fails, no other path can
+    decide otherwise."""
+
+
 def try_from_analytical(p, checked, diff, analytical) -> bool:
     """Numerical side by coloured compressed differences, against the full analytical
     Jacobian ``analytical[k][j]`` (a :class:`DenseBlock`, input ``checked[j]``, output ``k``).
 
     True when every pattern entry matched in every round (inputs that cannot be coloured
-    are compared row by row, exactly); False otherwise."""
+    are compared row by row, exactly); False when the colouring could not decide. Raises
+    :class:`RowsDiffer` at the first row block that differs."""
     be, run, opts = p.be, p.run, p.opts
     coloured = 0
     try:
@@ -109,7 +116,9 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
                     for k in diff:
                         if not allclose_like_torch(jac[k].by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
                                                    opts.atol):
-                            return False
+                            raise RowsDiffer(f"input {q}, output {k}, rows {s}:{e}")
+    except RowsDiffer:
+        raise
     except Exception as reason:  # noqa: BLE001 - the exact path meets it again
         if reason in run.user_errors:
             raise
