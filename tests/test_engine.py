@@ -116,7 +116,8 @@ def test_small_memory_budgets_recompute_but_agree(budget):
     ok = run(fn, (make(12, 12), make(12, 12, seed=3)), memory_budget=budget)
     # with one-row chunks a loop may be cheaper; which way it went depends on timings
     assert ok.verdict and not ok.engine_fallbacks and "batched" in paths(ok)
-    assert paths(ok) <= {"batched", ("looped", "batched was slower"), ("looped", "batched was not faster")}
+    assert paths(ok) <= {"batched", ("looped", "batched was slower"), ("looped", "batched was not faster"),
+                         ("looped", "batched rows cost more than looped ones at any size")}
     bad = run(OneEntryOff.apply, (make(40),), memory_budget=budget)
     assert bad.verdict is False
 
@@ -541,3 +542,57 @@ def test_a_mismatch_in_the_first_rows_ends_the_engine_pass_there(scale, monkeypa
     else:
         assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"]
         assert sum(rows) <= 8, rows  # the first block only
+
+
+class _LateRowsWrong(torch.autograd.Function):
+    """tanh(W x), vmappable; the backward is wrong (scaled by ``scale``) for the input
+    elements from 100 on only, so that a mismatch shows in late Jacobian rows."""
+
+    generate_vmap_rule = True
+    scale = 1.0
+    calls = 0
+    W = torch.randn(150, 150, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+
+    @staticmethod
+    def forward(x):
+        _LateRowsWrong.calls += 1
+        return torch.tanh(_LateRowsWrong.W @ x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        grad = _LateRowsWrong.W.T @ (g * (1 - y * y))
+        return torch.cat([grad[..., :100], _LateRowsWrong.scale * grad[..., 100:]], dim=-1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.5])
+def test_a_failing_check_reuses_the_rows_looped_after_batching_was_dropped(scale, monkeypatch):
+    # the first batch of rows is batched, then batching is dropped (made deterministic
+    # here) and the rest looped: on the late mismatch, the reference engine takes the looped
+    # rows as they are and computes only the first batch's rows again
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(_LateRowsWrong, "scale", scale)
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (None, "dropped for the test"))
+    x = make(150, seed=11)
+    _LateRowsWrong.calls = 0
+    torch_verdict = torch.autograd.gradcheck(_LateRowsWrong.apply, (x,), raise_exception=False)
+    torch_calls = _LateRowsWrong.calls
+    _LateRowsWrong.calls = 0
+    r = run(_LateRowsWrong.apply, (x,), raise_exception=False)
+    assert r.verdict is torch_verdict is (scale == 1.0)
+    assert ("looped", "dropped for the test") in paths(r)
+    if scale != 1.0:
+        (fallback,) = r.engine_fallbacks
+        assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(8, 150)]
+        # torch's evaluations, and the engine's few probes and batched calls besides
+        assert _LateRowsWrong.calls <= torch_calls + 20, (_LateRowsWrong.calls, torch_calls)
+        with pytest.raises(RuntimeError) as ours:
+            agcheck.gradcheck(_LateRowsWrong.apply, (x,))
+        with pytest.raises(RuntimeError) as reference:
+            agcheck.gradcheck(_LateRowsWrong.apply, (x,), engine="reference")
+        assert str(ours.value).split("\n\n")[0] == str(reference.value).split("\n\n")[0]

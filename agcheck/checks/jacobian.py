@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from agcheck.checks import no_differentiable_outputs
 from agcheck.core import jacobian as jac
 from agcheck.core.piece import Piece
@@ -84,15 +86,14 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
 
 
 def _reference_slow(run, piece: Piece, reuse: dict | None = None) -> None:
-    """torch's element-by-element comparison, block by block in torch's order; the
-    numerical Jacobians of the inputs in ``reuse`` were already computed that way."""
+    """torch's element-by-element comparison, block by block in torch's order; ``reuse``
+    holds row blocks of the numerical Jacobians already computed that way (by the engine),
+    ``{input position: [(start, stop, {output position: rows})]}``: only the other rows are
+    computed."""
     be, opts = run.be, run.opts
     moved = run.numerical_args(piece.args)
     reuse = reuse or {}
-    numerical = [reuse[p] if p in reuse else
-                 jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]),
-                                         run.stencil, on_element=run.progress.advance)
-                 for p in piece.checked]
+    numerical = [_numerical_jacobians(run, piece, moved, p, reuse.get(p)) for p in piece.checked]
     pair = _analytical_pairs(run, piece)
     for i, k in enumerate(piece.diff):
         pair.compute(i, checks=True)
@@ -102,6 +103,35 @@ def _reference_slow(run, piece: Piece, reuse: dict | None = None) -> None:
             except GradcheckError as error:
                 _report_other_blocks(run, piece, error, pair, numerical, (i, j))
                 raise
+
+
+def _numerical_jacobians(run, piece: Piece, moved, p, blocks) -> dict:
+    """``{output position: Jacobian}`` of input ``p``, element by element, with the rows in
+    ``blocks`` taken as they were computed (the engine requires dense inputs, whose rows
+    are their elements)."""
+    be = run.be
+
+    def rows(elements=None):
+        return jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]),
+                                       run.stencil, elements=elements, on_element=run.progress.advance)
+
+    if not blocks:
+        return rows()
+    n, done, parts = be.numel(piece.args[p]), 0, []
+    for start, stop, computed in blocks:
+        if start > done:
+            parts.append(rows(range(done, start)))
+        parts.append(computed)
+        run.progress.advance(stop - start)
+        done = stop
+    if done < n:
+        parts.append(rows(range(done, n)))
+    x = piece.args[p]
+    whole = {}
+    for k in parts[0]:
+        like = piece.outputs[k] if not be.is_complex(x) else x
+        whole[k] = be.array_like(np.concatenate([be.to_numpy(part[k]) for part in parts], axis=0), like)
+    return whole
 
 
 class _analytical_pairs:

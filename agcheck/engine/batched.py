@@ -86,6 +86,9 @@ class _Problem:
         #: per input, its rows computed element by element (as the reference engine
         #: computes them) when all of them were: reused instead of being computed again
         self._exact_rows = {}
+        #: per input, every block of rows computed element by element so far, by start
+        #: (a failing check hands them to the reference engine, which computes the rest)
+        self._exact_blocks = {}
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -205,21 +208,21 @@ class _Problem:
             yield start, stop, rows
 
     def exact_numerical(self) -> dict | None:
-        """``{input position: {output position: Jacobian}}`` for the checked inputs whose
-        rows were all computed element by element (the reference engine's numbers, bit for
-        bit); ``None`` when there are none."""
-        done = [q for q in self.checked if q in self._exact_rows]
-        if not self.keep_rows or not done:
+        """``{input position: [(start, stop, {output position: rows})]}``: the row blocks
+        computed element by element so far (the reference engine's numbers, bit for bit),
+        in order; ``None`` when there are none."""
+        if not self.keep_rows:
             return None
-        be, whole = self.be, {}
-        for q in done:
-            chunks, x = self._exact_rows[q], self.args[q]
-            whole[q] = {}
-            for k in self.floats:
-                parts = [be.to_numpy(rows[k]) for _, _, rows in chunks]
-                like = self.outputs[k] if not be.is_complex(x) else x
-                whole[q][k] = be.array_like(np.concatenate(parts, axis=0), like)
-        return whole
+        found = {q: [self._exact_blocks[q][s] for s in sorted(self._exact_blocks[q])]
+                 for q in self.checked if self._exact_blocks.get(q)}
+        return found or None
+
+    def _noted(self, pos, chunks):
+        """``chunks`` (computed element by element), each noted as an exact block."""
+        for chunk in chunks:
+            if self.keep_rows and chunk[1] > chunk[0]:
+                self._exact_blocks.setdefault(pos, {})[chunk[0]] = chunk
+            yield chunk
 
     def _row_chunks(self, pos):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
@@ -228,7 +231,7 @@ class _Problem:
             yield from self._exact_rows[pos]
             return
         if not self.batched_ok(pos) or pos in self._looped:
-            chunks = self._looped_row_chunks(pos, 0, n, eps)
+            chunks = self._noted(pos, self._looped_row_chunks(pos, 0, n, eps))
             if self.keep_rows:
                 chunks = self._exact_rows[pos] = list(chunks)
             yield from chunks
@@ -263,7 +266,7 @@ class _Problem:
                 self.run.engine_log.append(EngineEvent(
                     "numerical", "looped", pos, why, via=self._via[pos],
                     figures={"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}))
-                yield from self._looped_row_chunks(pos, stop, n, eps)
+                yield from self._noted(pos, self._looped_row_chunks(pos, stop, n, eps))
                 return
 
     def _looped_row_chunks(self, pos, begin, end, eps):

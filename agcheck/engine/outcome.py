@@ -55,9 +55,9 @@ class Outcome:
     """A path's result: ``passed``, or undecided with ``reason``.
 
     ``numerical`` carries what an undecided path already computed exactly as the
-    reference engine computes it (``{input position: {output position: Jacobian}}``, the
-    element-by-element finite differences), so that the reference engine does not pay for
-    it again; ``None`` when there is nothing to reuse."""
+    reference engine computes it: ``{input position: [(start, stop, {output position:
+    rows})]}``, blocks of rows of the element-by-element finite differences, so that the
+    reference engine computes only the others; ``None`` when there is nothing to reuse."""
 
     passed: bool
     reason: str = ""
