@@ -523,9 +523,12 @@ class _DenseVmappable(torch.autograd.Function):
 def test_a_mismatch_in_the_first_rows_ends_the_engine_pass_there(scale, monkeypatch):
     # a dense Jacobian, rows batched: a wrong backward shows in the first row block, and no
     # further row is computed by the engine (the reference engine then decides)
+    from agcheck.engine import cost
     from agcheck.engine.batched import _Problem
 
     monkeypatch.setattr(_DenseVmappable, "scale", scale)
+    # batch sizes follow timings: fixed here (grow to the budget) so that rows are counted
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
     rows = []
     original = _Problem._batched_rows
 
