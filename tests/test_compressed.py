@@ -538,9 +538,9 @@ def _only_moved_by_eps(seen, x, eps):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, monkeypatch):
-    from agcheck.engine import batched as engine
+    from agcheck.engine.rows import Problem
 
-    looped = engine._Problem.evaluate_looped
+    looped = Problem.evaluate_looped
 
     def recorded(self, *args, **kwargs):  # what fn sees in the compressed paths' plain calls
         _RecordingMatmulTanh.recording = True
@@ -549,7 +549,7 @@ def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, mon
         finally:
             _RecordingMatmulTanh.recording = False
 
-    monkeypatch.setattr(engine._Problem, "evaluate_looped", recorded)
+    monkeypatch.setattr(Problem, "evaluate_looped", recorded)
     _RecordingMatmulTanh.seen.clear()
     a, b = (t.detach().to(dtype).requires_grad_() for t in mats(48))
     kw = dict(atol=1e-2, rtol=1e-2, eps=1e-3) if dtype == torch.float32 else {}

@@ -236,7 +236,7 @@ def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monk
 
 
 def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_batch(monkeypatch):
-    from agcheck.engine.batched import _Problem
+    from agcheck.engine.rows import Problem as _Problem
 
     calls = _slowed(monkeypatch, "_batched_rows", owner=_Problem)
     fn = lambda a, b: torch.tanh(a @ b)
@@ -360,7 +360,7 @@ def test_a_dense_cnn_is_not_batched_past_the_ramp_when_batching_saves_nothing(mo
     # batch. Made deterministic: a looped row is made to cost nothing (so batching cannot
     # be faster), and batches are never judged slower (so only the new rule can stop them).
     from agcheck.engine import cost
-    from agcheck.engine.batched import _Problem
+    from agcheck.engine.rows import Problem as _Problem
 
     original = _Problem._probe
 
@@ -475,7 +475,7 @@ class _DenseWithJvp(torch.autograd.Function):
 def test_a_failing_forward_check_reuses_the_rows_the_engine_computed(scale, monkeypatch):
     # the numerical rows are computed element by element (the probe is made to find the
     # input unbatchable), the JVPs batched: on a mismatch the reference engine gets the rows
-    from agcheck.engine.batched import _Problem
+    from agcheck.engine.rows import Problem as _Problem
 
     monkeypatch.setattr(_Problem, "_probe", lambda self, pos: False)
     monkeypatch.setattr(_DenseWithJvp, "scale", scale)
@@ -524,7 +524,7 @@ def test_a_mismatch_in_the_first_rows_ends_the_engine_pass_there(scale, monkeypa
     # a dense Jacobian, rows batched: a wrong backward shows in the first row block, and no
     # further row is computed by the engine (the reference engine then decides)
     from agcheck.engine import cost
-    from agcheck.engine.batched import _Problem
+    from agcheck.engine.rows import Problem as _Problem
 
     monkeypatch.setattr(_DenseVmappable, "scale", scale)
     # batch sizes follow timings: fixed here (grow to the budget) so that rows are counted

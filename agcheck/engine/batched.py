@@ -5,7 +5,8 @@ one backward per output element, as torch does. This engine reaches the same ver
 faster and in bounded memory:
 
 * numerical rows come from evaluating ``fn`` on a batch of moved copies of an input at
-  once (the backend vmaps ``fn``), central differences on the batch;
+  once (stacked along ``fn``'s own first dimension, or vmapped), central differences on
+  the batch (:mod:`~agcheck.engine.rows`);
 * analytical columns come from batched VJPs (many one-hot cotangents at once), forward
   rows from batched JVPs;
 * the two sides are compared chunk by chunk; what is kept whole at most is one side's
@@ -15,9 +16,10 @@ faster and in bounded memory:
 It is optimistic: anything it cannot do, or any disagreement it finds, hands the check
 back to the reference engine, which then decides the verdict and writes the message. So a
 failure is always the reference engine's failure, and the batched engine only ever
-shortens the passing path. Before batching an input it probes that a batched evaluation
-sees the input move (a function reading its input through a closure would not) and falls
-back for that input if not.
+shortens the passing path; the rows it computed element by element are handed over, so
+that a failure does not pay for them twice. Before batching an input it probes that a
+batched evaluation agrees with plain calls (a function reading its input through a
+closure would not see the move) and loops over that input if not.
 """
 from __future__ import annotations
 
@@ -26,289 +28,19 @@ import time
 import numpy as np
 
 from agcheck.backends.base import Capability
-from agcheck.core import jacobian as jac
 from agcheck.engine import coloured, compressed, cost, memory
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
+from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
 
 __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
 
-#: default bytes that Jacobian storage and batch working sets may take
-DEFAULT_MEMORY_BUDGET = 1 << 30
-#: below this many elements an input is perturbed element by element (a loop is cheaper)
-MIN_BATCHED_NUMEL = 16
-#: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
-_INTERMEDIATES = 4
-PROBE_SEED = 5113
-#: one batched call may always take this many bytes (see _Problem.batch_bytes)
-MIN_BATCH_BYTES = 8 << 20
-#: from this many elements on, the probe's plain calls are timed twice (the best counts)
-_RETIMED_NUMEL = 64
-#: the element-by-element check costs about this many evaluations per input element
-#: (its numerical side, and two analytical passes of about one evaluation each)
-_LOOP_EVALUATIONS = 3
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
+
+
 class EngineFallback(Exception):
     """Raised inside this module when the batched engine cannot decide a check; its
     entry points turn it into an undecided :class:`Outcome`."""
-
-
-class _Problem:
-    """One piece of ``fn`` (after the complex split) and what the engine learned of it."""
-
-    def __init__(self, run, fn, trace, args, checked):
-        self.run = run
-        self.be, self.opts = run.be, run.opts
-        self.fn, self.trace, self.args, self.checked = fn, trace, args, checked
-        self.outputs = trace.outputs
-        self.floats = [k for k, o in enumerate(self.outputs) if self.be.is_floating_or_complex(o)]
-        self.budget = run.opts.memory_budget or DEFAULT_MEMORY_BUDGET
-        arrays = [args[q] for q in checked] + [self.outputs[k] for k in self.floats]
-        self.itemsize = max(self.be.itemsize(a) for a in arrays)
-        self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
-        self._batched = {}
-        self._element_cost = {}  # seconds one element's rows take one at a time
-        self._via = {}  # per batched input: "stacked" or "vmap"
-        self._figures = {}  # per probed input: the timings its decision was taken on
-        self._vjp_batched = None  # True: being timed; False: found not to pay
-        self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
-        self._vjp_per_col = {}  # seconds per column of each batch size tried
-        self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
-        self._looped = set()  # inputs whose batched rows were found clearly slower
-        jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
-        #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
-        self.keep_rows = jacobian_bytes <= self.budget // 2
-        #: what one batched call may take: as much as one Jacobian (which the reference
-        #: engine holds), at least MIN_BATCH_BYTES, at most its share of the budget
-        self.batch_bytes = min(self.budget // cost.CHUNK_SHARE, max(jacobian_bytes, MIN_BATCH_BYTES))
-        self._row_bytes = {}  # per batched input: bytes a row's evaluation took, as measured
-        self._column_bytes = 0  # bytes one batched VJP column took, as measured
-        #: per input, its rows computed element by element (as the reference engine
-        #: computes them) when all of them were: reused instead of being computed again
-        self._exact_rows = {}
-        #: per input, every block of rows computed element by element so far, by start
-        #: (a failing check hands them to the reference engine, which computes the rest)
-        self._exact_blocks = {}
-
-    # -- numerical side -----------------------------------------------------------------
-    def batched_ok(self, pos) -> bool:
-        """Can ``args[pos]`` be moved in batches? (a batched form agrees with plain calls,
-        and fn sees the input move)"""
-        if pos not in self._batched:
-            self._batched[pos] = self._probe(pos)
-            figures = self._figures.get(pos, {})
-            if self._batched[pos]:
-                event = EngineEvent("numerical", "batched", pos, via=self._via[pos], figures=figures)
-            else:
-                event = EngineEvent("numerical", "looped", pos, figures=figures)
-            self.run.engine_log.append(event)
-        return self._batched[pos]
-
-    def evaluate(self, pos, stacked):
-        """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
-        batched form the probe chose for that input."""
-        if self._via[pos] == "stacked":
-            return self.be.evaluate_stacked(self.fn, self.args, pos, stacked)
-        return self.be.evaluate_batch(self.fn, self.args, pos, stacked)
-
-    def _probe(self, pos) -> bool:
-        """Time one element's rows by plain calls, then evaluate the same two moves in a
-        batched form: ``stacked`` (one plain call, the copies laid along fn's own first
-        dimension) where fn gives each copy its own result, else ``vmap``."""
-        be, x = self.be, self.args[pos]
-        if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
-            return False
-        gen = be.generator(x, PROBE_SEED)
-        u = be.uniform_unit_vector(x, gen, real=True)
-        eps = self.run.eps_for(x)
-        try:
-            # the best of two: the first plain calls of a check may pay one-time costs
-            timings = []
-            for _ in range(2 if be.numel(x) >= _RETIMED_NUMEL else 1):
-                start = time.perf_counter()
-                sequential = self.run.user_errors.call(jac.numerical_directional, be, self.fn, self.args, pos, u,
-                                                       eps, self.run.stencil)
-                timings.append(time.perf_counter() - start)
-        except Exception as e:
-            if e in self.run.user_errors:
-                raise
-            return False
-        loop_row = self._element_cost[pos] = min(timings) * (2 if be.is_complex(x) else 1)
-        figures = self._figures[pos] = {"loop_row": loop_row}
-        step = be.reshape(u, x.shape) * eps
-        moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
-        forms = [("vmap", be.evaluate_batch)]
-        if be.supports(Capability.STACKED_EVALUATION):
-            forms.insert(0, ("stacked", be.evaluate_stacked))
-        for via, evaluate in forms:
-            if via == "vmap" and self._setup_outweighs_saving(pos):
-                return False
-            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps)
-            if seconds is not None:
-                figures[f"{via}_probe"] = seconds
-                self._via[pos] = via
-                return True
-        return False
-
-    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps) -> float | None:
-        """Seconds of ``evaluate`` at the two probe moves, or ``None`` when it fails or its
-        difference quotient differs from the plain calls' (fn does not see the batch, or
-        mixes the copies)."""
-        be = self.be
-        try:
-            start = time.perf_counter()
-            batched = evaluate(self.fn, self.args, pos, moved)
-            seconds = time.perf_counter() - start
-        except Exception as e:
-            if e in self.run.user_errors:
-                raise
-            return None
-        for k in self.floats:
-            if tuple(batched[k].shape) != (2, *self.outputs[k].shape):
-                return None
-            minus, plus = batched[k][0], batched[k][1]
-            est = be.flatten((plus - minus) / (2 * eps))
-            ref = sequential[k] if self.run.stencil.name == "central" else est
-            if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
-                est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
-            ):
-                return None
-        return seconds
-
-    def _setup_outweighs_saving(self, pos) -> bool:
-        """A batched form of fn that costs a one-time setup (e.g. an import) is used only
-        when the element-by-element loop it replaces would take longer than the setup."""
-        setup = self.be.batch_setup_cost(self.run.fn)
-        loop = _LOOP_EVALUATIONS * self._element_cost[pos] * self.be.numel(self.args[pos])
-        if setup and loop < setup:
-            self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batching setup not worth it"))
-            return True
-        return False
-
-    def evaluate_looped(self, pos, deltas, outputs) -> dict:
-        """``{k: (len(deltas), m) NumPy array}``: ``fn`` with ``args[pos]`` moved by each row
-        of ``deltas`` (flat NumPy), one plain call each, through the backend's in-place
-        perturber (closures see the move; the input is restored bitwise)."""
-        be, x = self.be, self.args[pos]
-        parts = {k: [] for k in outputs}
-        with be.perturber(self.args, pos) as perturber:
-            for delta in deltas:
-                step = be.reshape(be.array_like(delta, x), tuple(x.shape))
-                outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, 1)
-                for k in outputs:
-                    parts[k].append(be.to_numpy(outs[k]).reshape(-1))
-        return {k: np.stack(v) for k, v in parts.items()}
-
-    def numerical_row_chunks(self, pos, report=True):
-        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
-        (and advance the run's progress bar by each chunk's rows when ``report``)."""
-        for start, stop, rows in self._row_chunks(pos):
-            if report:
-                self.run.progress.advance(stop - start)
-            yield start, stop, rows
-
-    def exact_numerical(self) -> dict | None:
-        """``{input position: [(start, stop, {output position: rows})]}``: the row blocks
-        computed element by element so far (the reference engine's numbers, bit for bit),
-        in order; ``None`` when there are none."""
-        if not self.keep_rows:
-            return None
-        found = {q: [self._exact_blocks[q][s] for s in sorted(self._exact_blocks[q])]
-                 for q in self.checked if self._exact_blocks.get(q)}
-        return found or None
-
-    def _noted(self, pos, chunks):
-        """``chunks`` (computed element by element), each noted as an exact block."""
-        for chunk in chunks:
-            if self.keep_rows and chunk[1] > chunk[0]:
-                self._exact_blocks.setdefault(pos, {})[chunk[0]] = chunk
-            yield chunk
-
-    def _row_chunks(self, pos):
-        be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
-        n = be.numel(x)
-        if pos in self._exact_rows:
-            yield from self._exact_rows[pos]
-            return
-        if not self.batched_ok(pos) or pos in self._looped:
-            chunks = self._noted(pos, self._looped_row_chunks(pos, 0, n, eps))
-            if self.keep_rows:
-                chunks = self._exact_rows[pos] = list(chunks)
-            yield from chunks
-            return
-        complex_input = be.is_complex(x)
-        points = len(self.run.stencil.offsets)
-        estimate = (n + self.out_numel) * self.itemsize * _INTERMEDIATES * points * (2 if complex_input else 1)
-        self._row_bytes[pos] = estimate
-        looped = self._element_cost.get(pos, float("inf"))
-        probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
-        per_row_of, start = {}, 0
-        size = min(cost.RAMP[0], cost.rows_per_chunk(estimate, self.batch_bytes, n))
-        while start < n:
-            stop = min(n, start + size)
-            setup_pending = self._via[pos] == "vmap" and be.batch_setup_cost(self.run.fn) > 0
-            began = time.perf_counter()
-            call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
-            seconds = time.perf_counter() - began
-            if call.added_peak is not None and not setup_pending:  # memory as measured
-                self._row_bytes[pos] = max(self._row_bytes[pos], call.added_peak // (stop - start))
-            yield start, stop, call.result
-            if stop >= n:
-                return
-            per_row_of[size] = seconds / size
-            slope = cost.slope_per_row(probe * (2 if complex_input else 1) if probe else None, 1, seconds, size) \
-                if len(per_row_of) == 1 else None
-            chunk = cost.rows_per_chunk(self._row_bytes[pos], self.batch_bytes, n)
-            size, why = cost.next_batch_size(per_row_of, looped, chunk, seconds=seconds, slope=slope)
-            start = stop
-            if size is None:
-                self._looped.add(pos)
-                self.run.engine_log.append(EngineEvent(
-                    "numerical", "looped", pos, why, via=self._via[pos],
-                    figures={"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}))
-                yield from self._noted(pos, self._looped_row_chunks(pos, stop, n, eps))
-                return
-
-    def _looped_row_chunks(self, pos, begin, end, eps):
-        """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
-        follows the chunk, not the Jacobian."""
-        be = self.be
-        per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
-        chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, max(end - begin, 1))
-        for start in range(begin, end, chunk):
-            stop = min(end, start + chunk)
-            yield start, stop, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
-                                        self.run.stencil, elements=range(start, stop))
-        if begin == end == 0:
-            yield 0, 0, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
-                                 self.run.stencil)
-
-    def _batched_rows(self, pos, flat, eps, complex_input):
-        be, x = self.be, self.args[pos]
-        rows = self._difference_rows(pos, flat, eps)
-        if complex_input:
-            imag = self._difference_rows(pos, flat, eps * 1j)
-            rows = {k: be.astype(rows[k] + imag[k] * 1j, x.dtype) for k in rows}
-        return rows
-
-    def _difference_rows(self, pos, flat, step):
-        be, x = self.be, self.args[pos]
-        eps, stencil = self.run.eps_for(x), self.run.stencil
-        b = len(flat)
-        moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
-                 for m in stencil.offsets]
-        points = len(moves)
-        moved = be.reshape(be.stack(moves, axis=0), (points * b, *x.shape))
-        outs = self.evaluate(pos, moved)
-        rows = {}
-        for k in self.floats:
-            o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
-            rows[k] = stencil.combine([o[i] for i in range(points)], eps)
-        return rows
-
-
-def n_in_total(be, args, checked) -> int:
-    return sum(be.numel(args[q]) for q in checked)
 
 
 def _require_dense(be, args) -> None:
@@ -325,7 +57,7 @@ def compare_slow_reverse(run, piece) -> Outcome:
         _require_dense(run.be, piece.args)
     except EngineFallback as reason:
         return undecided(str(reason))
-    p = _Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+    p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
     try:
         _reverse(run, p, piece.diff)
     except EngineFallback as reason:
@@ -391,7 +123,7 @@ def _column_blocks(p, m, n_in):
     """``[0, m)`` in blocks of the batch size the VJP timings chose so far (small first),
     within the memory budget; read as the blocks are consumed, so that each block's
     timing decides the next block's size."""
-    estimate = (n_in + p.out_numel) * p.itemsize * _INTERMEDIATES * 2
+    estimate = (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
     c0 = 0
     while c0 < m:
         chunk = cost.rows_per_chunk(max(estimate, p._column_bytes), p.batch_bytes, m)
@@ -610,7 +342,7 @@ def compare_slow_forward(run, piece) -> Outcome:
     p = None
     try:
         _require_dense(run.be, piece.args)
-        p = _Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+        p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
         _forward(run, p, piece.diff)
     except EngineFallback as reason:
         exact = p.exact_numerical() if p is not None and str(reason) == MISMATCH else None
