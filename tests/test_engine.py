@@ -180,16 +180,6 @@ def test_nondeterministic_backward_is_caught_by_both_engines():
         assert agcheck.gradcheck(Noisy.apply, (make(30),), engine=engine, nondet_tol=1e-6)
 
 
-def test_ramp_blocks_start_small_and_cover_the_range():
-    from agcheck.engine.cost import RAMP as _RAMP, ramped as _ramped
-
-    assert _ramped(0, 1000, 300) == [(0, _RAMP[0]), (_RAMP[0], _RAMP[0] + _RAMP[1])] + [
-        (c0, min(1000, c0 + 300)) for c0 in range(_RAMP[0] + _RAMP[1], 1000, 300)]
-    assert _ramped(0, 5, 300) == [(0, 5)]
-    assert _ramped(0, 100, 4) == [(c0, c0 + 4) for c0 in range(0, 100, 4)]  # budget below the ramp
-    assert _ramped(3, 3, 10) == []
-
-
 def test_batching_loses_only_when_clearly_slower_and_not_explained_by_fixed_costs():
     from agcheck.engine.cost import batching_loses as _batching_loses
 

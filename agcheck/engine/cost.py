@@ -1,17 +1,20 @@
-"""The engine's cost model: when batching pays, measured as it goes.
+"""The engine's cost model: whether the engine runs at all, and when batching pays,
+measured as it goes.
 
-Every decision compares measured seconds per row (a Jacobian row: one input element
-moved, all outputs) or per column (one VJP): the loop's, from the probe's plain calls,
-and a batch's, from the batches actually computed. A path is tried on small batches
-first (``RAMP``), so a losing one costs little before it is dropped; a batch size that
-made rows dearer is not grown further.
+First, from the check's first evaluation of ``fn``, the element-by-element loop's cost
+is estimated (:func:`loop_seconds`): below ``ENGINE_WORTH_SECONDS`` the reference engine
+decides at once. Then every decision compares measured seconds per row (a Jacobian row:
+one input element moved, all outputs) or per column (one VJP): the loop's, from the
+probe's plain calls, and a batch's, from the batches actually computed. A path is tried
+on small batches first (``RAMP``), so a losing one costs little before it is dropped; a
+batch size that made rows dearer is not grown further.
 """
 from __future__ import annotations
 
 import time
 
-__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "seconds_of", "ramped", "batching_loses", "batching_saves_nothing",
-           "next_batch_size", "slope_per_row"]
+__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "seconds_of", "batching_loses",
+           "batching_saves_nothing", "next_batch_size", "slope_per_row"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
@@ -22,9 +25,9 @@ CLEARLY_SLOWER = 1.5
 #: past the ramp, batching goes on only while a batched row costs this many times less
 #: than a row on its own: otherwise it saves no time and costs memory
 CLEARLY_FASTER = 1.5
-#: the first batches of a batched pass are this small, so that an op whose batched form
-#: is pathologically slow or memory-hungry (cost growing faster than the batch) is caught
-#: cheaply, before a budget-sized batch is tried
+#: a batched pass starts with batches of RAMP[0] rows and doubles them up to RAMP[-1]
+#: before a budget-sized batch is tried, so that an op whose batched form is
+#: pathologically slow or memory-hungry (cost growing faster than the batch) is caught cheaply
 RAMP = (8, 64)
 #: checks whose element-by-element loop is estimated below this many seconds go to the
 #: reference engine at once: the engine's probes would cost about as much as they save
@@ -52,18 +55,6 @@ def seconds_of(call, *args) -> float:
     began = time.perf_counter()
     call(*args)
     return time.perf_counter() - began
-
-
-def ramped(begin: int, end: int, chunk: int) -> list[tuple[int, int]]:
-    """``[begin, end)`` in blocks of at most ``chunk``, the first ones ``RAMP``-sized."""
-    blocks, start = [], begin
-    for size in RAMP:
-        if start >= end or size >= chunk:
-            break
-        blocks.append((start, min(end, start + size)))
-        start = blocks[-1][1]
-    blocks += [(c0, min(end, c0 + chunk)) for c0 in range(start, end, chunk)]
-    return blocks
 
 
 def batching_loses(per_batched: float, per_looped: float, size: int, seconds: float) -> bool:
