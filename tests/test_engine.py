@@ -489,14 +489,19 @@ def test_a_failing_forward_check_reuses_the_rows_the_engine_computed(scale, monk
 
 
 class _DenseVmappable(torch.autograd.Function):
-    """tanh(W x) with a vmap rule and a backward scaled by ``scale`` (1: right)."""
+    """tanh(W x) with a vmap rule; the backward is scaled by ``scale`` (1: right) for the
+    input elements from ``wrong_from`` on, so that a mismatch shows in the rows chosen.
+    ``calls`` counts the forward evaluations."""
 
     generate_vmap_rule = True
     scale = 1.0
+    wrong_from = 0
+    calls = 0
     W = torch.randn(150, 150, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
 
     @staticmethod
     def forward(x):
+        _DenseVmappable.calls += 1
         return torch.tanh(_DenseVmappable.W @ x)
 
     @staticmethod
@@ -506,7 +511,11 @@ class _DenseVmappable(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        return _DenseVmappable.scale * (_DenseVmappable.W.T @ (g * (1 - y * y)))
+        grad = _DenseVmappable.W.T @ (g * (1 - y * y))
+        k = _DenseVmappable.wrong_from
+        if k == 0:  # (an empty slice has no batching rule under vmap)
+            return _DenseVmappable.scale * grad
+        return torch.cat([grad[..., :k], _DenseVmappable.scale * grad[..., k:]], dim=-1)
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.0])
@@ -537,31 +546,6 @@ def test_a_mismatch_in_the_first_rows_ends_the_engine_pass_there(scale, monkeypa
         assert sum(rows) <= 8, rows  # the first block only
 
 
-class _LateRowsWrong(torch.autograd.Function):
-    """tanh(W x), vmappable; the backward is wrong (scaled by ``scale``) for the input
-    elements from 100 on only, so that a mismatch shows in late Jacobian rows."""
-
-    generate_vmap_rule = True
-    scale = 1.0
-    calls = 0
-    W = torch.randn(150, 150, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
-
-    @staticmethod
-    def forward(x):
-        _LateRowsWrong.calls += 1
-        return torch.tanh(_LateRowsWrong.W @ x)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        grad = _LateRowsWrong.W.T @ (g * (1 - y * y))
-        return torch.cat([grad[..., :100], _LateRowsWrong.scale * grad[..., 100:]], dim=-1)
-
-
 @pytest.mark.parametrize("scale", [1.0, 1.5])
 def test_a_failing_check_reuses_the_rows_looped_after_batching_was_dropped(scale, monkeypatch):
     # the first batch of rows is batched, then batching is dropped (made deterministic
@@ -569,23 +553,24 @@ def test_a_failing_check_reuses_the_rows_looped_after_batching_was_dropped(scale
     # rows as they are and computes only the first batch's rows again
     from agcheck.engine import cost
 
-    monkeypatch.setattr(_LateRowsWrong, "scale", scale)
+    monkeypatch.setattr(_DenseVmappable, "scale", scale)
+    monkeypatch.setattr(_DenseVmappable, "wrong_from", 100)  # late rows only
     monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (None, "dropped for the test"))
     x = make(150, seed=11)
-    _LateRowsWrong.calls = 0
-    torch_verdict = torch.autograd.gradcheck(_LateRowsWrong.apply, (x,), raise_exception=False)
-    torch_calls = _LateRowsWrong.calls
-    _LateRowsWrong.calls = 0
-    r = run(_LateRowsWrong.apply, (x,), raise_exception=False)
+    _DenseVmappable.calls = 0
+    torch_verdict = torch.autograd.gradcheck(_DenseVmappable.apply, (x,), raise_exception=False)
+    torch_calls = _DenseVmappable.calls
+    _DenseVmappable.calls = 0
+    r = run(_DenseVmappable.apply, (x,), raise_exception=False)
     assert r.verdict is torch_verdict is (scale == 1.0)
     assert ("looped", "dropped for the test") in paths(r)
     if scale != 1.0:
         (fallback,) = r.engine_fallbacks
         assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(8, 150)]
         # torch's evaluations, and the engine's few probes and batched calls besides
-        assert _LateRowsWrong.calls <= torch_calls + 20, (_LateRowsWrong.calls, torch_calls)
+        assert _DenseVmappable.calls <= torch_calls + 20, (_DenseVmappable.calls, torch_calls)
         with pytest.raises(RuntimeError) as ours:
-            agcheck.gradcheck(_LateRowsWrong.apply, (x,))
+            agcheck.gradcheck(_DenseVmappable.apply, (x,))
         with pytest.raises(RuntimeError) as reference:
-            agcheck.gradcheck(_LateRowsWrong.apply, (x,), engine="reference")
+            agcheck.gradcheck(_DenseVmappable.apply, (x,), engine="reference")
         assert str(ours.value).split("\n\n")[0] == str(reference.value).split("\n\n")[0]

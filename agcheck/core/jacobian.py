@@ -70,14 +70,16 @@ def _evaluations(stencil, evaluate, step):
 
 def _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil):
     index = perturber.index(flat)
-    values = []
-    for m in stencil.offsets:  # a loop, not a helper: fn runs two frames below (see evaluate_element)
-        values.append(perturber.evaluate_element(fn, flat, abs(m) * eps if abs(m) != 1 else eps, 1 if m > 0 else -1))
-    d_real = stencil_difference(be, values, eps, stencil, index)
+    differences = []
+    for step in (eps, eps * 1j) if complex_input else (eps,):
+        values = []
+        for m in stencil.offsets:  # a loop, not a helper: fn runs two frames below (see evaluate_element)
+            values.append(perturber.evaluate_element(fn, flat, abs(m) * step if abs(m) != 1 else step,
+                                                     1 if m > 0 else -1))
+        differences.append(stencil_difference(be, values, eps, stencil, index))
     if not complex_input:
-        return d_real
-    at = lambda step, sign: perturber.evaluate_element(fn, flat, step, sign)  # noqa: E731
-    d_imag = stencil_difference(be, _evaluations(stencil, at, eps * 1j), eps, stencil, index)
+        return differences[0]
+    d_real, d_imag = differences
     # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
     return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
 
