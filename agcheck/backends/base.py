@@ -450,6 +450,17 @@ class Backend:
     def conj(self, x):
         return self.xp(x).conj(x)
 
+    def row_block(self, n_rows: int, n_cols: int, like, dtype):
+        """An uninitialised ``(n_rows, n_cols)`` array of ``dtype`` on ``like``'s device
+        that :meth:`write_rows` fills in place, or ``None`` where arrays are immutable (the
+        rows are then stacked; see :mod:`agcheck.core.row_block`)."""
+        return None
+
+    def write_rows(self, block, start: int, rows: Sequence) -> None:
+        """Copy the flat ``rows`` into ``block[start:start + len(rows)]`` (converted to the
+        block's dtype)."""
+        block[start:start + len(rows)] = self.stack(rows, axis=0)
+
     def stack(self, arrays: Sequence, axis: int = 0):
         return self.xp(arrays[0]).stack(list(arrays), axis=axis)
 

@@ -517,6 +517,10 @@ class NumpyBackend(Backend):
     def part_as_input(self, x, part):
         return self.clone(self.real(x) if part == "real" else self.imag(x))
 
+    def row_block(self, n_rows, n_cols, like, dtype):
+        # this backend writes into arrays elsewhere too (one_hot): its namespaces are mutable
+        return self.xp(like).empty((n_rows, n_cols), dtype=dtype, device=array_api_compat.device(like))
+
     def zeros(self, shape, like, dtype=None):
         xp = self.xp(like)
         return xp.zeros(tuple(shape), dtype=dtype or like.dtype, device=array_api_compat.device(like))

@@ -440,6 +440,15 @@ class TorchBackend(Backend):
     def stack(self, arrays, axis=0):
         return torch.stack(list(arrays), dim=axis)
 
+    def row_block(self, n_rows, n_cols, like, dtype):
+        if like.layout != torch.strided:
+            return None
+        return torch.empty((n_rows, n_cols), dtype=dtype, device=like.device)
+
+    def write_rows(self, block, start, rows):
+        rows = [(r if r.dtype == block.dtype else r.to(block.dtype)).detach() for r in rows]
+        torch.stack(rows, out=block[start:start + len(rows)])
+
     def zeros_like(self, x):
         if x.layout == torch._mkldnn:  # no MKL-DNN zeros: a strided stand-in
             return torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from agcheck.report.errors import GradcheckError, not_reentrant_message
+from agcheck.core.row_block import RowBlock
 from agcheck.core.stencil import STENCILS
 
 __all__ = [
@@ -123,24 +124,33 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     x = args[position]
     complex_input = be.is_complex(x)
     float_positions = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
-    rows: dict[int, list] = {k: [] for k in float_positions}
     with be.perturber(args, position) as perturber:
-        for flat in range(perturber.numel) if elements is None else elements:
+        flats = range(perturber.numel) if elements is None else elements
+        if not hasattr(flats, "__len__"):
+            flats = list(flats)
+        placement = _dense_rows(perturber) if elements is None else None
+        if placement is None:
+            rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
+                    for k in float_positions}
+        else:
+            rows = {k: [] for k in float_positions}
+        for flat in flats:
             cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
             for k in float_positions:
-                rows[k].append(cols[k])
+                if placement is None:
+                    rows[k].add(cols[k])
+                else:
+                    rows[k].append(cols[k])
             if on_element is not None:
                 on_element()
-        placement = _dense_rows(perturber) if elements is None else None
-    result = {}
-    for k in float_positions:
-        out = outputs[k]
-        dtype = x.dtype if complex_input else out.dtype
-        if placement is not None:
-            result[k] = _placed_rows(be, rows[k], placement, be.numel(out), out, dtype)
-        else:
-            result[k] = _stack_rows(be, rows[k], be.numel(out), out, dtype)
-    return result
+    if placement is None:
+        return {k: rows[k].result() for k in float_positions}
+    return {k: _placed_rows(be, rows[k], placement, be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
+            for k in float_positions}
+
+
+def _row_dtype(be, x, out):
+    return x.dtype if be.is_complex(x) else out.dtype
 
 
 def _dense_rows(perturber):
@@ -195,16 +205,18 @@ class GradientShape:
         self.dtypes_ok = True
 
 
-def _stack_gradients(be, grads_per_cotangent: list, inputs: Sequence, shape_report: GradientShape) -> list:
-    """Lay out VJPs as Jacobians: entry ``[i]`` is ``(inputs[i].numel, n_cotangents)``."""
-    jacobians = []
-    n_cots = len(grads_per_cotangent)
-    for i, x in enumerate(inputs):
-        cols = []
-        for grads in grads_per_cotangent:
-            g = grads[i]
+def _stack_gradients(be, grads_per_cotangent, n_cots: int, inputs: Sequence, shape_report: GradientShape) -> list:
+    """Lay out VJPs as Jacobians: entry ``[i]`` is ``(inputs[i].numel, n_cotangents)``.
+
+    ``grads_per_cotangent`` may be an iterator: each VJP is written into its Jacobians
+    as it comes (see :mod:`agcheck.core.row_block`)."""
+    # each Jacobian is filled along the fast axis, one cotangent's row at a time, then
+    # viewed transposed: far cheaper than writing n_cotangents strided columns
+    blocks = [RowBlock(be, n_cots, be.numel(x), x, x.dtype) for x in inputs]
+    for grads in grads_per_cotangent:
+        for i, (x, g) in enumerate(zip(inputs, grads)):
             if g is None:
-                cols.append(be.zeros((be.numel(x),), like=x))
+                blocks[i].add(be.zeros((be.numel(x),), like=x))
                 continue
             if tuple(g.shape) != tuple(x.shape):
                 shape_report.sizes_ok = False
@@ -215,21 +227,16 @@ def _stack_gradients(be, grads_per_cotangent: list, inputs: Sequence, shape_repo
                 raise AssertionError(
                     f"a gradient has {be.numel(flat)} elements but its input has {be.numel(x)}"
                 )
-            cols.append(flat if flat.dtype == x.dtype else be.astype(flat, x.dtype))
-        if cols:
-            # stacked along the fast axis, then viewed transposed: far cheaper than
-            # writing n_cotangents strided columns
-            jacobians.append(be.transpose(be.stack(cols, axis=0)))
-        else:
-            jacobians.append(be.zeros((be.numel(x), n_cots), like=x))
-    return jacobians
+            blocks[i].add(flat if flat.dtype == x.dtype else be.astype(flat, x.dtype))
+    return [be.transpose(block.result()) for block in blocks]
 
 
-def _checked_gradients(be, compute: Callable, inputs, nondet_tol, check_grad_dtypes):
-    """Compute the gradients twice, check their shapes, dtypes and reentrancy."""
+def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, check_grad_dtypes):
+    """Compute the gradients twice (``compute()`` yields the VJPs of ``n_cots``
+    cotangents), check their shapes, dtypes and reentrancy."""
     report = GradientShape()
-    first = _stack_gradients(be, compute(), inputs, report)
-    second = _stack_gradients(be, compute(), inputs, GradientShape())
+    first = _stack_gradients(be, compute(), n_cots, inputs, report)
+    second = _stack_gradients(be, compute(), n_cots, inputs, GradientShape())
     # torch swaps its two flags here: a size problem reports as a dtype mismatch (and only
     # with check_grad_dtypes), a dtype problem as an incorrect size. Kept for parity.
     if not report.sizes_ok and check_grad_dtypes:
@@ -258,18 +265,18 @@ def analytical_jacobians_reverse(be, trace, output_position: int, inputs: Sequen
     n = be.numel(out)
 
     def rows():
-        return [trace.vjp([output_position], [be.one_hot(out, j)]) for j in range(n)]
+        return (trace.vjp([output_position], [be.one_hot(out, j)]) for j in range(n))
 
     if not checks:
-        return _stack_gradients(be, rows(), inputs, GradientShape())
-    return _checked_gradients(be, rows, inputs, nondet_tol, check_grad_dtypes)
+        return _stack_gradients(be, rows(), n, inputs, GradientShape())
+    return _checked_gradients(be, rows, n, inputs, nondet_tol, check_grad_dtypes)
 
 
 def analytical_vjps(be, trace, output_position: int, v, inputs: Sequence, *, nondet_tol, check_grad_dtypes) -> list:
     """``v^T J`` for one output and every input, flat (checked like the full Jacobian)."""
     out = trace.outputs[output_position]
     cot = be.reshape(v, out.shape)
-    stacked = _checked_gradients(be, lambda: [trace.vjp([output_position], [cot])], inputs,
+    stacked = _checked_gradients(be, lambda: [trace.vjp([output_position], [cot])], 1, inputs,
                                  nondet_tol, check_grad_dtypes)
     return [be.flatten(j) for j in stacked]
 
@@ -304,23 +311,19 @@ def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_
     jacobians = []
     for i, pos in enumerate(checked):
         x = args[pos]
-        rows_per_output: list[list] = []
-        primals = None
-        for flat in range(be.numel(x)):
+        n = be.numel(x)
+        blocks = None
+        for flat in range(n):
             tangents = list(zero_tangents)
             tangents[i] = be.one_hot(x, flat)
             results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
-            if primals is None:
-                primals = [p for p, _ in results]
-                rows_per_output = [[] for _ in results]
-            for k, (primal, tangent) in enumerate(results):
-                rows_per_output[k].append(_flat_tangent(be, primal, tangent))
-        if primals is None:  # an empty input: evaluate once for the outputs' shapes
-            primals = [p for p, _ in be.jvp(fn, args, checked, zero_tangents)]
-            rows_per_output = [[] for _ in primals]
-        jacobians.append([
-            _stack_rows(be, rows, be.numel(p), p, p.dtype) for rows, p in zip(rows_per_output, primals)
-        ])
+            if blocks is None:
+                blocks = [RowBlock(be, n, be.numel(p), p, p.dtype) for p, _ in results]
+            for block, (primal, tangent) in zip(blocks, results):
+                block.add(_flat_tangent(be, primal, tangent))
+        if blocks is None:  # an empty input: evaluate once for the outputs' shapes
+            blocks = [RowBlock(be, 0, be.numel(p), p, p.dtype) for p, _ in be.jvp(fn, args, checked, zero_tangents)]
+        jacobians.append([block.result() for block in blocks])
     return jacobians
 
 

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from agcheck.backends.base import Capability
+from agcheck.core.row_block import RowBlock
 from agcheck.engine import coloured, compressed, cost, memory
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
@@ -311,14 +312,21 @@ def _vjps_of(p, k, stacked, count) -> list:
     be = p.be
     if p._vjp_batched is not False:
         return p.trace.vjp_batched(k, stacked)
-    per_input = None
+    per_input, shapes = None, None
     for c in range(count):
         grads = p.run.user_errors.call(p.trace.vjp, [k], [stacked[c]])
         if per_input is None:
-            per_input = [[] for _ in grads]
+            shapes = [None if g is None else tuple(g.shape) for g in grads]
+            per_input = [None if g is None else RowBlock(be, count, be.numel(g), g, g.dtype) for g in grads]
         for i, g in enumerate(grads):
-            per_input[i].append(g)
-    return [None if any(g is None for g in gs) else be.stack(gs, axis=0) for gs in per_input]
+            if g is None:
+                per_input[i] = None  # undefined for one cotangent: None, as for all
+            elif per_input[i] is not None:
+                if tuple(g.shape) != shapes[i]:
+                    raise EngineFallback("VJPs of one input differ in shape")
+                per_input[i].add(be.flatten(g))
+    return [None if block is None else be.reshape(block.result(), (count, *shape))
+            for block, shape in zip(per_input, shapes)]
 
 
 def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
