@@ -184,7 +184,7 @@ class CompressedSides:
         be, p = self.be, self.p
         x = p.args[q]
         batched = p.batched_ok(q)
-        per_row = (be.numel(x) + p.out_numel) * p.itemsize * 4
+        per_row = max((be.numel(x) + p.out_numel) * p.itemsize * 4, p.copy_bytes(q))
         size = max(1, p.batch_bytes // max(per_row, 1))
         size = max(group, size // group * group)
         parts = {k: [] for k in self.diff}

@@ -65,6 +65,7 @@ class Problem:
         #: engine holds), at least MIN_BATCH_BYTES, at most its share of the budget
         self.batch_bytes = min(self.budget // cost.CHUNK_SHARE, max(jacobian_bytes, MIN_BATCH_BYTES))
         self._row_bytes = {}  # per batched input: bytes a row's evaluation took, as measured
+        self._copy_bytes = {}  # per probed input: bytes one moved copy took in the probe, as measured
         self._column_bytes = 0  # bytes one batched VJP column took, as measured
         #: per input, its rows computed element by element (as the reference engine
         #: computes them) when all of them were: reused instead of being computed again
@@ -126,22 +127,24 @@ class Problem:
         for via, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
                 return False
-            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps)
+            setup_pending = via == "vmap" and be.batch_setup_cost(self.run.fn) > 0
+            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps, measure=not setup_pending)
             if seconds is not None:
                 figures[f"{via}_probe"] = seconds
                 self._via[pos] = via
                 return True
         return False
 
-    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps) -> float | None:
+    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps, measure=True) -> float | None:
         """Seconds of ``evaluate`` at the two probe moves, or ``None`` when it fails or its
         difference quotient differs from the plain calls' (fn does not see the batch, or
-        mixes the copies)."""
+        mixes the copies). The memory a copy took is noted (:meth:`copy_bytes`)."""
         be = self.be
         try:
             start = time.perf_counter()
-            batched = evaluate(self.fn, self.args, pos, moved)
+            call = memory.measured(evaluate, self.fn, self.args, pos, moved)
             seconds = time.perf_counter() - start
+            batched = call.result
         except Exception as e:
             if e in self.run.user_errors:
                 raise
@@ -156,7 +159,14 @@ class Problem:
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
             ):
                 return None
+        if measure and call.added_peak is not None:
+            self._copy_bytes[pos] = call.added_peak // 2
         return seconds
+
+    def copy_bytes(self, pos) -> int:
+        """Bytes one evaluation of ``fn`` at a moved copy of ``args[pos]`` took in a
+        batched call, as the probe measured it (0 when not measured)."""
+        return self._copy_bytes.get(pos, 0)
 
     def _setup_outweighs_saving(self, pos) -> bool:
         """A batched form of fn that costs a one-time setup (e.g. an import) is used only
@@ -221,7 +231,8 @@ class Problem:
             return
         complex_input = be.is_complex(x)
         points = len(self.run.stencil.offsets)
-        estimate = (n + self.out_numel) * self.itemsize * INTERMEDIATES * points * (2 if complex_input else 1)
+        estimate = max((n + self.out_numel) * self.itemsize * INTERMEDIATES, self.copy_bytes(pos)) \
+            * points * (2 if complex_input else 1)
         self._row_bytes[pos] = estimate
         looped = self._element_cost.get(pos, float("inf"))
         probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
