@@ -574,3 +574,69 @@ def test_a_failing_check_reuses_the_rows_looped_after_batching_was_dropped(scale
         with pytest.raises(RuntimeError) as reference:
             agcheck.gradcheck(_DenseVmappable.apply, (x,), engine="reference")
         assert str(ours.value).split("\n\n")[0] == str(reference.value).split("\n\n")[0]
+
+
+def test_a_failing_check_reuses_the_analytical_columns_computed_one_by_one(monkeypatch):
+    # the first VJP block is batched, then batching is dropped and every further column
+    # is one VJP, as the reference engine computes it, and checked for reentrancy by the
+    # engine's second pass: on the mismatch, the reference engine computes only the first
+    # block's columns again, and its message is the one it gives alone
+    from agcheck.engine import cost
+
+    backward_calls = []
+    original_backward = _DenseVmappable.backward
+
+    def counted(ctx, g):
+        backward_calls.append(1)
+        return original_backward(ctx, g)
+
+    monkeypatch.setattr(_DenseVmappable, "backward", staticmethod(counted))
+    monkeypatch.setattr(_DenseVmappable, "scale", 1.5)
+    monkeypatch.setattr(_DenseVmappable, "wrong_from", 100)
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (None, "dropped for the test"))
+    x = make(150, seed=12)
+    assert not torch.autograd.gradcheck(_DenseVmappable.apply, (x,), raise_exception=False)
+    torch_backwards = len(backward_calls)
+    backward_calls.clear()
+    r = run(_DenseVmappable.apply, (x,), raise_exception=False)
+    assert r.verdict is False
+    # the engine's first pass and reentrancy pass, and the reference engine's two passes
+    # over the first block only (torch: two passes over all 150 columns)
+    assert len(backward_calls) <= torch_backwards + 2 * 8 + 10, (len(backward_calls), torch_backwards)
+    (fallback,) = r.engine_fallbacks
+    ranges, rows = fallback.analytical[0]
+    assert ranges[0][0] <= 8 and ranges[-1][1] == 150  # all but a batched first block
+    expected = torch.autograd.functional.jacobian(_DenseVmappable.apply, x.detach())
+    assert torch.equal(torch.as_tensor(rows[0][8:]), expected[8:])  # rows: output elements
+    with pytest.raises(RuntimeError) as ours:
+        agcheck.gradcheck(_DenseVmappable.apply, (x,))
+    with pytest.raises(RuntimeError) as reference:
+        agcheck.gradcheck(_DenseVmappable.apply, (x,), engine="reference")
+    with pytest.raises(RuntimeError) as torchs:
+        torch.autograd.gradcheck(_DenseVmappable.apply, (x,))
+    assert str(ours.value).split("\n\n")[0] == str(reference.value).split("\n\n")[0]
+    assert str(ours.value).startswith(str(torchs.value))
+
+
+def test_a_backward_that_is_not_reentrant_is_not_reused(monkeypatch):
+    # the engine's reentrancy pass finds the columns differ: nothing analytical is handed
+    # over, and the reference engine reports torch's reentrancy failure
+    from agcheck.engine import cost
+
+    state = {"n": 0}
+    original_backward = _DenseVmappable.backward
+
+    def drifting(ctx, g):
+        state["n"] += 1
+        return original_backward(ctx, g) * (1 + 1e-9 * state["n"])
+
+    monkeypatch.setattr(_DenseVmappable, "backward", staticmethod(drifting))
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (None, "dropped for the test"))
+    x = make(150, seed=13)
+    r = run(_DenseVmappable.apply, (x,), raise_exception=False)
+    assert r.verdict is False
+    assert all(o.analytical is None for o in r.engine_fallbacks)
+    with pytest.raises(RuntimeError, match="Backward is not reentrant"):
+        agcheck.gradcheck(_DenseVmappable.apply, (x,))
+    with pytest.raises(RuntimeError, match="Backward is not reentrant"):
+        torch.autograd.gradcheck(_DenseVmappable.apply, (x,))

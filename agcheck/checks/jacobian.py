@@ -64,7 +64,7 @@ def _compare_slow(run, piece: Piece) -> None:
             return
         run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
         run.progress.start(n_in, "Jacobians, element by element")
-        _reference_slow(run, piece, reuse=outcome.numerical or {})
+        _reference_slow(run, piece, reuse=outcome.numerical or {}, reuse_analytical=outcome.analytical or {})
         return
     _reference_slow(run, piece)
 
@@ -85,16 +85,17 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     return True
 
 
-def _reference_slow(run, piece: Piece, reuse: dict | None = None) -> None:
+def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytical: dict | None = None) -> None:
     """torch's element-by-element comparison, block by block in torch's order; ``reuse``
     holds row blocks of the numerical Jacobians already computed that way (by the engine),
-    ``{input position: [(start, stop, {output position: rows})]}``: only the other rows are
-    computed."""
+    ``{input position: [(start, stop, {output position: rows})]}``, and
+    ``reuse_analytical`` analytical columns (:attr:`Outcome.analytical`): only the other
+    rows and columns are computed."""
     be, opts = run.be, run.opts
     moved = run.numerical_args(piece.args)
     reuse = reuse or {}
     numerical = [_numerical_jacobians(run, piece, moved, p, reuse.get(p)) for p in piece.checked]
-    pair = _analytical_pairs(run, piece)
+    pair = _analytical_pairs(run, piece, reuse_analytical or {})
     for i, k in enumerate(piece.diff):
         pair.compute(i, checks=True)
         for j in range(len(piece.checked)):
@@ -139,8 +140,9 @@ class _analytical_pairs:
     ``j``): forward mode pairs the i-th differentiable output with the i-th floating one,
     as torch does; reverse mode computes an output's blocks when first asked."""
 
-    def __init__(self, run, piece: Piece):
+    def __init__(self, run, piece: Piece, reuse: dict | None = None):
         self.run, self.piece, self.computed = run, piece, {}
+        self.reuse = reuse or {}  # reverse mode: columns the engine computed (Outcome.analytical)
         if piece.forward:
             self.forward = jac.analytical_jacobians_forward(run.be, piece.fn, piece.args, piece.checked,
                                                             check_grad_dtypes=run.opts.check_grad_dtypes)
@@ -148,10 +150,26 @@ class _analytical_pairs:
     def compute(self, i, checks) -> None:
         if self.piece.forward:
             return
-        opts = self.run.opts
+        be, opts, piece = self.run.be, self.run.opts, self.piece
+        k = piece.diff[i]
         kw = dict(nondet_tol=opts.nondet_tol, check_grad_dtypes=opts.check_grad_dtypes) if checks else dict(checks=False)
-        self.computed[i] = jac.analytical_jacobians_reverse(self.run.be, self.piece.trace, self.piece.diff[i],
-                                                            self.piece.inputs, **kw)
+        if k not in self.reuse:
+            self.computed[i] = jac.analytical_jacobians_reverse(be, piece.trace, k, piece.inputs, **kw)
+            return
+        ranges, rows = self.reuse[k]
+        missing = np.ones(be.numel(piece.outputs[k]), dtype=bool)
+        for c0, c1 in ranges:
+            missing[c0:c1] = False
+        missing = np.flatnonzero(missing)
+        computed = jac.analytical_jacobians_reverse(be, piece.trace, k, piece.inputs, columns=missing.tolist(), **kw) \
+            if len(missing) else None
+        whole = []
+        for j, (x, r) in enumerate(zip(piece.inputs, rows)):
+            if computed is not None:
+                r = r.copy()
+                r[missing] = be.to_numpy(computed[j]).T
+            whole.append(be.transpose(be.array_like(r, x)))
+        self.computed[i] = whole
 
     def __call__(self, i, j):
         if self.piece.forward:

@@ -258,14 +258,16 @@ def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, c
 
 
 def analytical_jacobians_reverse(be, trace, output_position: int, inputs: Sequence, *, nondet_tol=0.0,
-                                 check_grad_dtypes=False, checks=True) -> list:
+                                 check_grad_dtypes=False, checks=True, columns=None) -> list:
     """Reverse-mode Jacobians of one output, one VJP per output element (run twice to
-    check reentrancy). Returns one ``(input.numel, output.numel)`` matrix per input."""
+    check reentrancy). Returns one ``(input.numel, output.numel)`` matrix per input (only
+    the columns of the output elements ``columns``, a sequence of flat indices, if given)."""
     out = trace.outputs[output_position]
-    n = be.numel(out)
+    columns = range(be.numel(out)) if columns is None else columns
+    n = len(columns)
 
     def rows():
-        return (trace.vjp([output_position], [be.one_hot(out, j)]) for j in range(n))
+        return (trace.vjp([output_position], [be.one_hot(out, j)]) for j in columns)
 
     if not checks:
         return _stack_gradients(be, rows(), n, inputs, GradientShape())

@@ -62,7 +62,9 @@ def compare_slow_reverse(run, piece) -> Outcome:
     try:
         _reverse(run, p, piece.diff)
     except EngineFallback as reason:
-        return undecided(str(reason), p.exact_numerical() if str(reason) == MISMATCH else None)
+        if str(reason) != MISMATCH:
+            return undecided(str(reason))
+        return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
     return PASSED
 
 
@@ -137,12 +139,18 @@ def _analytical_columns(p, k, c0, c1, inputs):
     """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
     per column once batching has been seen to be clearly slower (every batch is timed,
     and its timing sets the next batch's size: :func:`cost.next_batch_size`)."""
+    return _columns_and_how(p, k, c0, c1, inputs)[0]
+
+
+def _columns_and_how(p, k, c0, c1, inputs):
+    """:func:`_analytical_columns`, and whether they were computed one VJP per column
+    (as the reference engine computes them, bit for bit)."""
     if p._vjp_batched is None:
         p._vjp_batched = not _vjp_setup_outweighs_saving(p, k, c0)
         if not p._vjp_batched:
             p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
-        return _looped_columns(p, k, c0, c1, inputs)
+        return _looped_columns(p, k, c0, c1, inputs), True
     setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
     began = time.perf_counter()
     call = memory.measured(_batched_columns, p, k, c0, c1, inputs)
@@ -154,7 +162,7 @@ def _analytical_columns(p, k, c0, c1, inputs):
         # the best of two: a first plain call may pay one-time costs
         p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
     if c1 - c0 < p._vjp_size and c1 - c0 < cost.RAMP[0]:
-        return cols  # a short last block says little
+        return cols, False  # a short last block says little
     p._vjp_per_col[c1 - c0] = seconds / (c1 - c0)
     size, why = cost.next_batch_size(p._vjp_per_col, p._vjp_column_cost, _NO_LIMIT, seconds=seconds)
     if size is None:
@@ -163,7 +171,7 @@ def _analytical_columns(p, k, c0, c1, inputs):
             "loop_column": p._vjp_column_cost, "batched_column": p._vjp_per_col[c1 - c0]}))
     else:
         p._vjp_size = size
-    return cols
+    return cols, False
 
 
 #: no limit from the timings (the memory budget sets one)
@@ -200,7 +208,7 @@ def _batched_columns(p, k, c0, c1, inputs):
 def _looped_columns(p, k, c0, c1, inputs):
     be = p.be
     out = p.outputs[k]
-    per_input = [[] for _ in inputs]
+    per_input = [RowBlock(be, c1 - c0, be.numel(x), x, x.dtype) for x in inputs]
     for j in range(c0, c1):
         grads = p.run.user_errors.call(p.trace.vjp, [k], [be.one_hot(out, j)])
         for i, (g, x) in enumerate(zip(grads, inputs)):
@@ -208,8 +216,8 @@ def _looped_columns(p, k, c0, c1, inputs):
                 g = be.zeros(tuple(x.shape), like=x)
             elif tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
                 raise EngineFallback("gradient of unexpected shape or dtype")
-            per_input[i].append(be.flatten(be.to_dense(g)))
-    return [be.transpose(be.stack(cols, axis=0)) for cols in per_input]
+            per_input[i].add(be.flatten(be.to_dense(g)))
+    return [be.transpose(block.result()) for block in per_input]
 
 
 def _analytical_full(p, k, inputs) -> list:
@@ -224,9 +232,11 @@ def _analytical_full(p, k, inputs) -> list:
     only a difference there is a failed reentrancy check."""
     be = p.be
     m = be.numel(p.outputs[k])
-    rows = None
+    rows, exact = None, []
     for c0, c1 in _column_blocks(p, m, sum(be.numel(x) for x in inputs)):
-        first = _analytical_columns(p, k, c0, c1, inputs)
+        first, looped = _columns_and_how(p, k, c0, c1, inputs)
+        if looped:
+            exact.append((c0, c1))
         if rows is None:
             rows = [np.empty((m, be.numel(x)), dtype=be.to_numpy(a).dtype) for x, a in zip(inputs, first)]
         for i, a in enumerate(first):
@@ -236,6 +246,7 @@ def _analytical_full(p, k, inputs) -> list:
     blocks = [coloured.DenseBlock(r) for r in rows]
     if not _coloured_second_pass(p, k, inputs, blocks):
         _exact_second_pass(p, k, inputs, blocks)
+    p.note_exact_columns(k, exact, rows)  # reentrant: a failing check reuses them
     return blocks
 
 

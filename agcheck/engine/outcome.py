@@ -57,11 +57,16 @@ class Outcome:
     ``numerical`` carries what an undecided path already computed exactly as the
     reference engine computes it: ``{input position: [(start, stop, {output position:
     rows})]}``, blocks of rows of the element-by-element finite differences, so that the
-    reference engine computes only the others; ``None`` when there is nothing to reuse."""
+    reference engine computes only the others; ``None`` when there is nothing to reuse.
+    ``analytical`` likewise carries analytical Jacobians already computed one VJP per
+    column and checked for reentrancy: ``{output position: (column ranges, rows)}``,
+    ``rows`` a NumPy array ``(output numel, input numel)`` per checked input, exact in
+    the listed column ranges (output elements)."""
 
     passed: bool
     reason: str = ""
     numerical: dict | None = field(default=None, repr=False, compare=False)
+    analytical: dict | None = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -70,9 +75,9 @@ class Outcome:
 PASSED = Outcome(True)
 
 
-def undecided(reason: str, numerical: dict | None = None) -> Outcome:
+def undecided(reason: str, numerical: dict | None = None, analytical: dict | None = None) -> Outcome:
     """The outcome of a path that could not decide (the reference engine will)."""
-    return Outcome(False, reason, numerical)
+    return Outcome(False, reason, numerical, analytical)
 
 
 class UserErrors:

@@ -73,6 +73,10 @@ class Problem:
         #: per input, every block of rows computed element by element so far, by start
         #: (a failing check hands them to the reference engine, which computes the rest)
         self._exact_blocks = {}
+        #: per output, the analytical Jacobian's column ranges computed one VJP per
+        #: column (as the reference engine computes them) and reentrancy-checked, with
+        #: the Jacobian's rows (one per output element) per checked input
+        self._exact_columns = {}
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -209,6 +213,18 @@ class Problem:
         found = {q: [self._exact_blocks[q][s] for s in sorted(self._exact_blocks[q])]
                  for q in self.checked if self._exact_blocks.get(q)}
         return found or None
+
+    def note_exact_columns(self, k, ranges, rows) -> None:
+        """Note that ``rows`` (per checked input, NumPy ``(output numel, input numel)``)
+        hold output ``k``'s analytical Jacobian, exact as the reference engine computes
+        it in the column ranges ``ranges``, and checked for reentrancy."""
+        if ranges:
+            self._exact_columns[k] = (ranges, rows)
+
+    def exact_analytical(self) -> dict | None:
+        """``{output position: (column ranges, rows per checked input)}``: what
+        :meth:`note_exact_columns` noted; ``None`` when nothing."""
+        return dict(self._exact_columns) or None
 
     def _noted(self, pos, chunks):
         """``chunks`` (computed element by element), each noted as an exact block."""
