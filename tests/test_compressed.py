@@ -449,6 +449,51 @@ def test_drift_within_nondet_tol_passes_like_torch():
     assert torch.autograd.gradcheck(_drifting_matmul(1e-13), mats(16), nondet_tol=1e-9)
 
 
+def _small_cnn(scale_of_call=lambda calls: 1.0):
+    """conv 5x5 -> tanh -> conv 3x3 on a 12x12 image: each output element reaches a 7x7
+    window, so the second pass needs 49 colours for 144 outputs (more than a quarter,
+    fewer than two thirds). The backward is multiplied by ``scale_of_call(calls)``."""
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(3, 1, 5, 5, dtype=torch.float64, generator=g) * 0.3
+    w2 = torch.randn(1, 3, 3, 3, dtype=torch.float64, generator=g) * 0.3
+    calls = [0]
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            calls[0] += 1
+            return grad * scale_of_call(calls[0])
+
+    def net(x):
+        h = torch.tanh(torch.nn.functional.conv2d(x, w1, padding=2))
+        return Scaled.apply(torch.nn.functional.conv2d(h, w2, padding=1))
+
+    x = torch.randn(1, 1, 12, 12, dtype=torch.float64, generator=g, requires_grad=True)
+    return net, x
+
+
+def test_a_cnn_needing_half_as_many_colours_as_outputs_gets_the_coloured_second_pass():
+    net, x = _small_cnn()
+    r = run(net, (x,))
+    assert r.verdict is True and ("coloured", None, "") in vjp_log(r) and not r.engine_fallbacks
+    wrong, x = _small_cnn(lambda calls: 1.01)
+    assert run(wrong, (x,)).verdict is False
+    assert not torch.autograd.gradcheck(wrong, (x,), raise_exception=False)
+
+
+def test_a_cnn_whose_backward_drifts_is_not_reentrant_with_the_coloured_second_pass():
+    drifting, x = _small_cnn(lambda calls: 1 + 1e-12 * calls)
+    with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
+        agcheck.gradcheck(drifting, (x,))
+    drifting, x = _small_cnn(lambda calls: 1 + 1e-12 * calls)
+    with pytest.raises(RuntimeError, match="Backward is not reentrant"):
+        torch.autograd.gradcheck(drifting, (x,))
+
+
 # -- inputs that cannot be moved in batches: compressed with one plain call per move -------
 
 def unbatchable(backward):

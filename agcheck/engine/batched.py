@@ -37,6 +37,9 @@ __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGE
 
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
+#: the coloured reentrancy pass is taken when it needs at most this many thirds of the
+#: VJPs of the column-by-column pass (a CNN on a small image needs about half)
+_MAX_COLOUR_SHARE = 2
 
 
 class EngineFallback(Exception):
@@ -270,7 +273,7 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
     by_colouring = {}
     for i, block in enumerate(blocks):
         out_idx, in_idx = block.pattern()
-        colour = coloured.colour_columns(in_idx, out_idx, m, m // 4)
+        colour = coloured.colour_columns(in_idx, out_idx, m, _MAX_COLOUR_SHARE * m // 3)
         if colour is None:
             p.run.engine_log.append(EngineEvent("vjp", "column by column", i, "input reaches too many outputs"))
             return False
