@@ -128,24 +128,19 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
         flats = range(perturber.numel) if elements is None else elements
         if not hasattr(flats, "__len__"):
             flats = list(flats)
-        placement = _dense_rows(perturber) if elements is None else None
-        if placement is None:
-            rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
-                    for k in float_positions}
-        else:
-            rows = {k: [] for k in float_positions}
+        rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
+                for k in float_positions}
         for flat in flats:
             cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
             for k in float_positions:
-                if placement is None:
-                    rows[k].add(cols[k])
-                else:
-                    rows[k].append(cols[k])
+                rows[k].add(cols[k])
             if on_element is not None:
                 on_element()
+        placement = _dense_rows(perturber) if elements is None else None
     if placement is None:
         return {k: rows[k].result() for k in float_positions}
-    return {k: _placed_rows(be, rows[k], placement, be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
+    return {k: _placed_rows(be, list(rows[k].result()), placement, be.numel(outputs[k]), outputs[k],
+                            _row_dtype(be, x, outputs[k]))
             for k in float_positions}
 
 

@@ -131,8 +131,8 @@ class Problem:
         for via, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
                 return False
-            setup_pending = via == "vmap" and be.batch_setup_cost(self.run.fn) > 0
-            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps, measure=not setup_pending)
+            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps,
+                                             measure=not self._setup_pending(via))
             if seconds is not None:
                 figures[f"{via}_probe"] = seconds
                 self._via[pos] = via
@@ -166,6 +166,11 @@ class Problem:
         if measure and call.added_peak is not None:
             self._copy_bytes[pos] = call.added_peak // 2
         return seconds
+
+    def _setup_pending(self, via) -> bool:
+        """Whether a call in batched form ``via`` still pays a one-time setup (then its
+        memory is mostly the setup's, and is not taken as a measurement)."""
+        return via == "vmap" and self.be.batch_setup_cost(self.run.fn) > 0
 
     def copy_bytes(self, pos) -> int:
         """Bytes one evaluation of ``fn`` at a moved copy of ``args[pos]`` took in a
@@ -256,7 +261,7 @@ class Problem:
         size = min(cost.RAMP[0], cost.rows_per_chunk(estimate, self.batch_bytes, n))
         while start < n:
             stop = min(n, start + size)
-            setup_pending = self._via[pos] == "vmap" and be.batch_setup_cost(self.run.fn) > 0
+            setup_pending = self._setup_pending(self._via[pos])
             began = time.perf_counter()
             call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
             seconds = time.perf_counter() - began
