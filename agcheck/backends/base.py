@@ -384,6 +384,11 @@ class Backend:
         process would pay; the engine batches VJPs only when the loop costs more."""
         return 0.0
 
+    def jvp_setup_cost(self) -> float:
+        """Seconds of one-time setup that the first :meth:`jvp_rows` of the process may
+        pay (at most); the engine uses batched JVPs instead of VJPs only when they save more."""
+        return 0.0
+
     def jvp_rows(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, flat: Sequence[int]) -> list:
         """Forward-mode Jacobian rows ``flat`` of input ``checked[j]`` in one batched JVP:
         per floating output a ``(len(flat), numel)`` array. Capability

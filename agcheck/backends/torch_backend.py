@@ -410,6 +410,12 @@ class TorchBackend(Backend):
         # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy)
         return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
 
+    def jvp_setup_cost(self) -> float:
+        # forward mode's first use imports torch's JVP decompositions; some of them (a
+        # tensor times a Python scalar, under vmap) import torch._dynamo
+        return (0.0 if "torch._decomp.decompositions_for_jvp" in sys.modules else JVP_DECOMPOSITIONS_IMPORT_SECONDS) + \
+            _func_vjp_first_cost()
+
     def batch_setup_cost(self, fn) -> float:
         # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
         return _func_vjp_first_cost() if isinstance(fn, _DifferentiableVjp) else 0.0
@@ -643,6 +649,8 @@ def _func_vjp_first_cost() -> float:
 FUNC_VJP_IMPORT_SECONDS = 1.5
 #: the first is_grads_batched backward imports sympy: about 0.7 s on this project's machine
 GRADS_BATCHED_IMPORT_SECONDS = 0.7
+#: seconds the first forward-mode call of a process spends importing torch's JVP decompositions
+JVP_DECOMPOSITIONS_IMPORT_SECONDS = 0.2
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

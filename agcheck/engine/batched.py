@@ -29,7 +29,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core.row_block import RowBlock
-from agcheck.engine import coloured, compressed, cost, memory
+from agcheck.engine import coloured, compressed, cost, forward_jacobian, memory
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
 
@@ -90,7 +90,12 @@ def _reverse(run, p, diff) -> None:
     if full <= p.budget // 2 and (colourable or any(batchable)):
         # the analytical side first: its pattern may let the numerical side be coloured
         # (in batches, or one plain call per colour class where the input cannot be batched)
-        analytical = {k: _analytical_full(p, k, inputs) for k in diff}
+        # (by JVPs, one per input element, when the outputs are many more and the backward
+        # is shown to give the same Jacobian)
+        analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, lambda k, stacked, count: _vjps_of(
+            p, k, stacked, count, batched=p._vjp_batched is not False and not be.batched_vjp_setup_cost()))
+        if analytical is None:
+            analytical = {k: _analytical_full(p, k, inputs) for k in diff}
         if colourable:
             try:
                 if coloured.try_from_analytical(p, checked, diff, analytical):
@@ -320,11 +325,13 @@ def _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1
     return True
 
 
-def _vjps_of(p, k, stacked, count) -> list:
+def _vjps_of(p, k, stacked, count, batched=None) -> list:
     """VJPs of output ``k`` with each of ``count`` stacked cotangents, batched or looped
-    as the first pass found cheaper."""
+    as the first pass found cheaper (or as ``batched`` says)."""
     be = p.be
-    if p._vjp_batched is not False:
+    if batched is None:
+        batched = p._vjp_batched is not False
+    if batched:
         return p.trace.vjp_batched(k, stacked)
     per_input, shapes = None, None
     for c in range(count):

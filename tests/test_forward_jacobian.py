@@ -1,0 +1,237 @@
+"""The analytical Jacobian by forward mode (``agcheck.engine.forward_jacobian``): taken when
+the outputs far outnumber the inputs, and only once random VJPs tie the backward to it;
+every backward it cannot tie goes back to the VJPs and gets torch's verdict."""
+import time
+
+import pytest
+import torch
+
+import agcheck
+from agcheck.engine import forward_jacobian
+from agcheck.engine.outcome import EngineEvent
+from agcheck.gradcheck import _Run
+from agcheck.options import GradcheckOptions
+
+
+@pytest.fixture(autouse=True)
+def _engine_always_runs(monkeypatch):
+    """The engine runs however little the loop would cost, and forward mode's one-time
+    imports are paid before the test (the decision they weigh in is tested on its own)."""
+    from agcheck.engine import cost
+    import torch._decomp.decompositions_for_jvp  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+
+
+N_IN, N_OUT = 40, 320
+
+
+def _matrix():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(N_OUT, N_IN, dtype=torch.float64, generator=g) / 6
+    a[:, :5][torch.rand(N_OUT, 5, generator=g) < 0.5] = 0  # zeros the pattern can show
+    return a
+
+
+A = _matrix()
+ZERO_OUT, ZERO_IN = (int(i) for i in (A == 0).nonzero()[0])
+
+
+def _tanh_of_a(backward_scale=1.0, stray=0.0, jvp_scale=1.0, drift=0.0, both_scale=1.0):
+    """``tanh(A x)`` with its own backward and JVP; ``backward_scale`` scales one input
+    element's gradient, ``stray`` adds an output element's cotangent to an input element it
+    does not depend on, ``jvp_scale`` scales the JVP, ``drift`` makes the backward not
+    reentrant, ``both_scale`` scales backward and JVP alike (they agree, and are wrong)."""
+    calls = [0]
+
+    class TanhOfA(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return torch.tanh(A @ x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(output)
+            ctx.save_for_forward(output)
+
+        @staticmethod
+        def backward(ctx, gy):
+            (y,) = ctx.saved_tensors
+            calls[0] += 1
+            gx = A.T @ (gy * (1 - y * y)) * both_scale * (1 + drift * calls[0])
+            scale = torch.ones(N_IN, dtype=gx.dtype)
+            scale[3] = backward_scale
+            gx = gx * scale
+            if stray:
+                gx = gx + torch.nn.functional.one_hot(torch.tensor(ZERO_IN), N_IN).to(gx) * gy[..., ZERO_OUT, None] * stray
+            return gx
+
+        @staticmethod
+        def jvp(ctx, tx):
+            (y,) = ctx.saved_tensors
+            return (1 - y * y) * (A @ tx) * jvp_scale * both_scale
+
+    return TanhOfA.apply
+
+
+def _x(dtype=torch.float64):
+    return torch.randn(N_IN, dtype=dtype, generator=torch.Generator().manual_seed(1)).requires_grad_()
+
+
+def run(fn, inputs, **kw):
+    r = _Run(fn, inputs, agcheck.get_backend("torch"), GradcheckOptions(**kw))
+    try:
+        r.all_checks()
+        r.verdict = True
+    except agcheck.GradcheckError:
+        r.verdict = False
+    return r
+
+
+def forward_log(r):
+    return [(e.decision, e.detail) for e in r.engine_log if e.path == "forward"]
+
+
+def torch_verdict(fn, inputs, **kw):
+    return torch.autograd.gradcheck(fn, inputs, raise_exception=False, **kw)
+
+
+def _upsampler():
+    """conv 3x3 to 4 channels, tanh, pixel shuffle: a 6x6 image to 12x12 (4x the outputs)."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(4, 1, 3, 3, dtype=torch.float64, generator=g) * 0.5
+
+    def fn(x):
+        return torch.nn.functional.pixel_shuffle(torch.tanh(torch.nn.functional.conv2d(x, w, padding=1)), 2)
+
+    return fn, torch.randn(1, 1, 6, 6, dtype=torch.float64, generator=g).requires_grad_()
+
+
+@pytest.mark.parametrize("case", ["tanh of A", "custom tanh of A", "upsampler"])
+def test_correct_functions_with_many_outputs_pass_by_forward_mode(case):
+    if case == "upsampler":
+        fn, x = _upsampler()
+    else:
+        fn, x = (lambda t: torch.tanh(A @ t)) if case == "tanh of A" else _tanh_of_a(), _x()
+    before = x.detach().clone()
+    r = run(fn, (x,))
+    assert r.verdict is True and torch_verdict(fn, (x,)) is True
+    assert forward_log(r) == [("passed", "")]
+    assert not r.engine_fallbacks
+    assert torch.equal(x.detach(), before)
+
+
+@pytest.mark.parametrize("bug", ["scaled input", "stray entry", "stray entry of 2 atol"])
+def test_broken_backwards_are_not_tied_and_fail_like_torch(bug):
+    fn = {"scaled input": _tanh_of_a(backward_scale=1.01), "stray entry": _tanh_of_a(stray=0.01),
+          "stray entry of 2 atol": _tanh_of_a(stray=2e-5)}[bug]
+    r = run(fn, (_x(),))
+    assert r.verdict is False and torch_verdict(fn, (_x(),)) is False
+    assert forward_log(r) == [("disagreement", "output 0, input 0: projections differ")]
+    with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
+        agcheck.gradcheck(fn, (_x(),))
+
+
+def test_a_stray_entry_within_atol_passes_like_torch():
+    fn = _tanh_of_a(stray=5e-6)  # below atol = 1e-5: torch passes; the projections see it
+    r = run(fn, (_x(),))
+    assert r.verdict is True and torch_verdict(fn, (_x(),)) is True
+    assert forward_log(r) == [("disagreement", "output 0, input 0: projections differ")]
+
+
+def test_a_wrong_jvp_leaves_a_right_backward_to_the_vjps():
+    fn = _tanh_of_a(jvp_scale=1.01)  # reverse mode is right; torch checks only it
+    r = run(fn, (_x(),))
+    assert r.verdict is True and torch_verdict(fn, (_x(),)) is True
+    assert forward_log(r) == [("disagreement", "output 0, input 0: projections differ")]
+
+
+def test_backward_and_jvp_wrong_alike_are_tied_and_fail_on_the_numerical_side():
+    fn = _tanh_of_a(both_scale=1.01)
+    r = run(fn, (_x(),))
+    assert r.verdict is False and torch_verdict(fn, (_x(),)) is False
+    assert forward_log(r) == [("passed", "")]  # tied: the mismatch is the backward's own
+    with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
+        agcheck.gradcheck(fn, (_x(),))
+
+
+def test_a_backward_that_is_not_reentrant_is_not_tied_and_raises_torchs_error():
+    r = run(_tanh_of_a(drift=1e-3), (_x(),))
+    assert r.verdict is False
+    assert forward_log(r) == [("disagreement", "backward not reentrant on the projections")]
+    with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
+        agcheck.gradcheck(_tanh_of_a(drift=1e-3), (_x(),))
+    with pytest.raises(RuntimeError, match="Backward is not reentrant"):
+        torch.autograd.gradcheck(_tanh_of_a(drift=1e-3), (_x(),))
+
+
+def test_a_function_without_forward_mode_is_left_to_the_vjps():
+    class NoJvp(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return torch.tanh(A @ x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(output)
+
+        @staticmethod
+        def backward(ctx, gy):
+            (y,) = ctx.saved_tensors
+            return A.T @ (gy * (1 - y * y))
+
+    r = run(NoJvp.apply, (_x(),))
+    assert r.verdict is True
+    [(decision, detail)] = forward_log(r)
+    assert decision == "declined" and "jvp" in detail.lower()
+
+
+@pytest.mark.parametrize("why", ["float32", "atol 0", "outputs not many more"])
+def test_forward_mode_is_not_tried_where_it_cannot_stand_in(why):
+    if why == "outputs not many more":
+        r = run(lambda t: torch.tanh(A[:60] @ t), (_x(),))  # 60 outputs for 40 inputs
+        assert r.verdict is True and forward_log(r) == []
+        return
+    x = _x(torch.float32) if why == "float32" else _x()
+    # (steps and tolerances wide enough that batched float32 evaluations agree with plain ones)
+    kw = {"atol": 5e-2, "rtol": 5e-2, "eps": 5e-2} if why == "float32" else {"atol": 0.0}
+    r = run(lambda t: torch.tanh(A.to(t.dtype) @ t), (x,), **kw)
+    assert r.verdict is torch_verdict(lambda t: torch.tanh(A.to(t.dtype) @ t), (x,), **kw)
+    expected = "not double precision real" if why == "float32" else "atol is 0: the projections' bound would be 0"
+    assert forward_log(r) == [("declined", expected)]
+
+
+def test_a_one_time_setup_dearer_than_the_saving_is_not_paid(monkeypatch):
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "jvp_setup_cost", lambda self: 1e6)
+    r = run(_tanh_of_a(), (_x(),))
+    assert r.verdict is True
+    [(decision, detail)] = forward_log(r)
+    assert decision == "declined" and detail.startswith("forward-mode setup not worth it")
+
+
+@pytest.mark.parametrize("slow_from", [0, 1])
+def test_forward_mode_found_dearer_stops_at_once(monkeypatch, slow_from):
+    """JVP batches made slow from the first (which alone outweighs the reverse passes) or
+    from the second (the first may pay one-time costs, so the second's rate decides)."""
+    be_type = type(agcheck.get_backend("torch"))
+    rows = []
+    original = be_type.jvp_rows
+
+    def slow_rows(self, fn, args, checked, j, flat):
+        rows.append(len(flat))
+        if len(rows) > slow_from:
+            time.sleep(0.05)
+        return original(self, fn, args, checked, j, flat)
+
+    monkeypatch.setattr(be_type, "jvp_rows", slow_rows)
+    r = run(_tanh_of_a(), (_x(),))
+    assert r.verdict is True
+    [(decision, detail)] = forward_log(r)
+    assert decision == "declined" and detail.startswith("forward mode dearer")
+    assert len(rows) == slow_from + 1
+    assert EngineEvent("forward", "declined", None, detail) in r.engine_log
