@@ -81,8 +81,8 @@ def _x(dtype=torch.float64):
     return torch.randn(N_IN, dtype=dtype, generator=torch.Generator().manual_seed(1)).requires_grad_()
 
 
-def run(fn, inputs, **kw):
-    r = _Run(fn, inputs, agcheck.get_backend("torch"), GradcheckOptions(**kw))
+def run(fn, inputs, backend="torch", **kw):
+    r = _Run(fn, inputs, agcheck.get_backend(backend), GradcheckOptions(**kw))
     try:
         r.all_checks()
         r.verdict = True
@@ -168,6 +168,20 @@ def test_a_backward_that_is_not_reentrant_is_not_tied_and_raises_torchs_error():
         torch.autograd.gradcheck(_tanh_of_a(drift=1e-3), (_x(),))
 
 
+@pytest.mark.parametrize("drift, verdict", [(1e-13, True), (1e-8, False)])
+def test_a_drift_is_judged_against_nondet_tol_like_torch(drift, verdict):
+    """Entries of about 0.1 drifting by ``drift`` relative per call, with nondet_tol 1e-9:
+    within it, forward mode stands in; beyond it, torch's reentrancy error."""
+    kw = {"nondet_tol": 1e-9}
+    r = run(_tanh_of_a(drift=drift), (_x(),), **kw)
+    assert r.verdict is verdict is torch_verdict(_tanh_of_a(drift=drift), (_x(),), **kw)
+    if verdict:
+        assert forward_log(r) == [("passed", "")]
+    else:
+        with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
+            agcheck.gradcheck(_tanh_of_a(drift=drift), (_x(),), **kw)
+
+
 def test_a_function_without_forward_mode_is_left_to_the_vjps():
     class NoJvp(torch.autograd.Function):
         generate_vmap_rule = True
@@ -235,3 +249,53 @@ def test_forward_mode_found_dearer_stops_at_once(monkeypatch, slow_from):
     assert decision == "declined" and detail.startswith("forward mode dearer")
     assert len(rows) == slow_from + 1
     assert EngineEvent("forward", "declined", None, detail) in r.engine_log
+
+
+# -- JAX: the same path through its backend (jax.jvp under vmap) ----------------------------
+
+def _jax_functions(jax, jnp, scale):
+    """``tanh(A x)`` plain, with a custom JVP (JAX transposes it into the backward: both
+    scaled by ``scale`` alike), and with a custom VJP (no forward mode; backward scaled)."""
+    a = jnp.asarray(A.numpy())
+
+    @jax.custom_jvp
+    def by_jvp(x):
+        return jnp.tanh(a @ x)
+
+    @by_jvp.defjvp
+    def _(primals, tangents):
+        y = jnp.tanh(a @ primals[0])
+        return y, (1 - y * y) * (a @ tangents[0]) * scale
+
+    @jax.custom_vjp
+    def by_vjp(x):
+        return jnp.tanh(a @ x)
+
+    def fwd(x):
+        y = jnp.tanh(a @ x)
+        return y, y
+
+    def bwd(y, gy):
+        return (a.T @ (gy * (1 - y * y)) * scale,)
+
+    by_vjp.defvjp(fwd, bwd)
+    return {"plain": lambda x: jnp.tanh(a @ x), "custom jvp": by_jvp, "custom vjp": by_vjp}
+
+
+@pytest.mark.parametrize("kind, scale", [("plain", 1.0), ("custom jvp", 1.0), ("custom jvp", 1.01),
+                                         ("custom vjp", 1.0), ("custom vjp", 1.01)])
+def test_jax_functions_with_many_outputs(monkeypatch, kind, scale):
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    # op-by-op JAX on so small a problem finds JVPs dearer (the cost model is tested on
+    # torch above): here the reverse passes are made to look dear, to test the tie
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", 1e6)
+    with jax.enable_x64(True):
+        fn = _jax_functions(jax, jnp, scale)[kind]
+        r = run(fn, (jnp.asarray(_x().detach().numpy()),), backend="jax")
+    assert r.verdict is (scale == 1.0)
+    if kind == "custom vjp":  # jax.jvp cannot go through a custom VJP: the VJPs decide
+        [(decision, _)] = forward_log(r)
+        assert decision == "declined"
+    else:  # tied (a custom JVP's backward is its transpose): a wrong one fails numerically
+        assert forward_log(r) == [("passed", "")]

@@ -7,7 +7,8 @@ fewer JVPs: one per input element. The forward-mode Jacobian ``J_f`` stands in f
 ``J_b`` only once the backward is shown to give it: ``ROUNDS`` VJPs with Gaussian
 cotangents ``U`` (one row ``u`` each) must reproduce ``U J_f`` to within
 ``BOUND * atol * |u|`` per input element, and the same VJPs again must give the same
-values to within ``nondet_tol`` (reentrancy).
+values to within ``min(nondet_tol, BOUND * atol) * |u|`` (reentrancy: torch bounds each
+entry by ``nondet_tol``, which a projection shows only when it differs by next to nothing).
 
 An entry of ``J_b`` off by ``atol`` or more (what could change the verdict) moves its
 input element's projection by ``|u_j| atol``, ``u_j`` its output element's weight; it stays
@@ -50,6 +51,10 @@ PROJECTION_SEED = 4099
 
 class _Declined(Exception):
     """Forward mode cannot stand in for the backward here; the VJPs compute the Jacobian."""
+
+
+class _Disagreement(Exception):
+    """The backward's projections differ from the forward-mode Jacobian's, or from themselves."""
 
 
 def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
@@ -97,10 +102,6 @@ def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
     return {k: [DenseBlock(b) for b in blocks[k]] for k in diff}
 
 
-class _Disagreement(Exception):
-    """The backward's projections differ from the forward-mode Jacobian's, or from themselves."""
-
-
 def _require_applicable(p, diff, inputs) -> None:
     be = p.be
     if not be.supports(Capability.BATCHED_JVP):
@@ -133,8 +134,9 @@ def _projections(p, diff, inputs, vjps):
         # the better of the two: a first backward may pay one-time costs
         reverse_seconds += _REVERSE_PASSES * m * min(seconds) / ROUNDS
         first, second = passes
+        bound = min(opts.nondet_tol, BOUND * opts.atol) * np.linalg.norm(u, axis=1)[:, None]
         for a, b in zip(first, second):
-            if a.size and not np.max(np.abs(a - b)) <= opts.nondet_tol:
+            if a.size and not np.all(np.abs(a - b) <= bound):
                 raise _Disagreement("backward not reentrant on the projections")
         projections[k] = (u, first)
     return projections, reverse_seconds
