@@ -299,3 +299,24 @@ def test_jax_functions_with_many_outputs(monkeypatch, kind, scale):
         assert decision == "declined"
     else:  # tied (a custom JVP's backward is its transpose): a wrong one fails numerically
         assert forward_log(r) == [("passed", "")]
+
+
+# -- TensorFlow: ForwardAccumulator under the backend's batched JVPs ----------------------
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_tensorflow_functions_with_many_outputs(monkeypatch, scale):
+    tf = pytest.importorskip("tensorflow")
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", 1e6)  # as for JAX above
+    a = tf.constant(A.numpy())
+
+    @tf.custom_gradient
+    def scaled(y):
+        return tf.identity(y), lambda g: g * scale
+
+    r = run(lambda t: scaled(tf.tanh(tf.linalg.matvec(a, t))), (tf.constant(_x().detach().numpy()),),
+            backend="tensorflow")
+    assert r.verdict is (scale == 1.0)
+    # TF's forward mode differentiates the forward pass, not the custom gradient: a wrong
+    # one is not tied
+    expected = ("passed", "") if scale == 1.0 else ("disagreement", "output 0, input 0: projections differ")
+    assert forward_log(r) == [expected]
