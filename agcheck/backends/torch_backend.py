@@ -492,13 +492,13 @@ class TorchBackend(Backend):
         dtype = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dtype), b.to(dtype)
         if a.numel() and a.shape == b.shape and (a.dtype.is_floating_point or a.dtype.is_complex):
-            # torch.allclose's rule on finite values, in fewer passes; anything else
-            # (a mismatch, NaN, infinities) is decided by torch.allclose itself
+            # torch.allclose's rule on finite values (|a - b| <= atol + rtol |b|, the same
+            # operations, so the same bits), in fewer passes; NaN and infinities are
+            # decided by torch.allclose itself
             diff = (a - b).abs()
-            if bool(torch.isfinite(diff.max())):
+            if bool(torch.isfinite(diff.max())):  # then a and b are finite too
                 bound = b.abs().mul_(rtol).add_(atol)
-                if bool(diff.le_(bound).all()):
-                    return True
+                return bool(diff.le_(bound).all())
         return bool(torch.allclose(a, b, rtol, atol))
 
     def same_device(self, a, b) -> bool:

@@ -123,22 +123,26 @@ class JacobianBlock:
         n, a = self.numerical, self.analytical
         if n.size == 0:
             return
-        with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(a - n).astype(np.float64)
-            bad = ~(diff <= self.atol + self.rtol * np.abs(n))  # NaN counts as bad
-        ranked = np.where(np.isnan(diff), np.inf, diff)
-        self.mismatches = int(np.count_nonzero(bad))
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            diff = np.abs(a - n).astype(np.float64, copy=False)
+            absn = np.abs(n).astype(np.float64, copy=False)
+            nan = np.isnan(diff)
+            has_nan = bool(nan.any())
+            bound = absn * self.rtol
+            bound += self.atol
+            self.mismatches = int(diff.size - np.count_nonzero(diff <= bound))  # NaN counts as bad
+            del bound
+            # relative to |numerical|; infinite where numerical is 0 and analytical is not
+            rel = diff / absn
+            np.copyto(rel, 0.0, where=diff == 0)
+        ranked = np.where(nan, np.inf, diff) if has_nan else diff
         flat = int(np.argmax(ranked))
         r, c = divmod(flat, n.shape[1])
         self.max_abs_diff = float(diff[r, c])
         self.max_abs_entry = self._entry(r, c, diff)
-        absn = np.abs(n)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            # relative to |numerical|; infinite where numerical is 0 and analytical is not
-            rel = np.where(absn > 0, diff / np.where(absn > 0, absn, 1.0), np.where(diff > 0, np.inf, 0.0))
-        rel = np.where(np.isnan(diff), np.nan, rel)
-        if np.any(~np.isnan(rel)):
-            flat = int(np.nanargmax(rel))
+        rel_nan = np.isnan(rel)  # NaN entries, and an infinite numerical entry (inf / inf)
+        if not rel_nan.all():
+            flat = int(np.nanargmax(rel) if rel_nan.any() else np.argmax(rel))
             r, c = divmod(flat, n.shape[1])
             self.max_rel_diff = float(rel[r, c])
             self.max_rel_entry = self._entry(r, c, diff)
