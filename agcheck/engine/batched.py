@@ -8,7 +8,9 @@ faster and in bounded memory:
   once (stacked along ``fn``'s own first dimension, or vmapped), central differences on
   the batch (:mod:`~agcheck.engine.rows`);
 * analytical columns come from batched VJPs (many one-hot cotangents at once), forward
-  rows from batched JVPs;
+  rows from batched JVPs; where the outputs far outnumber the inputs, the whole analytical
+  Jacobian comes from batched JVPs once random VJPs tie it to the backward
+  (:mod:`~agcheck.engine.forward_jacobian`);
 * the two sides are compared chunk by chunk; what is kept whole at most is one side's
   Jacobian, and only when it fits the memory budget (else it is recomputed per block of
   output columns).
@@ -89,11 +91,10 @@ def _reverse(run, p, diff) -> None:
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
     if full <= p.budget // 2 and (colourable or any(batchable)):
         # the analytical side first: its pattern may let the numerical side be coloured
-        # (in batches, or one plain call per colour class where the input cannot be batched)
-        # (by JVPs, one per input element, when the outputs are many more and the backward
-        # is shown to give the same Jacobian)
-        analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, lambda k, stacked, count: _vjps_of(
-            p, k, stacked, count, batched=p._vjp_batched is not False and not be.batched_vjp_setup_cost()))
+        # (in batches, or one plain call per colour class where the input cannot be
+        # batched); by JVPs where the outputs far outnumber the inputs and the backward is
+        # shown to give the same Jacobian, else by VJPs
+        analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
         if analytical is None:
             analytical = {k: _analytical_full(p, k, inputs) for k in diff}
         if colourable:
@@ -323,6 +324,13 @@ def _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1
         if got.size and not np.max(np.abs(got - expected)) <= p.opts.nondet_tol:
             return False
     return True
+
+
+def _projection_vjps(p):
+    """``vjps(k, stacked, count)`` for the forward-mode path's few cotangents: batched,
+    unless batching was found not to pay or would first cost its one-time setup."""
+    batched = p._vjp_batched is not False and not p.be.batched_vjp_setup_cost()
+    return lambda k, stacked, count: _vjps_of(p, k, stacked, count, batched=batched)
 
 
 def _vjps_of(p, k, stacked, count, batched=None) -> list:
