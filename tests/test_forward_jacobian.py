@@ -239,7 +239,7 @@ def test_forward_mode_found_dearer_stops_at_once(monkeypatch, slow_from):
     def slow_rows(self, fn, args, checked, j, flat):
         rows.append(len(flat))
         if len(rows) > slow_from:
-            time.sleep(0.05)
+            time.sleep(0.5)  # far above the reverse passes' estimate (tens of ms), even under load
         return original(self, fn, args, checked, j, flat)
 
     monkeypatch.setattr(be_type, "jvp_rows", slow_rows)
