@@ -240,6 +240,48 @@ def test_to_dict_handles_non_finite_and_every_check():
     json.dumps(GradcheckError("x", check="crosscheck", details={"result": object()}).report.to_dict())
 
 
+def _statistics_entry_by_entry(n, a, atol, rtol):
+    """The block statistics, one entry at a time: mismatches (NaN counts), the largest
+    absolute difference (NaN ranks first), the largest relative one (infinite where the
+    numerical entry is 0 and the analytical is not, 0 where both are; NaN entries skipped)."""
+    mismatches, best_abs, best_rel = 0, None, None
+    for (r, c), nv in np.ndenumerate(n):
+        d = abs(a[r, c] - nv)
+        if not d <= atol + rtol * abs(nv):
+            mismatches += 1
+        rank = np.inf if np.isnan(d) else d
+        if best_abs is None or rank > best_abs[0]:
+            best_abs = (rank, (r, c))
+        if np.isnan(d):
+            continue
+        with np.errstate(invalid="ignore"):
+            rel = d / abs(nv) if abs(nv) > 0 else (np.inf if d > 0 else 0.0)
+        if not np.isnan(rel) and (best_rel is None or rel > best_rel[0]):
+            best_rel = (rel, (r, c))
+    return mismatches, best_abs[1], None if best_rel is None else best_rel
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_block_statistics_agree_with_an_entry_by_entry_reading(seed):
+    rng = np.random.default_rng(seed)
+    n = rng.standard_normal((7, 5)) * 10.0 ** rng.integers(-6, 3, size=(7, 5))
+    a = n * (1 + rng.choice([0.0, 1e-5, 1e-2], size=n.shape))
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan]
+    for _ in range(seed % 4 + 1):  # zeros, infinities, NaN on either side
+        r, c = rng.integers(7), rng.integers(5)
+        n[r, c] = specials[rng.integers(len(specials))]
+        a[r, c] = specials[rng.integers(len(specials))] if rng.random() < 0.5 else a[r, c]
+    block = JacobianBlock.from_arrays(n, a, output=0, input=0, atol=1e-5, rtol=1e-3)
+    mismatches, worst_abs, best_rel = _statistics_entry_by_entry(n, a, 1e-5, 1e-3)
+    assert block.mismatches == mismatches
+    assert (block.max_abs_entry.row, block.max_abs_entry.col) == worst_abs
+    if best_rel is None:
+        assert block.max_rel_diff is None
+    else:
+        assert block.max_rel_diff == best_rel[0]
+        assert (block.max_rel_entry.row, block.max_rel_entry.col) == best_rel[1]
+
+
 def test_large_blocks_leave_arrays_out_of_the_dict_by_default():
     n = np.zeros((200, 200))
     block = JacobianBlock.from_arrays(n, n + 1, output=0, input=0)
