@@ -27,6 +27,7 @@ MIN_BATCHED_NUMEL = 16
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 INTERMEDIATES = 4
 PROBE_SEED = 5113
+SAMPLES_SEED = 5119
 #: one batched call may always take this many bytes (see Problem.batch_bytes)
 MIN_BATCH_BYTES = 8 << 20
 #: from this many elements on, the probe's plain calls are timed twice (the best counts)
@@ -77,6 +78,9 @@ class Problem:
         #: column (as the reference engine computes them) and reentrancy-checked, with
         #: the Jacobian's rows (one per output element) per checked input
         self._exact_columns = {}
+        #: per input, how many independent samples its first dimension holds (None: not
+        #: found independent), as :meth:`samples` found it
+        self._samples = {}
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -284,10 +288,122 @@ class Problem:
                 yield from self._noted(pos, self._looped_row_chunks(pos, stop, n, eps))
                 return
 
+    def samples(self, pos) -> int | None:
+        """``B`` when the first dimension of ``args[pos]`` holds ``B`` samples that ``fn``
+        treats independently, so that one plain call moving an element in every sample
+        gives each sample's row as a call moving that element alone would (bitwise);
+        ``None`` otherwise.
+
+        Required: a real double-precision dense input with ``B >= 2``, every floating
+        output led by the same ``B``, and, for each sample in turn, moving all of its
+        elements (by ``±eps``) leaves every other sample's outputs bitwise unchanged
+        (``B + 1`` plain calls). A function that mixes samples (batch statistics, a
+        normalisation over the batch) fails that."""
+        if pos not in self._samples:
+            found = self._samples[pos] = self._probe_samples(pos)
+            if found:
+                self.run.engine_log.append(EngineEvent("numerical", "by samples", pos, figures={"samples": found}))
+        return self._samples[pos]
+
+    def _probe_samples(self, pos) -> int | None:
+        be, x = self.be, self.args[pos]
+        shape = tuple(x.shape)
+        if not shape or shape[0] < 2 or be.layout(x) != "dense" or be.is_complex(x) or be.itemsize(x) != 8:
+            return None
+        b, n = shape[0], be.numel(x)
+        per_sample = n // b
+        # the probe's b + 1 calls must cost well below what moving samples together saves
+        # (about len(stencil) calls per element)
+        if 4 * (b + 1) > len(self.run.stencil.offsets) * n or per_sample < 2 or any(len(self.outputs[k].shape) < 1 or self.outputs[k].shape[0] != b
+                                 or be.is_complex(self.outputs[k]) or be.itemsize(self.outputs[k]) != 8
+                                 for k in self.floats):
+            return None
+        eps = self.run.eps_for(x)
+        signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
+        try:
+            with be.perturber(self.args, pos) as perturber:
+                base = self._moved_outputs(pos, perturber, np.zeros(n))
+                for s in range(b):
+                    delta = np.zeros(n)
+                    delta[s * per_sample:(s + 1) * per_sample] = eps * signs[s * per_sample:(s + 1) * per_sample]
+                    moved = self._moved_outputs(pos, perturber, delta)
+                    others = np.arange(b) != s
+                    for k in self.floats:
+                        if moved[k].shape != base[k].shape or \
+                                not np.array_equal(moved[k][others], base[k][others], equal_nan=True):
+                            return None
+        except Exception as e:
+            if e in self.run.user_errors:
+                raise
+            return None
+        return b
+
+    def _moved_outputs(self, pos, perturber, delta) -> dict:
+        """``{k: NumPy array}``: ``fn``'s floating outputs with ``args[pos]`` moved to
+        ``x - delta`` (flat NumPy ``delta``; ``x - 0.0`` keeps every bit of ``x``, where
+        ``x + 0.0`` would turn ``-0.0`` into ``0.0``, and ``x - (-h)`` is ``x + h``)."""
+        be, x = self.be, self.args[pos]
+        step = be.reshape(be.array_like(delta, x), tuple(x.shape))
+        outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, -1)
+        return {k: be.to_numpy(outs[k]) for k in self.floats}
+
+    def _sample_row_chunks(self, pos, begin, end, eps):
+        """Rows ``begin:end``, each element moved together with its counterparts in the
+        other samples (one plain call per stencil point for all of them); each sample's
+        outputs give that sample's element's row, and the other samples' entries are 0,
+        as a call moving the element alone gives them (:meth:`samples`)."""
+        be, x, stencil = self.be, self.args[pos], self.run.stencil
+        b, n = self._samples[pos], be.numel(x)
+        per_sample = n // b
+        out_size = {k: be.numel(self.outputs[k]) // b for k in self.floats}
+        moves = [(-(abs(m) * eps if abs(m) != 1 else eps)) if m > 0 else (abs(m) * eps if abs(m) != 1 else eps)
+                 for m in stencil.offsets]
+        per_row = max(n + self.out_numel, 1) * self.itemsize * 2 * b
+        chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, per_sample)
+        with be.perturber(self.args, pos) as perturber:
+            for i0 in range(0, per_sample, chunk):
+                i1 = min(per_sample, i0 + chunk)
+                ranges = [(s, max(begin, s * per_sample + i0), min(end, s * per_sample + i1)) for s in range(b)]
+                ranges = [(s, lo, hi) for s, lo, hi in ranges if lo < hi]
+                if not ranges:
+                    continue
+                rows = {s: {k: np.zeros((hi - lo, be.numel(self.outputs[k])), dtype=np.float64)
+                            for k in self.floats} for s, lo, hi in ranges}
+                for i in range(i0, i1):
+                    moved = [s * per_sample + i for s, lo, hi in ranges if lo <= s * per_sample + i < hi]
+                    if not moved:
+                        continue
+                    values = []
+                    for step in moves:
+                        delta = np.zeros(n)
+                        delta[moved] = step
+                        values.append(self._moved_outputs(pos, perturber, delta))
+                    starts = {s: lo for s, lo, hi in ranges}
+                    if any(v[k].shape != tuple(self.outputs[k].shape) for v in values for k in self.floats):
+                        # fn changed an output's shape: the element path meets it as torch does
+                        alone = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos,
+                                                          self.outputs, eps, stencil, elements=moved)
+                        for j, f in enumerate(moved):
+                            for k in self.floats:
+                                rows[f // per_sample][k][f - starts[f // per_sample]] = be.to_numpy(alone[k][j])
+                        continue
+                    for k in self.floats:
+                        row = np.asarray(stencil.combine([v[k] for v in values], eps)).reshape(-1)
+                        for f in moved:
+                            s = f // per_sample
+                            segment = slice(s * out_size[k], (s + 1) * out_size[k])
+                            rows[s][k][f - starts[s], segment] = row[segment]
+                for s, lo, hi in ranges:
+                    yield lo, hi, {k: be.array_like(rows[s][k], self.outputs[k]) for k in self.floats}
+
     def _looped_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
-        follows the chunk, not the Jacobian."""
+        follows the chunk, not the Jacobian (an element and its counterparts in the other
+        samples at once, where :meth:`samples` found them independent)."""
         be = self.be
+        if begin < end and self.samples(pos):
+            yield from self._sample_row_chunks(pos, begin, end, eps)
+            return
         per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, max(end - begin, 1))
         for start in range(begin, end, chunk):

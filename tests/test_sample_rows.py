@@ -1,0 +1,132 @@
+"""Numerical rows of inputs whose first dimension holds independent samples
+(``Problem.samples``): an element and its counterparts in the other samples move in one
+call, and each sample's outputs give its own row, bitwise as a call moving the element
+alone gives it; a function that mixes samples is found out and moved element by element."""
+import pytest
+import torch
+
+import agcheck
+from agcheck.core import jacobian as jac
+from agcheck.engine import cost
+from agcheck.engine.rows import Problem
+from agcheck.gradcheck import _Run
+from agcheck.options import GradcheckOptions
+
+B, SIDE = 3, 10
+
+
+@pytest.fixture(autouse=True)
+def _engine_always_runs(monkeypatch):
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+
+
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(SIDE * SIDE, SIDE * SIDE, dtype=torch.float64, generator=g) / SIDE
+
+
+W = _weights()
+
+
+class _NotBatchable(torch.autograd.Function):
+    """``tanh(W x_s)`` for each sample ``s``, refusing batched forms (no vmap rule, and a
+    first dimension other than B's), so that its input is moved one call at a time;
+    ``scale`` breaks the backward."""
+
+    scale = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        if x.shape[0] != B:
+            raise ValueError("B samples only")
+        y = torch.tanh(x.reshape(B, -1) @ W.T).reshape(x.shape)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return ((g * (1 - y * y)).reshape(B, -1) @ W).reshape(g.shape) * _NotBatchable.scale
+
+
+def _x():
+    x = torch.randn(B, 1, SIDE, SIDE, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x.view(-1)[[5, 140]] = -0.0  # moved rows must keep the other elements' bits, signs of zero too
+    return x.requires_grad_()
+
+
+def _problem(fn, x):
+    be = agcheck.get_backend("torch")
+    run = _Run(fn, (x,), be, GradcheckOptions())
+    run.checked = [0]
+    return run, Problem(run, fn, be.trace(fn, (x,), [0]), (x,), [0])
+
+
+def test_rows_moved_by_samples_are_the_element_by_element_rows_bitwise():
+    kernel = W[:3, :9].reshape(3, 1, 3, 3)
+    fn = lambda t: torch.tanh(torch.nn.functional.conv2d(t, kernel, padding=1)).sum(1, keepdim=True) \
+        * torch.atan2(t, torch.tensor(-1.0, dtype=t.dtype))  # atan2 sees the sign of 0
+    x = _x()
+    run, p = _problem(fn, x)
+    assert p.samples(0) == B
+    eps = run.eps_for(x)
+    reference = jac.numerical_jacobians(run.be, fn, (x,), 0, p.outputs, eps, run.stencil)[0]
+    for begin, end in [(0, x.numel()), (17, 245)]:
+        chunks = sorted(p._looped_row_chunks(0, begin, end, eps), key=lambda c: c[0])
+        rows = torch.cat([c[2][0] for c in chunks])
+        assert [c[0] for c in chunks][0] == begin and torch.equal(rows, reference[begin:end])
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda t: t - t.mean(0, keepdim=True), "mixes samples"),
+    (lambda t: torch.nn.functional.batch_norm(t, None, None, training=True), "batch statistics"),
+    (lambda t: t.reshape(-1)[:50].sin(), "output not led by the samples"),
+    (lambda t: t.transpose(0, 1).sin(), "output led by another dimension"),
+])
+def test_functions_that_mix_or_lose_the_samples_are_not_moved_by_samples(fn, why):
+    run, p = _problem(fn, _x())
+    assert p.samples(0) is None, why
+
+
+def _calls(fn):
+    count = [0]
+
+    def counted(*a):
+        count[0] += 1
+        return fn(*a)
+
+    return counted, count
+
+
+def _run(fn, x, **kw):
+    r = _Run(fn, (x,), agcheck.get_backend("torch"), GradcheckOptions(**kw))
+    try:
+        r.all_checks()
+        r.verdict = True
+    except agcheck.GradcheckError:
+        r.verdict = False
+    return r
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_a_check_moved_by_samples_has_the_reference_verdict_in_a_third_of_the_calls(monkeypatch, scale):
+    monkeypatch.setattr(_NotBatchable, "scale", scale)
+    fn, count = _calls(_NotBatchable.apply)
+    r = _run(fn, _x())
+    by_samples = count[0]
+    fn_ref, count_ref = _calls(_NotBatchable.apply)
+    reference = _run(fn_ref, _x(), engine="reference")
+    assert r.verdict is reference.verdict is (scale == 1.0)
+    assert any(e.path == "numerical" and e.decision == "by samples" for e in r.engine_log)
+    # 2 calls per element of one sample (100), the probe's B + 1, a few more for the trace
+    # and the batching probes; the reference makes 2 per element of all samples (300)
+    assert by_samples < count_ref[0] / 2
+    if scale != 1.0:
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
+            agcheck.gradcheck(_NotBatchable.apply, (_x(),))
+
+
+def test_many_samples_of_few_elements_are_not_probed():
+    x = torch.randn(400, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    run, p = _problem(lambda t: t.sin() * t.cos(), x)  # the probe's 401 calls would cost more than it saves
+    assert p.samples(0) is None
