@@ -49,3 +49,20 @@ class ScaledSin(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return grad * x.cos() * ScaledSin.factor
+
+
+def run_check(fn, inputs, backend="torch", **options):
+    """One gradcheck run kept for inspection: its engine log (``run.engine_log``), the
+    undecided outcomes it handed back (``run.engine_fallbacks``) and its verdict
+    (``run.verdict``: False when it raised a GradcheckError)."""
+    import agcheck
+    from agcheck.gradcheck import _Run
+    from agcheck.options import GradcheckOptions
+
+    run = _Run(fn, inputs, agcheck.get_backend(backend), GradcheckOptions(**options))
+    try:
+        run.all_checks()
+        run.verdict = True
+    except agcheck.GradcheckError:
+        run.verdict = False
+    return run

@@ -10,8 +10,7 @@ import torch
 import agcheck
 from agcheck.engine import coloured, compressed
 from agcheck.engine.outcome import EngineEvent
-from agcheck.gradcheck import _Run
-from agcheck.options import GradcheckOptions
+from .helpers import run_check as run
 
 
 @pytest.fixture(autouse=True)
@@ -26,14 +25,6 @@ def _engine_always_runs(monkeypatch):
 N = 600  # 600 x 600 Jacobian entries: above compressed.MIN_ENTRIES
 
 
-def run(fn, inputs, **kw):
-    r = _Run(fn, inputs, agcheck.get_backend("torch"), GradcheckOptions(**kw))
-    try:
-        r.all_checks()
-        r.verdict = True
-    except agcheck.GradcheckError:
-        r.verdict = False
-    return r
 
 
 def events(r, path):

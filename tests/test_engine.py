@@ -6,10 +6,8 @@ import torch
 
 import agcheck
 from agcheck.engine.outcome import EngineEvent
-from agcheck.gradcheck import _Run
-from agcheck.options import GradcheckOptions
 
-from .helpers import ScaledSin, make
+from .helpers import ScaledSin, make, run_check as run
 
 
 @pytest.fixture(autouse=True)
@@ -21,14 +19,6 @@ def _engine_always_runs(monkeypatch):
     monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
 
 
-def run(fn, inputs, **kw):
-    r = _Run(fn, inputs, agcheck.get_backend("torch"), GradcheckOptions(**kw))
-    try:
-        r.all_checks()
-        r.verdict = True
-    except agcheck.GradcheckError:
-        r.verdict = False
-    return r
 
 
 def paths(r):

@@ -9,8 +9,7 @@ import torch
 import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.engine.outcome import EngineEvent
-from agcheck.gradcheck import _Run
-from agcheck.options import GradcheckOptions
+from .helpers import run_check as run
 
 
 @pytest.fixture(autouse=True)
@@ -81,14 +80,6 @@ def _x(dtype=torch.float64):
     return torch.randn(N_IN, dtype=dtype, generator=torch.Generator().manual_seed(1)).requires_grad_()
 
 
-def run(fn, inputs, backend="torch", **kw):
-    r = _Run(fn, inputs, agcheck.get_backend(backend), GradcheckOptions(**kw))
-    try:
-        r.all_checks()
-        r.verdict = True
-    except agcheck.GradcheckError:
-        r.verdict = False
-    return r
 
 
 def forward_log(r):

@@ -11,6 +11,7 @@ from agcheck.engine import cost
 from agcheck.engine.rows import Problem
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
+from .helpers import run_check
 
 B, SIDE = 3, 10
 
@@ -98,24 +99,16 @@ def _calls(fn):
     return counted, count
 
 
-def _run(fn, x, **kw):
-    r = _Run(fn, (x,), agcheck.get_backend("torch"), GradcheckOptions(**kw))
-    try:
-        r.all_checks()
-        r.verdict = True
-    except agcheck.GradcheckError:
-        r.verdict = False
-    return r
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.01])
 def test_a_check_moved_by_samples_has_the_reference_verdict_in_a_third_of_the_calls(monkeypatch, scale):
     monkeypatch.setattr(_NotBatchable, "scale", scale)
     fn, count = _calls(_NotBatchable.apply)
-    r = _run(fn, _x())
+    r = run_check(fn, (_x(),))
     by_samples = count[0]
     fn_ref, count_ref = _calls(_NotBatchable.apply)
-    reference = _run(fn_ref, _x(), engine="reference")
+    reference = run_check(fn_ref, (_x(),), engine="reference")
     assert r.verdict is reference.verdict is (scale == 1.0)
     assert any(e.path == "numerical" and e.decision == "by samples" for e in r.engine_log)
     # 2 calls per element of one sample (100), the probe's B + 1, a few more for the trace
