@@ -56,19 +56,20 @@ def _x():
     return x.requires_grad_()
 
 
-def _problem(fn, x):
+def _problem(fn, x, **options):
     be = agcheck.get_backend("torch")
-    run = _Run(fn, (x,), be, GradcheckOptions())
+    run = _Run(fn, (x,), be, GradcheckOptions(**options))
     run.checked = [0]
     return run, Problem(run, fn, be.trace(fn, (x,), [0]), (x,), [0])
 
 
-def test_rows_moved_by_samples_are_the_element_by_element_rows_bitwise():
+@pytest.mark.parametrize("stencil", ["central", "five-point"])
+def test_rows_moved_by_samples_are_the_element_by_element_rows_bitwise(stencil):
     kernel = W[:3, :9].reshape(3, 1, 3, 3)
     fn = lambda t: torch.tanh(torch.nn.functional.conv2d(t, kernel, padding=1)).sum(1, keepdim=True) \
         * torch.atan2(t, torch.tensor(-1.0, dtype=t.dtype))  # atan2 sees the sign of 0
     x = _x()
-    run, p = _problem(fn, x)
+    run, p = _problem(fn, x, stencil=stencil)
     assert p.samples(0) == B
     eps = run.eps_for(x)
     reference = jac.numerical_jacobians(run.be, fn, (x,), 0, p.outputs, eps, run.stencil)[0]
@@ -76,6 +77,20 @@ def test_rows_moved_by_samples_are_the_element_by_element_rows_bitwise():
         chunks = sorted(p._looped_row_chunks(0, begin, end, eps), key=lambda c: c[0])
         rows = torch.cat([c[2][0] for c in chunks])
         assert [c[0] for c in chunks][0] == begin and torch.equal(rows, reference[begin:end])
+
+
+def test_entries_an_element_does_not_reach_are_torchs_even_for_an_infinite_output():
+    mask = torch.ones(B, 1, SIDE, SIDE, dtype=torch.float64)
+    mask[2, 0, 0, 0] = float("inf")  # torch's rows: inf - inf = NaN there, for every element
+    fn = lambda t: t.sin() * mask
+    x = _x()
+    run, p = _problem(fn, x)
+    assert p.samples(0) == B
+    eps = run.eps_for(x)
+    reference = jac.numerical_jacobians(run.be, fn, (x,), 0, p.outputs, eps, run.stencil)[0]
+    rows = torch.cat([c[2][0] for c in sorted(p._looped_row_chunks(0, 0, x.numel(), eps), key=lambda c: c[0])])
+    assert torch.equal(rows.isnan(), reference.isnan()) and bool(reference.isnan().any())
+    assert torch.equal(rows.nan_to_num(), reference.nan_to_num())
 
 
 @pytest.mark.parametrize("fn, why", [

@@ -314,10 +314,12 @@ class Problem:
         per_sample = n // b
         # the probe's b + 1 calls must cost well below what moving samples together saves
         # (about len(stencil) calls per element)
-        if 4 * (b + 1) > len(self.run.stencil.offsets) * n or per_sample < 2 or any(len(self.outputs[k].shape) < 1 or self.outputs[k].shape[0] != b
-                                 or be.is_complex(self.outputs[k]) or be.itemsize(self.outputs[k]) != 8
-                                 for k in self.floats):
+        if per_sample < 2 or 4 * (b + 1) > len(self.run.stencil.offsets) * n:
             return None
+        for k in self.floats:
+            out = self.outputs[k]
+            if len(out.shape) < 1 or out.shape[0] != b or be.is_complex(out) or be.itemsize(out) != 8:
+                return None
         eps = self.run.eps_for(x)
         signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
         try:
@@ -350,25 +352,29 @@ class Problem:
     def _sample_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end``, each element moved together with its counterparts in the
         other samples (one plain call per stencil point for all of them); each sample's
-        outputs give that sample's element's row, and the other samples' entries are 0,
-        as a call moving the element alone gives them (:meth:`samples`)."""
+        outputs give that sample's element's row, and the other samples' entries are what
+        a call moving the element alone gives them (:meth:`samples`)."""
         be, x, stencil = self.be, self.args[pos], self.run.stencil
         b, n = self._samples[pos], be.numel(x)
         per_sample = n // b
         out_size = {k: be.numel(self.outputs[k]) // b for k in self.floats}
-        moves = [(-(abs(m) * eps if abs(m) != 1 else eps)) if m > 0 else (abs(m) * eps if abs(m) != 1 else eps)
-                 for m in stencil.offsets]
+        moves = [_sample_delta(m, eps) for m in stencil.offsets]
         per_row = max(n + self.out_numel, 1) * self.itemsize * 2 * b
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, per_sample)
         with be.perturber(self.args, pos) as perturber:
+            # the entries of the samples an element does not reach: the stencil applied to
+            # unmoved outputs, as torch computes them (0 for central differences of finite
+            # outputs; rounding for the five-point stencil; NaN where an output is infinite)
+            base = self._moved_outputs(pos, perturber, np.zeros(n))
+            unreached = {k: _combined(stencil, [base[k]] * len(moves), eps) for k in self.floats}
             for i0 in range(0, per_sample, chunk):
                 i1 = min(per_sample, i0 + chunk)
                 ranges = [(s, max(begin, s * per_sample + i0), min(end, s * per_sample + i1)) for s in range(b)]
                 ranges = [(s, lo, hi) for s, lo, hi in ranges if lo < hi]
                 if not ranges:
                     continue
-                rows = {s: {k: np.zeros((hi - lo, be.numel(self.outputs[k])), dtype=np.float64)
-                            for k in self.floats} for s, lo, hi in ranges}
+                rows = {s: {k: np.tile(unreached[k], (hi - lo, 1)) for k in self.floats} for s, lo, hi in ranges}
+                starts = {s: lo for s, lo, hi in ranges}
                 for i in range(i0, i1):
                     moved = [s * per_sample + i for s, lo, hi in ranges if lo <= s * per_sample + i < hi]
                     if not moved:
@@ -378,7 +384,6 @@ class Problem:
                         delta = np.zeros(n)
                         delta[moved] = step
                         values.append(self._moved_outputs(pos, perturber, delta))
-                    starts = {s: lo for s, lo, hi in ranges}
                     if any(v[k].shape != tuple(self.outputs[k].shape) for v in values for k in self.floats):
                         # fn changed an output's shape: the element path meets it as torch does
                         alone = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos,
@@ -388,7 +393,7 @@ class Problem:
                                 rows[f // per_sample][k][f - starts[f // per_sample]] = be.to_numpy(alone[k][j])
                         continue
                     for k in self.floats:
-                        row = np.asarray(stencil.combine([v[k] for v in values], eps)).reshape(-1)
+                        row = _combined(stencil, [v[k] for v in values], eps)
                         for f in moved:
                             s = f // per_sample
                             segment = slice(s * out_size[k], (s + 1) * out_size[k])
@@ -436,6 +441,20 @@ class Problem:
             o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
             rows[k] = stencil.combine([o[i] for i in range(points)], eps)
         return rows
+
+
+def _combined(stencil, values: list, eps) -> np.ndarray:
+    """The stencil's derivative estimate from NumPy outputs, flat, with torch's silence
+    on infinities and NaN (the same IEEE operations, so the same bits)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return np.asarray(stencil.combine(values, eps)).reshape(-1)
+
+
+def _sample_delta(offset, eps) -> float:
+    """``d`` such that ``x - d`` is the stencil point ``x + offset * eps`` as torch's
+    element move computes it (``x + h`` for a plus point, ``x - h`` for a minus point)."""
+    h = eps if abs(offset) == 1 else abs(offset) * eps
+    return -h if offset > 0 else h
 
 
 def n_in_total(be, args, checked) -> int:
