@@ -37,11 +37,12 @@ A = _matrix()
 ZERO_OUT, ZERO_IN = (int(i) for i in (A == 0).nonzero()[0])
 
 
-def _tanh_of_a(backward_scale=1.0, stray=0.0, jvp_scale=1.0, drift=0.0, both_scale=1.0):
+def _tanh_of_a(backward_scale=1.0, stray=0.0, jvp_scale=1.0, drift=0.0, both_scale=1.0, with_jvp=True):
     """``tanh(A x)`` with its own backward and JVP; ``backward_scale`` scales one input
     element's gradient, ``stray`` adds an output element's cotangent to an input element it
     does not depend on, ``jvp_scale`` scales the JVP, ``drift`` makes the backward not
-    reentrant, ``both_scale`` scales backward and JVP alike (they agree, and are wrong)."""
+    reentrant, ``both_scale`` scales backward and JVP alike (they agree, and are wrong);
+    without ``with_jvp`` it has no forward-mode formula."""
     calls = [0]
 
     class TanhOfA(torch.autograd.Function):
@@ -73,6 +74,8 @@ def _tanh_of_a(backward_scale=1.0, stray=0.0, jvp_scale=1.0, drift=0.0, both_sca
             (y,) = ctx.saved_tensors
             return (1 - y * y) * (A @ tx) * jvp_scale * both_scale
 
+    if not with_jvp:
+        del TanhOfA.jvp  # torch.autograd.Function's own: forward mode is not implemented
     return TanhOfA.apply
 
 
@@ -174,23 +177,7 @@ def test_a_drift_is_judged_against_nondet_tol_like_torch(drift, verdict):
 
 
 def test_a_function_without_forward_mode_is_left_to_the_vjps():
-    class NoJvp(torch.autograd.Function):
-        generate_vmap_rule = True
-
-        @staticmethod
-        def forward(x):
-            return torch.tanh(A @ x)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.save_for_backward(output)
-
-        @staticmethod
-        def backward(ctx, gy):
-            (y,) = ctx.saved_tensors
-            return A.T @ (gy * (1 - y * y))
-
-    r = run(NoJvp.apply, (_x(),))
+    r = run(_tanh_of_a(with_jvp=False), (_x(),))
     assert r.verdict is True
     [(decision, detail)] = forward_log(r)
     assert decision == "declined" and "jvp" in detail.lower()

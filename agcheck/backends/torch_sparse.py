@@ -328,6 +328,20 @@ class _InPlacePerturber(Perturber):
         finally:
             target.copy_(original)
 
+    def evaluate_elements(self, fn, flats, deltas) -> tuple:
+        """Outputs of ``fn`` with each element ``flats[i]`` moved to ``x - deltas[i]``
+        (Python floats) and the others untouched: a few entries written, not the whole
+        input, as in :meth:`evaluate_element`."""
+        targets = [self._entry(f) for f in flats]
+        originals = [t.clone() for t in targets]
+        try:
+            for t, o, d in zip(targets, originals, deltas):
+                t.copy_(o - d)
+            return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+        finally:
+            for t, o in zip(targets, originals):
+                t.copy_(o)
+
     def evaluate_direction(self, fn, step, sign) -> tuple:
         original = self.data.clone()
         try:

@@ -116,8 +116,8 @@ def _require_applicable(p, diff, inputs) -> None:
 
 
 def _projections(p, diff, inputs, vjps):
-    """``{k: (U, [U J_b per input])}``, each VJP computed twice (reentrancy), and the
-    seconds the reverse passes would take, estimated from these VJPs."""
+    """``{k: (U, |u| per row, [U J_b per input])}``, each VJP computed twice (reentrancy),
+    and the seconds the reverse passes would take, estimated from these VJPs."""
     be, opts = p.be, p.opts
     rng = np.random.default_rng(PROJECTION_SEED)
     projections, reverse_seconds = {}, 0.0
@@ -134,11 +134,12 @@ def _projections(p, diff, inputs, vjps):
         # the better of the two: a first backward may pay one-time costs
         reverse_seconds += _REVERSE_PASSES * m * min(seconds) / ROUNDS
         first, second = passes
-        bound = min(opts.nondet_tol, BOUND * opts.atol) * np.linalg.norm(u, axis=1)[:, None]
+        norms = np.linalg.norm(u, axis=1)[:, None]
+        bound = min(opts.nondet_tol, BOUND * opts.atol) * norms
         for a, b in zip(first, second):
             if a.size and not np.all(np.abs(a - b) <= bound):
                 raise _Disagreement("backward not reentrant on the projections")
-        projections[k] = (u, first)
+        projections[k] = (u, norms, first)
     return projections, reverse_seconds
 
 
@@ -211,8 +212,8 @@ def _tie(p, diff, blocks, projections) -> None:
     """The backward's projections ``U J_b`` equal ``U J_f`` to within the bound."""
     atol = p.opts.atol
     for k in diff:
-        u, by_backward = projections[k]
-        bound = BOUND * atol * np.linalg.norm(u, axis=1)[:, None]
+        u, norms, by_backward = projections[k]
+        bound = BOUND * atol * norms
         for j, (block, got) in enumerate(zip(blocks[k], by_backward)):
             expected = u @ block
             if got.size and not np.all(np.abs(got - expected) <= bound):

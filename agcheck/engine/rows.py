@@ -349,6 +349,18 @@ class Problem:
         outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, -1)
         return {k: be.to_numpy(outs[k]) for k in self.floats}
 
+    def _elements_moved(self, pos, perturber, flats, step) -> dict:
+        """:meth:`_moved_outputs` with only the elements ``flats`` moved (by ``step``):
+        written one entry each where the perturber can (an in-place one), else as a
+        whole-input move."""
+        in_place = getattr(perturber, "evaluate_elements", None)
+        if in_place is None:
+            delta = np.zeros(self.be.numel(self.args[pos]))
+            delta[flats] = step
+            return self._moved_outputs(pos, perturber, delta)
+        outs = self.run.user_errors.call(in_place, self.fn, flats, [step] * len(flats))
+        return {k: self.be.to_numpy(outs[k]) for k in self.floats}
+
     def _sample_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end``, each element moved together with its counterparts in the
         other samples (one plain call per stencil point for all of them); each sample's
@@ -379,11 +391,7 @@ class Problem:
                     moved = [s * per_sample + i for s, lo, hi in ranges if lo <= s * per_sample + i < hi]
                     if not moved:
                         continue
-                    values = []
-                    for step in moves:
-                        delta = np.zeros(n)
-                        delta[moved] = step
-                        values.append(self._moved_outputs(pos, perturber, delta))
+                    values = [self._elements_moved(pos, perturber, moved, step) for step in moves]
                     if any(v[k].shape != tuple(self.outputs[k].shape) for v in values for k in self.floats):
                         # fn changed an output's shape: the element path meets it as torch does
                         alone = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos,
