@@ -2,6 +2,8 @@
 (``Problem.samples``): an element and its counterparts in the other samples move in one
 call, and each sample's outputs give its own row, bitwise as a call moving the element
 alone gives it; a function that mixes samples is found out and moved element by element."""
+import time
+
 import pytest
 import torch
 
@@ -63,12 +65,13 @@ def _problem(fn, x, **options):
     return run, Problem(run, fn, be.trace(fn, (x,), [0]), (x,), [0])
 
 
-@pytest.mark.parametrize("stencil", ["central", "five-point"])
-def test_rows_moved_by_samples_are_the_element_by_element_rows_bitwise(stencil):
+@pytest.mark.parametrize("stencil, contiguous", [("central", True), ("five-point", True), ("central", False)])
+def test_rows_moved_by_samples_are_the_element_by_element_rows_bitwise(stencil, contiguous):
     kernel = W[:3, :9].reshape(3, 1, 3, 3)
     fn = lambda t: torch.tanh(torch.nn.functional.conv2d(t, kernel, padding=1)).sum(1, keepdim=True) \
         * torch.atan2(t, torch.tensor(-1.0, dtype=t.dtype))  # atan2 sees the sign of 0
-    x = _x()
+    # a contiguous input's moved entries are written at once, another's one by one
+    x = _x() if contiguous else _x().detach().transpose(2, 3).requires_grad_()
     run, p = _problem(fn, x, stencil=stencil)
     assert p.samples(0) == B
     eps = run.eps_for(x)
@@ -138,3 +141,68 @@ def test_many_samples_of_few_elements_are_not_probed():
     x = torch.randn(400, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
     run, p = _problem(lambda t: t.sin() * t.cos(), x)  # the probe's 401 calls would cost more than it saves
     assert p.samples(0) is None
+
+
+class _PerSampleCost(torch.autograd.Function):
+    """``sin`` that takes ``PER_SAMPLE_SECONDS`` per entry of its first dimension, stacked
+    copies included: batched rows cost what rows one call at a time cost, as float64 CPU
+    convolutions do, so only moving the samples together saves calls; ``scale`` breaks
+    the backward."""
+
+    scale = 1.0
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        _PerSampleCost.calls += 1
+        time.sleep(PER_SAMPLE_SECONDS * x.shape[0])
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos() * _PerSampleCost.scale
+
+
+PER_SAMPLE_SECONDS = 2e-4
+
+
+def _counted_check(monkeypatch, scale, **options):
+    monkeypatch.setattr(_PerSampleCost, "scale", scale)
+    monkeypatch.setattr(_PerSampleCost, "calls", 0)
+    x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    r = run_check(_PerSampleCost.apply, (x,), **options)
+    return r, _PerSampleCost.calls
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_batching_that_saves_nothing_gives_way_to_moving_the_samples_together(monkeypatch, scale):
+    r, calls = _counted_check(monkeypatch, scale)
+    _, reference_calls = _counted_check(monkeypatch, scale, engine="reference")
+    assert r.verdict is (scale == 1.0) and bool(r.engine_fallbacks) is (scale != 1.0)
+    decisions = [(e.decision, e.detail) for e in r.engine_log if e.path == "numerical"]
+    assert ("by samples", "") in decisions
+    if scale == 1.0:  # a failing check stops at the first batch, and its rows are finished by samples
+        assert ("looped", "looped by samples is cheaper") in decisions
+    # the reference: 2 calls per element (128); by samples: 2 per element of a sample (32),
+    # the samples probe (5), the batching probe and the first batches, and the trace
+    assert calls < reference_calls / 2, (calls, reference_calls)
+
+
+def test_a_failing_check_hands_over_all_rows_moved_by_samples(monkeypatch):
+    r, _ = _counted_check(monkeypatch, 1.01)
+    (fallback,) = r.engine_fallbacks
+    blocks = fallback.numerical[0]
+    assert blocks[0][0] == 0 and blocks[-1][1] == 64  # the reference engine computes no row
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    run, p = _problem(_PerSampleCost.apply, x)
+    reference = jac.numerical_jacobians(run.be, _PerSampleCost.apply, (x,), 0, p.outputs, run.eps_for(x),
+                                        run.stencil)[0]
+    assert torch.equal(torch.cat([rows[0] for _, _, rows in blocks]), reference)
+    with pytest.raises(agcheck.GradcheckError) as ours:
+        agcheck.gradcheck(_PerSampleCost.apply, (x,))
+    with pytest.raises(RuntimeError) as torchs:
+        torch.autograd.gradcheck(_PerSampleCost.apply, (x,))
+    assert str(ours.value).startswith(str(torchs.value))

@@ -332,6 +332,15 @@ class _InPlacePerturber(Perturber):
         """Outputs of ``fn`` with each element ``flats[i]`` moved to ``x - deltas[i]``
         (Python floats) and the others untouched: a few entries written, not the whole
         input, as in :meth:`evaluate_element`."""
+        if self._flat is not None:
+            flat = self._flat
+            index = torch.as_tensor(flats, dtype=torch.long, device=flat.device)
+            originals = flat[index]
+            try:
+                flat[index] = originals - torch.as_tensor(deltas, dtype=flat.dtype, device=flat.device)
+                return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+            finally:
+                flat[index] = originals
         targets = [self._entry(f) for f in flats]
         originals = [t.clone() for t in targets]
         try:

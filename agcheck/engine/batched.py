@@ -69,8 +69,20 @@ def compare_slow_reverse(run, piece) -> Outcome:
     except EngineFallback as reason:
         if str(reason) != MISMATCH:
             return undecided(str(reason))
+        _finish_rows(p)
         return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
     return PASSED
+
+
+def _finish_rows(p) -> None:
+    """Before a mismatch goes to the reference engine: the rows it would compute one
+    element at a time, computed with the samples moved together where they can be
+    (:meth:`Problem.finish_rows_by_samples`); what fails on the way is left to it."""
+    try:
+        p.finish_rows_by_samples()
+    except Exception as e:
+        if e in p.run.user_errors:
+            raise
 
 
 #: the reason of an undecided outcome where the engine saw the Jacobians differ
@@ -382,7 +394,10 @@ def compare_slow_forward(run, piece) -> Outcome:
         p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
         _forward(run, p, piece.diff)
     except EngineFallback as reason:
-        exact = p.exact_numerical() if p is not None and str(reason) == MISMATCH else None
+        exact = None
+        if p is not None and str(reason) == MISMATCH:
+            _finish_rows(p)
+            exact = p.exact_numerical()
         return undecided(str(reason), exact)
     return PASSED
 

@@ -223,6 +223,30 @@ class Problem:
                  for q in self.checked if self._exact_blocks.get(q)}
         return found or None
 
+    def finish_rows_by_samples(self) -> None:
+        """Compute, element by element with the samples moved together, the numerical rows
+        not yet computed exactly, for every checked input whose samples :meth:`samples`
+        finds independent: a failing check hands them to the reference engine, which would
+        otherwise compute them one element at a time (B times the calls)."""
+        if not self.keep_rows:
+            return
+        for q in self.checked:
+            n = self.be.numel(self.args[q])
+            if q in self._exact_rows or not n or not self.samples(q):
+                continue
+            eps, done = self.run.eps_for(self.args[q]), 0
+            blocks = self._exact_blocks.get(q, {})
+            gaps = []
+            for s in sorted(blocks):
+                if s > done:
+                    gaps.append((done, s))
+                done = max(done, blocks[s][1])
+            if done < n:
+                gaps.append((done, n))
+            for lo, hi in gaps:
+                for _ in self._noted(q, self._sample_row_chunks(q, lo, hi, eps)):
+                    pass
+
     def note_exact_columns(self, k, ranges, rows) -> None:
         """Note that ``rows`` (per checked input, NumPy ``(output numel, input numel)``)
         hold output ``k``'s analytical Jacobian, exact as the reference engine computes
@@ -278,15 +302,31 @@ class Problem:
             slope = cost.slope_per_row(probe * (2 if complex_input else 1) if probe else None, 1, seconds, size) \
                 if len(per_row_of) == 1 else None
             chunk = cost.rows_per_chunk(self._row_bytes[pos], self.batch_bytes, n)
-            size, why = cost.next_batch_size(per_row_of, looped, chunk, seconds=seconds, slope=slope)
+            size, why = self._next_batch_size(pos, per_row_of, looped, chunk, seconds, slope)
             start = stop
             if size is None:
                 self._looped.add(pos)
-                self.run.engine_log.append(EngineEvent(
-                    "numerical", "looped", pos, why, via=self._via[pos],
-                    figures={"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}))
+                figures = {"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}
+                if self._samples.get(pos):
+                    figures["samples"] = self._samples[pos]
+                self.run.engine_log.append(EngineEvent("numerical", "looped", pos, why, via=self._via[pos],
+                                                       figures=figures))
                 yield from self._noted(pos, self._looped_row_chunks(pos, stop, n, eps))
                 return
+
+    def _next_batch_size(self, pos, per_row_of, looped, chunk, seconds, slope):
+        """:func:`cost.next_batch_size`, against the loop's cost per row divided by the
+        samples the loop could move together (:meth:`samples`), probed only once batching
+        loses against that loop, as batching of dense CNNs does."""
+        size, why = cost.next_batch_size(per_row_of, looped, chunk, seconds=seconds, slope=slope)
+        candidate = self._sample_candidate(pos)
+        refused = pos in self._samples and not self._samples[pos]
+        if size is None or not candidate or refused:
+            return size, why
+        by_samples, _ = cost.next_batch_size(per_row_of, looped / candidate, chunk, seconds=seconds, slope=slope)
+        if by_samples is None and self.samples(pos):
+            return None, "looped by samples is cheaper"
+        return size, why
 
     def samples(self, pos) -> int | None:
         """``B`` when the first dimension of ``args[pos]`` holds ``B`` samples that ``fn``
@@ -305,21 +345,32 @@ class Problem:
                 self.run.engine_log.append(EngineEvent("numerical", "by samples", pos, figures={"samples": found}))
         return self._samples[pos]
 
-    def _probe_samples(self, pos) -> int | None:
+    def _sample_candidate(self, pos) -> int | None:
+        """``B`` when ``args[pos]`` and the outputs have the form :meth:`samples` requires
+        and its probe costs well below what moving samples together saves; ``None`` when
+        not (no call of ``fn`` is made)."""
         be, x = self.be, self.args[pos]
         shape = tuple(x.shape)
         if not shape or shape[0] < 2 or be.layout(x) != "dense" or be.is_complex(x) or be.itemsize(x) != 8:
             return None
         b, n = shape[0], be.numel(x)
-        per_sample = n // b
         # the probe's b + 1 calls must cost well below what moving samples together saves
         # (about len(stencil) calls per element)
-        if per_sample < 2 or 4 * (b + 1) > len(self.run.stencil.offsets) * n:
+        if n // b < 2 or 4 * (b + 1) > len(self.run.stencil.offsets) * n:
             return None
         for k in self.floats:
             out = self.outputs[k]
             if len(out.shape) < 1 or out.shape[0] != b or be.is_complex(out) or be.itemsize(out) != 8:
                 return None
+        return b
+
+    def _probe_samples(self, pos) -> int | None:
+        b = self._sample_candidate(pos)
+        if b is None:
+            return None
+        be, x = self.be, self.args[pos]
+        n = be.numel(x)
+        per_sample = n // b
         eps = self.run.eps_for(x)
         signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
         try:
