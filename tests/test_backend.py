@@ -94,6 +94,8 @@ _SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-5, 1e300, float("inf"), float("-inf"), floa
     st.sampled_from([(1e-3, 1e-5), (0.0, 0.0), (1e-7, 1e-12)]),
     st.booleans(),
 )
+# |b| overflows where |rtol * b| does not: rtol * |b| would be inf * 0 = NaN
+@hypothesis.example([1.2711610061536464e308], [0.0] * 8, (0.0, 0.0), True)
 def test_torch_allclose_shortcut_agrees_with_torch_allclose(values, shifts, tolerances, complex_):
     be = agcheck.get_backend("torch")
     a = torch.tensor(values, dtype=torch.float64)

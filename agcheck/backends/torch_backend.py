@@ -492,13 +492,14 @@ class TorchBackend(Backend):
         dtype = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dtype), b.to(dtype)
         if a.numel() and a.shape == b.shape and (a.dtype.is_floating_point or a.dtype.is_complex):
-            # torch.allclose's rule on finite values (|a - b| <= atol + rtol |b|, the same
-            # operations, so the same bits), in fewer passes; NaN and infinities are
-            # decided by torch.allclose itself
+            # torch.allclose's rule on finite differences (|a - b| <= atol + |rtol * b|, in
+            # its order of operations, so the same bits: for complex b, |rtol * b| and
+            # rtol * |b| round differently, and |b| alone may overflow), in fewer passes;
+            # NaN and infinities are decided by torch.allclose itself
             diff = (a - b).abs()
-            if bool(torch.isfinite(diff.max())):  # then a and b are finite too
-                bound = b.abs().mul_(rtol).add_(atol)
-                return bool(diff.le_(bound).all())
+            if bool(torch.isfinite(diff.max())):
+                bound = (b * rtol).abs_() if b.dtype.is_floating_point else (b * rtol).abs()
+                return bool(diff.le_(bound.add_(atol)).all())
         return bool(torch.allclose(a, b, rtol, atol))
 
     def same_device(self, a, b) -> bool:
