@@ -13,26 +13,46 @@ no peak at all. Elsewhere (other systems, device memory) only the estimates appl
 """
 from __future__ import annotations
 
+import os
+
+try:
+    import resource
+except ImportError:  # not on Windows: only the estimates apply there
+    resource = None
+
 __all__ = ["MeasuredCall", "measured", "reading_works"]
 
-_STATUS = "/proc/self/status"
+_STATM = "/proc/self/statm"
+try:
+    _PAGE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    _PAGE = 4096
 _works: bool | None = None
+#: ``(pid, file descriptor)`` of this process's ``statm``, kept open: a read is a
+#: ``pread`` (about 1 µs, where opening and parsing ``status`` took 25 µs, and small
+#: checks measure a dozen calls); reopened in a forked child, whose ``/proc/self`` differs
+_statm: tuple[int, int] | None = None
 
 
 def _read() -> tuple[int, int] | None:
-    """``(VmRSS, VmHWM)`` in bytes, or ``None`` where the kernel does not tell."""
+    """``(resident bytes, peak resident bytes)`` of this process (``VmRSS`` and
+    ``VmHWM``: ``statm``'s second field and ``getrusage``'s ``ru_maxrss``), or ``None``
+    where the kernel does not tell."""
+    global _statm
+    if resource is None:
+        return None
     try:
-        with open(_STATUS, "rb") as f:
-            text = f.read()
-    except OSError:
+        pid = os.getpid()
+        if _statm is None or _statm[0] != pid:
+            if _statm is not None:
+                os.close(_statm[1])
+                _statm = None
+            _statm = (pid, os.open(_STATM, os.O_RDONLY))
+        resident = int(os.pread(_statm[1], 256, 0).split()[1]) * _PAGE
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    except (OSError, ValueError, IndexError):
         return None
-    values = {}
-    for line in text.split(b"\n"):
-        if line.startswith((b"VmRSS:", b"VmHWM:")):
-            values[line[:5]] = int(line.split()[1]) * 1024
-    if len(values) != 2:
-        return None
-    return values[b"VmRSS"], values[b"VmHWM"]
+    return resident, peak
 
 
 def reading_works() -> bool:

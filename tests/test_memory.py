@@ -1,0 +1,58 @@
+"""The engine's memory readings (:mod:`agcheck.engine.memory`): the process's resident
+memory and its peak as the kernel reports them, and the peak a call adds."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from agcheck.engine import memory
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+
+
+def _status():
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                values[line[:5]] = int(line.split()[1]) * 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def test_readings_are_the_kernels_resident_memory_and_peak():
+    resident, peak = memory._read()
+    status_resident, status_peak = _status()
+    # the two reads a few pages apart (reading a file allocates)
+    assert abs(peak - status_peak) <= 1 << 20 and abs(resident - status_resident) <= 1 << 20
+
+
+def test_a_call_that_raises_the_peak_is_measured_and_one_within_it_is_not():
+    above = memory._read()[1] - memory._read()[0] + (64 << 20)
+
+    def allocate():
+        a = np.ones(above // 8)  # written, so resident
+        return float(a[-1])
+
+    call = memory.measured(allocate)
+    assert call.result == 1.0 and call.added_peak >= above * 0.9
+    assert memory.measured(lambda: np.ones(1000).sum()).added_peak is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_reads_its_own_memory():
+    memory._read()  # the parent's statm is open
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh allocation must show in its own readings
+        try:
+            before = memory._read()[0]
+            a = np.ones(32 << 17)  # 32 MiB
+            grew = memory._read()[0] - before >= (30 << 20) and a[-1] == 1.0
+            os.write(write, b"1" if grew else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
