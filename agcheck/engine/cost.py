@@ -31,7 +31,13 @@ CLEARLY_FASTER = 1.5
 RAMP = (8, 64)
 #: checks whose element-by-element loop is estimated below this many seconds go to the
 #: reference engine at once: the engine's probes would cost about as much as they save
-ENGINE_WORTH_SECONDS = 0.01
+#: (on torch's CPU the engine's fixed cost is about 0.6 ms; it wins from about 2 ms of
+#: loop on, e.g. 1.5x at 16 elements of ``sin``, 3x at 64)
+ENGINE_WORTH_SECONDS = 0.002
+#: what each call of the loop costs beside ``fn``'s own evaluation: the element move or
+#: one-hot cotangent, the backward's own work, writing the row (torch's CPU, measured on
+#: checks of 2 to 128 elements: 20 to 25 µs)
+LOOP_CALL_SECONDS = 20e-6
 #: a small first batch that took this long, and costs clearly more per row or column than
 #: the loop, is judged on its own (fixed costs cannot explain it)
 PROBE_SECONDS = 0.05
@@ -40,8 +46,9 @@ PROBE_SECONDS = 0.05
 def loop_seconds(n_in: int, n_out: int, evaluation_seconds: float) -> float:
     """The element-by-element check's cost, estimated from one evaluation of fn: two
     evaluations per input element (central differences) and two backward passes per output
-    element (the Jacobian and its reentrancy check), a backward costing about an evaluation."""
-    return (2 * n_in + 2 * n_out) * evaluation_seconds
+    element (the Jacobian and its reentrancy check), a backward costing about an
+    evaluation, each call with the loop's own cost (``LOOP_CALL_SECONDS``) beside it."""
+    return (2 * n_in + 2 * n_out) * (evaluation_seconds + LOOP_CALL_SECONDS)
 
 
 def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int) -> int:
