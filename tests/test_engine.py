@@ -60,6 +60,20 @@ def test_a_check_whose_loop_costs_less_than_probing_goes_to_the_reference_at_onc
     assert big.verdict is (factor == 1.0)
 
 
+def test_the_engine_runs_on_checks_of_a_few_dozen_elements_by_default(monkeypatch):
+    # the loop's own cost per call alone puts 32 elements and 32 outputs above the limit,
+    # whatever fn's timing; such checks went to the reference at 0.85-0.9x torch's time
+    from agcheck.engine import cost
+
+    monkeypatch.undo()  # the limit as shipped, not the module fixture's
+    assert 4 * 32 * cost.LOOP_CALL_SECONDS >= cost.ENGINE_WORTH_SECONDS
+    for factor in (1.0, 1.1):
+        monkeypatch.setattr(ScaledSin, "factor", factor)
+        r = run(ScaledSin.apply, (make(4, 8),))
+        assert not [e for e in r.engine_log if e.path == "plan"] and paths(r)
+        assert r.verdict is (factor == 1.0)
+
+
 def test_closure_is_detected_and_falls_back():
     lin = torch.nn.Linear(30, 4).double()
     data = torch.randn(3, 30, dtype=torch.float64)
