@@ -1,3 +1,5 @@
+from unittest import mock
+
 import numpy as np
 import pytest
 import hypothesis
@@ -6,6 +8,7 @@ import torch
 
 import agcheck
 from agcheck.backend import BackendUnavailableError, get_backend, infer_backend
+from agcheck.backends import torch_backend
 
 from .helpers import make
 
@@ -103,5 +106,7 @@ def test_torch_allclose_shortcut_agrees_with_torch_allclose(values, shifts, tole
     if complex_:
         a, b = torch.complex(a, b.flip(0)), torch.complex(b, a.flip(0))
     rtol, atol = tolerances
-    assert be.allclose(a, b, rtol, atol) == bool(torch.allclose(a, b, rtol, atol))
-    assert be.allclose(b, a, rtol, atol) == bool(torch.allclose(b, a, rtol, atol))
+    # the shortcut is taken from _FEWER_PASSES_NUMEL entries on: here on any size
+    with mock.patch.object(torch_backend, "_FEWER_PASSES_NUMEL", 1):
+        assert be.allclose(a, b, rtol, atol) == bool(torch.allclose(a, b, rtol, atol))
+        assert be.allclose(b, a, rtol, atol) == bool(torch.allclose(b, a, rtol, atol))

@@ -49,6 +49,10 @@ def _fresh(t):
     return t.clone(memory_format=torch.contiguous_format)
 
 
+#: from this many entries on, allclose decides finite values in fewer passes than
+#: torch.allclose; below it torch.allclose's one call is cheaper (12 against 22 µs)
+_FEWER_PASSES_NUMEL = 4096
+
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated with ``autograd.grad``."""
 
@@ -491,7 +495,7 @@ class TorchBackend(Backend):
     def allclose(self, a, b, rtol, atol) -> bool:
         dtype = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dtype), b.to(dtype)
-        if a.numel() and a.shape == b.shape and (a.dtype.is_floating_point or a.dtype.is_complex):
+        if a.numel() >= _FEWER_PASSES_NUMEL and a.shape == b.shape and (a.dtype.is_floating_point or a.dtype.is_complex):
             # torch.allclose's rule on finite differences (|a - b| <= atol + |rtol * b|, in
             # its order of operations, so the same bits: for complex b, |rtol * b| and
             # rtol * |b| round differently, and |b| alone may overflow), in fewer passes;
