@@ -99,6 +99,11 @@ _SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-5, 1e300, float("inf"), float("-inf"), floa
 )
 # |b| overflows where |rtol * b| does not: rtol * |b| would be inf * 0 = NaN
 @hypothesis.example([1.2711610061536464e308], [0.0] * 8, (0.0, 0.0), True)
+# differences just beyond the bound, and just within it: set by rtol, and by atol
+@hypothesis.example([0.5, -0.25], [7e-4, -2e-4] + [0.0] * 6, (1e-3, 1e-5), False)
+@hypothesis.example([0.5, -0.25], [4e-4, -2e-4] + [0.0] * 6, (1e-3, 1e-5), True)
+@hypothesis.example([0.0, 1e-300], [1.2e-5, 9e-6] + [0.0] * 6, (1e-3, 1e-5), False)
+@hypothesis.example([0.0, 1e-300], [9e-6, 0.0] + [0.0] * 6, (1e-3, 1e-5), True)
 def test_torch_allclose_shortcut_agrees_with_torch_allclose(values, shifts, tolerances, complex_):
     be = agcheck.get_backend("torch")
     a = torch.tensor(values, dtype=torch.float64)
