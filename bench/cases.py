@@ -219,6 +219,34 @@ def _build_keynet_like(quick, opts):
     return net, (_randn((1, 1, side, side), g=_gen()),), {}
 
 
+def _build_samples_cnn(quick, opts, wrong=False):
+    """A CNN on two independent samples (2x1xSxS), as kornia's HardNet and HyNet checks
+    have: batched rows cost what single calls cost, so the engine moves both samples in
+    one call. ``wrong``: the backward of one output entry is 10% off (fails under both)."""
+    import torch
+
+    side = 16 if quick else 32
+    net = _conv_net((8, 8, 1), 3)
+
+    class OneEntryOff(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            return y.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            g = g.clone()
+            g[..., 0, 0] *= 1.1
+            return g
+
+    fn = (lambda x: OneEntryOff.apply(net(x))) if wrong else net
+    return fn, (_randn((2, 1, side, side), g=_gen()),), {}
+
+
+def _build_samples_cnn_wrong(quick, opts):
+    return _build_samples_cnn(quick, opts, wrong=True)
+
+
 def _build_small_fast(quick, opts):
     net = _conv_net((4, 4), 3)
     return net, (_randn((2, 1, 8, 8), g=_gen()),), {"fast_mode": True}
@@ -394,6 +422,10 @@ CASES: dict[str, Case] = {
              lambda q, o: f"sin(t)*2, n={10**5 if q else 10**6}, fast_mode"),
         Case("keynet_like", "gradcheck", _build_keynet_like,
              lambda q, o: f"3 conv 5x5 + BN + ReLU on 1x1x{12 if q else 24}^2, slow"),
+        Case("samples_cnn", "gradcheck", _build_samples_cnn,
+             lambda q, o: f"3 conv 3x3 + BN + ReLU on 2x1x{16 if q else 32}^2 (two samples), slow"),
+        Case("samples_cnn_wrong", "gradcheck", _build_samples_cnn_wrong,
+             lambda q, o: f"the same with one backward entry 10% off (fails), slow"),
         Case("small_fast", "gradcheck", _build_small_fast,
              lambda q, o: "2 conv 3x3 + BN on 2x1x8x8, fast_mode"),
         Case("opinfo_sweep", "sweep", _build_sweep, _describe_sweep),
