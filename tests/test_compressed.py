@@ -322,10 +322,35 @@ def test_broken_blocked_backwards_fail_with_the_reference_verdict(name):
     assert run(fn, mats(), engine="reference").verdict is False
 
 
-def test_correct_custom_matmul_passes_coloured():
+def _no_samples(monkeypatch):
+    """The coloured pass itself, not the loop moving the 48 rows of ``a`` (independent
+    samples of ``tanh(a @ b)``) together, which is cheaper and takes ``a`` by default."""
+    from agcheck.engine.rows import Problem
+
+    monkeypatch.setattr(Problem, "_sample_candidate", lambda self, pos: None)
+
+
+def test_correct_custom_matmul_passes_coloured(monkeypatch):
+    _no_samples(monkeypatch)
     fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2))
     r = run(fn, mats())
     assert r.verdict is True and coloured_log(r) == ["passed"]
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_a_coloured_pass_dearer_than_the_loop_by_samples_gives_way_to_it(factor):
+    # a: 48 independent rows, so 96 calls move every element of every row; the coloured
+    # pass needs 48 colours x 2 points x 19 rounds = 1,824 moved copies
+    fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2) * factor)
+    r = run(fn, mats())
+    assert r.verdict is (factor == 1.0)
+    assert EngineEvent("coloured", "declined", 0, "not compressible: the loop moving samples together is cheaper") \
+        in r.engine_log and EngineEvent("numerical", "by samples", 0) in r.engine_log
+    if factor != 1.0:  # a's rows all exact, handed to the reference engine
+        (fallback,) = r.engine_fallbacks
+        blocks = fallback.numerical[0]
+        assert blocks[0][0] == 0 and blocks[-1][1] == 48 * 48
+        assert all(x[1] == y[0] for x, y in zip(blocks, blocks[1:]))
 
 
 def test_colouring_separates_elements_that_meet():
@@ -586,6 +611,7 @@ def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, mon
             _RecordingMatmulTanh.recording = False
 
     monkeypatch.setattr(Problem, "evaluate_looped", recorded)
+    _no_samples(monkeypatch)
     _RecordingMatmulTanh.seen.clear()
     a, b = (t.detach().to(dtype).requires_grad_() for t in mats(48))
     kw = dict(atol=1e-2, rtol=1e-2, eps=1e-3) if dtype == torch.float32 else {}

@@ -27,6 +27,7 @@ hands every failure to the reference engine, which gives torch's verdict and mes
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -173,14 +174,16 @@ class CompressedSides:
 
         return self.evaluate(q, move_rows, signs.shape[0] * points, reduce=stencil_reduce(stencil, eps), group=points)
 
-    def evaluate(self, q, move_rows, n_rows, reduce=None, group=1) -> dict:
+    def evaluate(self, q, move_rows, n_rows, reduce=None, group=1, after_first=None) -> dict:
         """``{k: NumPy array}``: ``fn`` at ``n_rows`` moves of ``args[q]``, one row per move
         (``(n_rows, m)``), or per ``group`` of moves when ``reduce`` combines each group.
 
         ``move_rows(start, stop, as_deltas)`` builds moves ``start:stop`` as flat NumPy rows:
         the moved input, or (``as_deltas``) the move itself. Moves are built and evaluated a
         chunk at a time, in vmapped batches that fit the memory budget; where ``args[q]``
-        cannot be batched, one plain call per move, moving the input by its delta."""
+        cannot be batched, one plain call per move, moving the input by its delta.
+        ``after_first(seconds_per_move, moves_left)``, when given, is told what the first
+        chunk cost when more chunks follow (it may raise :class:`NotCompressible`)."""
         be, p = self.be, self.p
         x = p.args[q]
         batched = p.batched_ok(q)
@@ -190,6 +193,9 @@ class CompressedSides:
         parts = {k: [] for k in self.diff}
         for start in range(0, n_rows, size):
             stop = min(n_rows, start + size)
+            if start == size and after_first is not None:
+                after_first(first_seconds / size, n_rows - start)
+            began = time.perf_counter()
             if batched:
                 chunk = move_rows(start, stop, False)
                 stacked = be.reshape(be.array_like(chunk, x), (stop - start, *x.shape))
@@ -199,6 +205,8 @@ class CompressedSides:
                 outs = p.evaluate_looped(q, move_rows(start, stop, True), self.diff)
             for k in self.diff:
                 parts[k].append(outs[k] if reduce is None else reduce(outs[k]))
+            if start == 0:
+                first_seconds = time.perf_counter() - began
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
     # -- analytical side ----------------------------------------------------------------

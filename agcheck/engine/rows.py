@@ -32,6 +32,9 @@ SAMPLES_SEED = 5119
 MIN_BATCH_BYTES = 8 << 20
 #: from this many elements on, the probe's plain calls are timed twice (the best counts)
 _RETIMED_NUMEL = 64
+#: another path's inexact rows are preferred to the loop moving samples together (exact
+#: rows, reused by a failing check) only when they cost this many times less
+_EXACT_ROWS_WORTH = 2
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
 _LOOP_EVALUATIONS = 3
@@ -344,6 +347,16 @@ class Problem:
             if found:
                 self.run.engine_log.append(EngineEvent("numerical", "by samples", pos, figures={"samples": found}))
         return self._samples[pos]
+
+    def samples_loop_cheaper(self, pos, seconds: float) -> bool:
+        """Whether ``seconds`` of another path's work on ``args[pos]`` cost at least half
+        of the loop moving all samples together (:meth:`samples`, probed only then). Half:
+        that loop's rows are exact, and a failing check hands them to the reference engine."""
+        b, loop_row = self._sample_candidate(pos), self._element_cost.get(pos)
+        if not b or loop_row is None:
+            return False
+        by_samples = self.be.numel(self.args[pos]) / b * loop_row
+        return seconds * _EXACT_ROWS_WORTH >= by_samples and bool(self.samples(pos))
 
     def _sample_candidate(self, pos) -> int | None:
         """``B`` when ``args[pos]`` and the outputs have the form :meth:`samples` requires
