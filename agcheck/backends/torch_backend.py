@@ -53,6 +53,7 @@ def _fresh(t):
 #: torch.allclose; below it torch.allclose's one call is cheaper (12 against 22 µs)
 _FEWER_PASSES_NUMEL = 4096
 
+
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated with ``autograd.grad``."""
 
@@ -495,7 +496,8 @@ class TorchBackend(Backend):
     def allclose(self, a, b, rtol, atol) -> bool:
         dtype = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dtype), b.to(dtype)
-        if a.numel() >= _FEWER_PASSES_NUMEL and a.shape == b.shape and (a.dtype.is_floating_point or a.dtype.is_complex):
+        inexact = a.dtype.is_floating_point or a.dtype.is_complex
+        if a.numel() >= _FEWER_PASSES_NUMEL and a.shape == b.shape and inexact:
             # torch.allclose's rule on finite differences (|a - b| <= atol + |rtol * b|, in
             # its order of operations, so the same bits: for complex b, |rtol * b| and
             # rtol * |b| round differently, and |b| alone may overflow), in fewer passes;

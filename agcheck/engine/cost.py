@@ -32,7 +32,7 @@ RAMP = (8, 64)
 #: checks whose element-by-element loop is estimated below this many seconds go to the
 #: reference engine at once: the engine's probes would cost about as much as they save
 #: (on torch's CPU the engine's fixed cost is about 0.6 ms; it wins from about 2 ms of
-#: loop on, e.g. 1.5x at 16 elements of ``sin``, 3x at 64)
+#: loop on, e.g. 1.3x at 16 elements of ``sin``, 2.9x at 64)
 ENGINE_WORTH_SECONDS = 0.002
 #: what each call of the loop costs beside ``fn``'s own evaluation: the element move or
 #: one-hot cotangent, the backward's own work, writing the row (torch's CPU, measured on
