@@ -13,7 +13,7 @@ from agcheck.engine import cost
 from agcheck.engine.rows import Problem
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
-from .helpers import run_check
+from .helpers import ScaledSin, run_check
 
 B, SIDE = 3, 10
 
@@ -143,37 +143,24 @@ def test_many_samples_of_few_elements_are_not_probed():
     assert p.samples(0) is None
 
 
-class _PerSampleCost(torch.autograd.Function):
-    """``sin`` that takes ``PER_SAMPLE_SECONDS`` per entry of its first dimension, stacked
-    copies included: batched rows cost what rows one call at a time cost, as float64 CPU
-    convolutions do, so only moving the samples together saves calls; ``scale`` breaks
-    the backward."""
-
-    scale = 1.0
-    calls = 0
-
-    @staticmethod
-    def forward(ctx, x):
-        _PerSampleCost.calls += 1
-        time.sleep(PER_SAMPLE_SECONDS * x.shape[0])
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * x.cos() * _PerSampleCost.scale
-
-
 PER_SAMPLE_SECONDS = 2e-4
 
 
+def _per_sample_cost(x):
+    """``ScaledSin`` (``ScaledSin.factor`` breaks the backward) taking ``PER_SAMPLE_SECONDS``
+    per entry of its first dimension, stacked copies included: batched rows cost what rows
+    one call at a time cost, as float64 CPU convolutions do, so only moving the samples
+    together saves calls."""
+    time.sleep(PER_SAMPLE_SECONDS * x.shape[0])
+    return ScaledSin.apply(x)
+
+
 def _counted_check(monkeypatch, scale, **options):
-    monkeypatch.setattr(_PerSampleCost, "scale", scale)
-    monkeypatch.setattr(_PerSampleCost, "calls", 0)
+    monkeypatch.setattr(ScaledSin, "factor", scale)
+    fn, count = _calls(_per_sample_cost)
     x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
-    r = run_check(_PerSampleCost.apply, (x,), **options)
-    return r, _PerSampleCost.calls
+    r = run_check(fn, (x,), **options)
+    return r, count[0]
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.01])
@@ -197,12 +184,12 @@ def test_a_failing_check_hands_over_all_rows_moved_by_samples(monkeypatch):
     assert blocks[0][0] == 0 and blocks[-1][1] == 64  # the reference engine computes no row
     assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
     x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
-    run, p = _problem(_PerSampleCost.apply, x)
-    reference = jac.numerical_jacobians(run.be, _PerSampleCost.apply, (x,), 0, p.outputs, run.eps_for(x),
+    run, p = _problem(_per_sample_cost, x)
+    reference = jac.numerical_jacobians(run.be, _per_sample_cost, (x,), 0, p.outputs, run.eps_for(x),
                                         run.stencil)[0]
     assert torch.equal(torch.cat([rows[0] for _, _, rows in blocks]), reference)
     with pytest.raises(agcheck.GradcheckError) as ours:
-        agcheck.gradcheck(_PerSampleCost.apply, (x,))
+        agcheck.gradcheck(_per_sample_cost, (x,))
     with pytest.raises(RuntimeError) as torchs:
-        torch.autograd.gradcheck(_PerSampleCost.apply, (x,))
+        torch.autograd.gradcheck(_per_sample_cost, (x,))
     assert str(ours.value).startswith(str(torchs.value))
