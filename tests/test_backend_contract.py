@@ -204,6 +204,38 @@ def test_perturber_moves_one_element_and_restores_bitwise(setup):
         assert np.array_equal(_np(be, a), b)
 
 
+def test_perturber_element_moves_are_single_moves_and_restore_when_fn_raises(setup):
+    be, make, fn, args = setup
+    moves = [(1e-3, -1), (1e-3, +1), (2e-3, +1)]
+    with be.perturber(args, 0) as perturber:
+        together = perturber.evaluate_element_moves(fn, 1, moves)
+        one_by_one = [perturber.evaluate_element(fn, 1, step, sign) for step, sign in moves]
+    for a, b in zip(together, one_by_one):
+        assert np.array_equal(_np(be, a[0]), _np(be, b[0]))  # bit for bit
+    calls = []
+
+    def raising_second(*a):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyError("from fn")
+        return fn(*a)
+
+    with pytest.raises(KeyError):
+        with be.perturber(args, 0) as perturber:
+            perturber.evaluate_element_moves(raising_second, 1, moves)
+    assert np.array_equal(_np(be, args[0]), X)
+
+
+def test_unit_vjps_are_one_hot_vjps(setup):
+    be, make, fn, args = setup
+    trace = be.trace(fn, args, [0, 1])
+    got = list(trace.unit_vjps(0, [3, 0, 2], be.one_hot))
+    assert len(got) == 3
+    for j, grads in zip([3, 0, 2], got):
+        for g, want in zip(grads, trace.vjp([0], [be.one_hot(trace.outputs[0], j)])):
+            assert np.array_equal(_np(be, g), _np(be, want))
+
+
 def test_perturber_moves_along_a_direction_and_restores_when_fn_raises(setup):
     be, make, fn, args = setup
     step = make(np.array([1e-3, 0.0, -1e-3, 2e-3]), checked=False)

@@ -112,3 +112,34 @@ def test_inputs_on_different_devices_are_named():
     b = torch.zeros(3, dtype=torch.float64, device="meta", requires_grad=True)
     with pytest.raises(ValueError, match=r"different devices \(input 0 on cpu, input 1 on meta\)"):
         agcheck.gradcheck(lambda p, q: p * 2, (a, b))
+
+
+def test_a_shape_change_names_the_moved_element_as_torch_does():
+    x = make(2, 3)
+    x0 = float(x[0, 1])
+
+    def fn(t):
+        return t.flatten()[: 2 if float(t[0, 1]) >= x0 else 1] * 1
+
+    with pytest.raises(AssertionError, match=r"perturbed on index \(0, 1\) by 1e-06, but got: shapes \(1,\) and \(2,\)"):
+        agcheck.gradcheck(fn, (x,), engine="reference")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_in_place_change_is_seen_to_the_bit_and_a_same_bits_write_is_not(dtype):
+    x = torch.tensor([0.0, 1.0, 2.0], dtype=dtype, requires_grad=True)
+
+    def flips_zero_sign(t):
+        t.data[0] = -0.0  # equal as a number, not as bits
+        return t * 1
+
+    def rewrites_same_bits(t):
+        t.data.copy_(t.data.clone())
+        return t * 1
+
+    with pytest.raises(ValueError, match="fn modified input 0 in place"):
+        agcheck.gradcheck(flips_zero_sign, (x,), atol=1e-2, rtol=1e-2)
+    assert not torch.signbit(x[0])  # restored
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float32's precision warning
+        assert agcheck.gradcheck(rewrites_same_bits, (x,), eps=1e-3, atol=1e-2, rtol=1e-2)

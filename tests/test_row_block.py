@@ -6,7 +6,15 @@ import torch
 
 import agcheck
 from agcheck.core import jacobian as jac
+from agcheck.core import row_block
 from agcheck.core.row_block import PENDING_ROWS, RowBlock
+
+
+@pytest.fixture(autouse=True)
+def _blocks_at_any_size(request, monkeypatch):
+    """The block path at the small sizes these tests use (small blocks are stacked)."""
+    if "small_block" not in request.node.name:
+        monkeypatch.setattr(row_block, "SMALL_BLOCK_ENTRIES", 0)
 
 
 def _rows(n, m, dtype=torch.float64):
@@ -121,3 +129,18 @@ def test_a_check_through_row_blocks_still_catches_a_wrong_backward():
         assert agcheck.gradcheck(right, (x,), engine=engine)
         assert agcheck.gradcheck(right, (x,), engine=engine, check_forward_ad=True, check_backward_ad=False)
         assert not agcheck.gradcheck(Wrong.apply, (x,), engine=engine, raise_exception=False)
+
+
+def test_a_small_block_is_stacked_at_the_end_and_equal(monkeypatch):
+    be = agcheck.get_backend("torch")
+    n, m = 5, 7
+    assert n * m < row_block.SMALL_BLOCK_ENTRIES
+    writes = []
+    monkeypatch.setattr(type(be), "write_rows", lambda self, b, s, r: writes.append(len(r)))
+    rows = _rows(n, m, torch.float32)
+    block = RowBlock(be, n, m, torch.zeros(m), torch.float64)
+    for r in rows:
+        block.add(r)
+    got = block.result()
+    assert writes == []
+    assert got.dtype == torch.float64 and torch.equal(got, torch.stack(rows).double())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "UnsupportedError",
            "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS"]
@@ -128,6 +128,14 @@ class Trace:
         """
         raise NotImplementedError
 
+    def unit_vjps(self, output_position: int, columns: Iterable[int], one_hot: Callable) -> Iterator[list]:
+        """The VJP of each one-hot cotangent ``one_hot(output, j)``, ``j`` in ``columns``, in
+        order: one list per column as :meth:`vjp` returns it, of arrays that later
+        columns leave untouched."""
+        out = self.outputs[output_position]
+        for j in columns:
+            yield self.vjp([output_position], [one_hot(out, j)])
+
     def vjp_batched(self, output_position: int, stacked_cotangents) -> list:
         """Many VJPs at once: ``stacked_cotangents`` has a leading batch dimension; one
         entry per checked input, stacked the same way, or ``None`` (undefined).
@@ -154,6 +162,11 @@ class Perturber:
         real or complex scalar, ``sign`` +1 or -1), computed as ``x[flat] + step`` or
         ``x[flat] - step`` so that the rounding is the reference's."""
         raise NotImplementedError
+
+    def evaluate_element_moves(self, fn: Callable, flat: int, moves: Sequence[tuple]) -> list:
+        """:meth:`evaluate_element` at each ``(step, sign)`` of ``moves`` in turn: one
+        tuple of outputs per move."""
+        return [self.evaluate_element(fn, flat, step, sign) for step, sign in moves]
 
     def evaluate_direction(self, fn: Callable, step, sign: int) -> tuple:
         """Outputs of ``fn`` with the whole input moved by ``sign * step`` (``step`` an

@@ -328,6 +328,19 @@ class _InPlacePerturber(Perturber):
         finally:
             target.copy_(original)
 
+    def evaluate_element_moves(self, fn, flat, moves) -> list:
+        # as evaluate_element, with the entry found and saved once for all the moves
+        target = self._entry(flat)
+        original = target.clone()
+        values = []
+        try:
+            for step, sign in moves:
+                target.copy_(original - step if sign < 0 else original + step)
+                values.append(_detached_outputs(self._as_tuple, fn(*self._arguments())))
+            return values
+        finally:
+            target.copy_(original)
+
     def evaluate_elements(self, fn, flats, deltas) -> tuple:
         """Outputs of ``fn`` with each element ``flats[i]`` moved to ``x - deltas[i]``
         (Python floats) and the others untouched: a few entries written, not the whole

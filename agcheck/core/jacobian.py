@@ -32,6 +32,10 @@ PROBE_SEED = 67280421310721
 
 
 def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
+    if before.shape == after.shape and before.dtype == after.dtype:
+        return
+    if callable(index):
+        index = index()
     where = f"on index {index} " if index is not None else ""
     if tuple(before.shape) != tuple(after.shape):
         raise AssertionError(
@@ -49,7 +53,8 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
     """The stencil's derivative estimate for every array output, flattened (None otherwise).
 
     ``values[i]`` are the outputs of ``fn`` at ``x + stencil.offsets[i] * eps``; with the
-    central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``.
+    central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``. ``index`` (the moved
+    element, for messages) may be a callable that returns it when a message needs it.
     """
     result = []
     for outs in zip(*values):
@@ -70,13 +75,13 @@ def _evaluations(stencil, evaluate, step):
 
 
 def _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil):
-    index = perturber.index(flat)
+    def index():
+        return perturber.index(flat)
+
     differences = []
     for step in (eps, eps * 1j) if complex_input else (eps,):
-        values = []
-        for m in stencil.offsets:  # a loop, not a helper: fn runs two frames below (see evaluate_element)
-            values.append(perturber.evaluate_element(fn, flat, abs(m) * step if abs(m) != 1 else step,
-                                                     1 if m > 0 else -1))
+        moves = [(abs(m) * step if abs(m) != 1 else step, 1 if m > 0 else -1) for m in stencil.offsets]
+        values = perturber.evaluate_element_moves(fn, flat, moves)
         differences.append(stencil_difference(be, values, eps, stencil, index))
     if not complex_input:
         return differences[0]
@@ -207,21 +212,20 @@ def _stack_gradients(be, grads_per_cotangent, n_cots: int, inputs: Sequence, sha
     as it comes (see :mod:`agcheck.core.row_block`)."""
     # each Jacobian is filled along the fast axis, one cotangent's row at a time, then
     # viewed transposed: far cheaper than writing n_cotangents strided columns
-    blocks = [RowBlock(be, n_cots, be.numel(x), x, x.dtype) for x in inputs]
+    sizes = [be.numel(x) for x in inputs]
+    blocks = [RowBlock(be, n_cots, n, x, x.dtype) for x, n in zip(inputs, sizes)]
     for grads in grads_per_cotangent:
         for i, (x, g) in enumerate(zip(inputs, grads)):
             if g is None:
-                blocks[i].add(be.zeros((be.numel(x),), like=x))
+                blocks[i].add(be.zeros((sizes[i],), like=x))
                 continue
-            if tuple(g.shape) != tuple(x.shape):
+            if g.shape != x.shape and tuple(g.shape) != tuple(x.shape):
                 shape_report.sizes_ok = False
             elif g.dtype != x.dtype:
                 shape_report.dtypes_ok = False
             flat = be.flatten(be.to_dense(g))
-            if be.numel(flat) != be.numel(x):
-                raise AssertionError(
-                    f"a gradient has {be.numel(flat)} elements but its input has {be.numel(x)}"
-                )
+            if be.numel(flat) != sizes[i]:
+                raise AssertionError(f"a gradient has {be.numel(flat)} elements but its input has {sizes[i]}")
             blocks[i].add(flat if flat.dtype == x.dtype else be.astype(flat, x.dtype))
     return [be.transpose(block.result()) for block in blocks]
 
@@ -262,7 +266,7 @@ def analytical_jacobians_reverse(be, trace, output_position: int, inputs: Sequen
     n = len(columns)
 
     def rows():
-        return (trace.vjp([output_position], [be.one_hot(out, j)]) for j in columns)
+        return trace.unit_vjps(output_position, columns, be.one_hot)
 
     if not checks:
         return _stack_gradients(be, rows(), n, inputs, GradientShape())

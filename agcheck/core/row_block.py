@@ -16,6 +16,9 @@ __all__ = ["RowBlock"]
 #: rows held before they are written into the block together (one write per row costs
 #: more than the row on small checks; a few held rows leave reusable holes only)
 PENDING_ROWS = 32
+#: blocks of fewer entries are stacked at the end (no block): too small to matter to the
+#: allocator, and allocating and filling a block costs more than the stack on small checks
+SMALL_BLOCK_ENTRIES = 4096
 
 
 class RowBlock:
@@ -27,7 +30,8 @@ class RowBlock:
 
     def __init__(self, be, n_rows: int, n_cols: int, like, dtype):
         self._be, self._n_cols, self._like, self._dtype = be, n_cols, like, dtype
-        self._block = be.row_block(n_rows, n_cols, like, dtype) if n_rows else None
+        small = n_rows * n_cols < SMALL_BLOCK_ENTRIES
+        self._block = be.row_block(n_rows, n_cols, like, dtype) if n_rows and not small else None
         self._rows: list = []  # not yet written (all rows, without a block)
         self._written = 0
 
