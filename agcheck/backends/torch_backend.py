@@ -13,7 +13,7 @@ import torch.autograd.forward_ad as fwAD
 
 from agcheck.backends.base import Backend, Trace
 
-from agcheck.backends import torch_errors, torch_sparse
+from agcheck.backends import torch_engine, torch_errors, torch_sparse
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -55,16 +55,32 @@ _FEWER_PASSES_NUMEL = 4096
 
 
 class TorchTrace(Trace):
-    """Outputs carrying torch's autograd graph, differentiated with ``autograd.grad``."""
+    """Outputs carrying torch's autograd graph, differentiated by its engine (``torch_engine``)."""
 
     def __init__(self, outputs: tuple, inputs: list):
         super().__init__(outputs)
         self.inputs = inputs
+        self._inputs = tuple(inputs)
 
     def vjp(self, output_positions, cotangents) -> list:
-        outs = [self.outputs[p] for p in output_positions]
-        cotangents = [_fresh(c) for c in cotangents]
-        return list(torch.autograd.grad(outs, self.inputs, cotangents, retain_graph=True, allow_unused=True))
+        outs = tuple(self.outputs[p] for p in output_positions)
+        return list(torch_engine.vjp(outs, self._inputs, tuple(_fresh(c) for c in cotangents)))
+
+    def unit_vjps(self, output_position, columns, one_hot):
+        out = self.outputs[output_position]
+        if out.layout != torch.strided:
+            yield from super().unit_vjps(output_position, columns, one_hot)
+            return
+        # torch's checker's loop: one cotangent, set to each one-hot in turn, and a copy of
+        # each gradient (which may be that very cotangent, or a view of it)
+        cotangent = torch.zeros_like(out, memory_format=torch.legacy_contiguous_format)
+        flat = cotangent.view(-1)
+        outs, cotangents = (out,), (cotangent,)
+        for j in columns:
+            flat.zero_()
+            flat[j] = 1
+            grads = torch_engine.vjp(outs, self._inputs, cotangents)
+            yield [None if g is None else g.clone() for g in grads]
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
         with warnings.catch_warnings():
@@ -283,8 +299,8 @@ class TorchBackend(Backend):
         marked = [make_undefined(o) if undefined == "all" or k in undefined else o for k, o in enumerate(outs)]
         zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format) for o in marked]
         # a trace's graph may be differentiated again (one undefined output at a time)
-        return list(torch.autograd.grad(marked, [args[p] for p in checked], zeros, allow_unused=True,
-                                        retain_graph=trace is not None))
+        return list(torch_engine.vjp(tuple(marked), tuple(args[p] for p in checked), tuple(zeros),
+                                     retain_graph=trace is not None))
 
     # -- batched forms (the batched engine) ---------------------------------------------
     def evaluate_batch(self, fn, args, position, stacked):
