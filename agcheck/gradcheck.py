@@ -13,7 +13,7 @@ from agcheck.core.problem import resolve_problem
 from agcheck.core.stencil import auto_eps, get_stencil
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
-from agcheck.options import GradcheckOptions
+from agcheck.options import GradcheckOptions, gradcheck_options
 from agcheck.progress import Progress
 from agcheck.report.collect import complete_report
 from agcheck.report.errors import GradcheckError
@@ -117,7 +117,7 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     AssertionError, ValueError, RuntimeError, TypeError
         Invalid keyword combinations or inputs, as torch raises them.
     """
-    opts = GradcheckOptions(
+    opts = gradcheck_options(
         eps=eps, atol=atol, rtol=rtol, raise_exception=raise_exception, nondet_tol=nondet_tol,
         check_undefined_grad=check_undefined_grad, check_grad_dtypes=check_grad_dtypes,
         check_batched_grad=check_batched_grad, check_batched_forward_grad=check_batched_forward_grad,
@@ -244,7 +244,7 @@ class _Run:
         be = self.be
         checked = be.checked_positions(self.args)
         devices = {}
-        for idx in checked:
+        for idx in checked if len(checked) > 1 else ():
             devices.setdefault(be.device_name(self.args[idx]), idx)
         if len(devices) > 1:
             listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())

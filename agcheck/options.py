@@ -1,10 +1,11 @@
 """The keywords of a check, as one frozen and validated object."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
-__all__ = ["GradcheckOptions", "GradgradcheckOptions"]
+__all__ = ["GradcheckOptions", "GradgradcheckOptions", "gradcheck_options"]
 
 
 def _check_number(name: str, value, *, positive: bool) -> float:
@@ -79,6 +80,21 @@ class GradcheckOptions:
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _validated(**keywords) -> GradcheckOptions:
+    return GradcheckOptions(**keywords)
+
+
+def gradcheck_options(**keywords) -> GradcheckOptions:
+    """``GradcheckOptions(**keywords)``: the options are frozen, so the same keywords give
+    the same object, validated once."""
+    try:
+        hash(tuple(keywords.values()))
+    except TypeError:  # an unhashable value: validated (and refused, or kept) afresh
+        return GradcheckOptions(**keywords)
+    return _validated(**keywords)
 
 
 @dataclass(frozen=True)

@@ -115,3 +115,22 @@ def test_torch_allclose_shortcut_agrees_with_torch_allclose(values, shifts, tole
     with mock.patch.object(torch_backend, "_FEWER_PASSES_NUMEL", 1):
         assert be.allclose(a, b, rtol, atol) == bool(torch.allclose(a, b, rtol, atol))
         assert be.allclose(b, a, rtol, atol) == bool(torch.allclose(b, a, rtol, atol))
+
+
+def test_inference_follows_a_backend_registered_again(monkeypatch):
+    """Inference remembers which backends own an input type; registering a backend again
+    (or importing another framework) makes it ask afresh."""
+    from agcheck.backends import registry
+
+    assert infer_backend((make(3),)).name == "torch"
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_INSTANCES", dict(registry._INSTANCES))
+    fake = type(registry.get_backend("numpy"))()
+    fake.owns = lambda x: isinstance(x, torch.Tensor)
+    fake.name = "fake"
+    registry._INSTANCES["fake"] = fake
+    registry.register_backend("fake", "agcheck.backends.numpy_backend", "torch", "fake")
+    with pytest.raises(TypeError, match="inputs mix arrays of several frameworks"):
+        infer_backend((make(3),))
+    monkeypatch.undo()  # the registry as it was: asked afresh again
+    assert infer_backend((make(3),)).name == "torch"

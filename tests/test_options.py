@@ -75,3 +75,25 @@ def test_every_torch_keyword_with_torchs_default(name):
             continue
         assert key in ours, f"{name} lacks torch's keyword {key}"
         assert ours[key].default == param.default, f"{name}({key}=...) default differs from torch's"
+
+
+def test_the_same_keywords_give_the_same_validated_options():
+    from agcheck.options import gradcheck_options
+
+    a = gradcheck_options(atol=1e-4, fast_mode=True)
+    assert a is gradcheck_options(atol=1e-4, fast_mode=True)
+    assert a == GradcheckOptions(atol=1e-4, fast_mode=True)
+    assert gradcheck_options(atol=1e-4) is not a
+    # equal but of another type is validated afresh: True is no byte count, 1 is
+    assert gradcheck_options(memory_budget=1).memory_budget == 1
+    with pytest.raises(ValueError, match="memory_budget must be a positive number of bytes"):
+        gradcheck_options(memory_budget=True)
+    with pytest.raises(ValueError, match="eps must be a finite number"):
+        gradcheck_options(eps=math.nan)
+
+
+def test_unhashable_keywords_are_validated_without_the_cache():
+    from agcheck.options import gradcheck_options
+
+    with pytest.raises(TypeError, match="atol must be a real number"):
+        gradcheck_options(atol=[1e-5])

@@ -18,14 +18,22 @@ _INSTANCES: dict[str, Backend] = {}
 #: chosen by inference only when no other framework's arrays are among the inputs
 _FALLBACK = "numpy"
 
+#: per type of input leaf, the backends that own it, for the frameworks imported when it
+#: was filled (``owns`` answers from the type alone); refilled when that set changes
+_OWNERS: dict[type, tuple] = {}
+_OWNERS_IMPORTED: tuple | None = None
+
 
 def register_backend(name: str, module: str, framework: str, extra: str) -> None:
     """Register a backend by the module that defines it (imported lazily).
 
     The module must define ``BACKEND_CLASS`` (a :class:`Backend` subclass) and
-    ``owns(x) -> bool`` that answers without importing the framework when possible.
+    ``owns(x) -> bool`` that answers without importing the framework when possible, from
+    ``type(x)`` alone (inference remembers the answer per type).
     """
+    global _OWNERS_IMPORTED
     _REGISTRY[name] = (module, framework, extra)
+    _OWNERS_IMPORTED = None  # inference asks the backends again
 
 
 register_backend("torch", "agcheck.backends.torch_backend", "torch", "torch")
@@ -99,24 +107,44 @@ def _leaves(x) -> Iterator:
         yield x
 
 
+def _owners_cache() -> dict:
+    import sys
+
+    global _OWNERS, _OWNERS_IMPORTED
+    imported = tuple(name for name, (_, framework, _) in _REGISTRY.items() if framework in sys.modules)
+    if imported != _OWNERS_IMPORTED:
+        _OWNERS, _OWNERS_IMPORTED = {}, imported
+    return _OWNERS
+
+
+def _owners(leaf) -> tuple:
+    """The names of the backends of imported frameworks that own ``leaf``."""
+    names = []
+    for name in _OWNERS_IMPORTED:
+        try:
+            backend = get_backend(name)
+        except BackendUnavailableError:
+            continue
+        if backend.owns(leaf):
+            names.append(name)
+    return tuple(names)
+
+
 def infer_backend(inputs, **options) -> Backend:
     """The backend whose framework made the arrays in ``inputs``.
 
     Only frameworks that are already imported are asked, so inference never imports one.
     """
-    import sys
-
     found: dict[str, Backend] = {}
+    owners = _owners_cache()
     for leaf in _leaves(inputs):
-        for name, (module, framework, _) in _REGISTRY.items():
-            if framework not in sys.modules or name in found:
-                continue
-            try:
-                backend = get_backend(name)
-            except BackendUnavailableError:
-                continue
-            if backend.owns(leaf):
-                found[name] = backend
+        kind = type(leaf)
+        names = owners.get(kind)
+        if names is None:
+            names = owners[kind] = _owners(leaf)
+        for name in names:
+            if name not in found:
+                found[name] = _INSTANCES.get(name) or get_backend(name)
     if len(found) > 1 and _FALLBACK in found:
         # NumPy arrays beside another framework's arrays are pass-through arguments
         del found[_FALLBACK]
