@@ -135,6 +135,25 @@ def test_broken_backwards_fail_with_the_reference_verdict(name):
     assert run(fn, (x_of(),), engine="reference").verdict is False
 
 
+@pytest.mark.parametrize("setup_pending", [False, True])
+def test_compressed_vjps_are_plain_while_batching_them_would_cost_a_setup(monkeypatch, setup_pending):
+    """The compressed pass's few dozen VJPs are batched once batching is set up; before
+    (torch: the first batched VJP of a process imports sympy) they are plain VJPs, and
+    the pass decides the same: the right backward passes, the wrong one fails."""
+    from agcheck.backends.torch_backend import TorchBackend, TorchTrace
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.7 if setup_pending else 0.0)
+    batched = []
+    original = TorchTrace.vjp_batched
+    monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
+    fn, make = CORRECT["two inputs"]
+    r = run(fn, make())
+    assert r.verdict is True and "passed" in compressed_log(r) and not r.engine_fallbacks
+    assert bool(batched) is not setup_pending
+    r = run(BROKEN["one spurious entry"], (x_of(),))
+    assert r.verdict is False and compressed_log(r) and "passed" not in compressed_log(r)
+
+
 def test_stray_masked_by_rtol_is_caught_by_the_rounds():
     r = run(BROKEN["stray masked by rtol"], (x_of(),))
     assert compressed_log(r) == ["disagreement: output 0, input 0: rounds disagree"]

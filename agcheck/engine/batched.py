@@ -348,26 +348,14 @@ def _projection_vjps(p):
 def _vjps_of(p, k, stacked, count, batched=None) -> list:
     """VJPs of output ``k`` with each of ``count`` stacked cotangents, batched or looped
     as the first pass found cheaper (or as ``batched`` says)."""
-    be = p.be
     if batched is None:
         batched = p._vjp_batched is not False
-    if batched:
-        return p.trace.vjp_batched(k, stacked)
-    per_input, shapes = None, None
-    for c in range(count):
-        grads = p.run.user_errors.call(p.trace.vjp, [k], [stacked[c]])
-        if per_input is None:
-            shapes = [None if g is None else tuple(g.shape) for g in grads]
-            per_input = [None if g is None else RowBlock(be, count, be.numel(g), g, g.dtype) for g in grads]
-        for i, g in enumerate(grads):
-            if g is None:
-                per_input[i] = None  # undefined for one cotangent: None, as for all
-            elif per_input[i] is not None:
-                if tuple(g.shape) != shapes[i]:
-                    raise EngineFallback("VJPs of one input differ in shape")
-                per_input[i].add(be.flatten(g))
-    return [None if block is None else be.reshape(block.result(), (count, *shape))
-            for block, shape in zip(per_input, shapes)]
+    try:
+        return p.vjps(k, stacked, count, batched)
+    except ValueError as e:
+        if e in p.run.user_errors:
+            raise
+        raise EngineFallback(str(e)) from None
 
 
 def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:

@@ -219,7 +219,14 @@ class CompressedSides:
         out_np_dtype = be.to_numpy(out).dtype
         stacked = be.reshape(be.array_like(cot.reshape(n_rounds * n_colours, m).astype(out_np_dtype), out),
                              (n_rounds * n_colours, *out.shape))
-        grads = self.p.trace.vjp_batched(k, stacked)
+        # a few dozen VJPs: batched, unless the first batched one would pay a one-time
+        # setup (torch: importing sympy, 0.3-0.7 s) that these plain VJPs do not need
+        try:
+            grads = self.p.vjps(k, stacked, n_rounds * n_colours, batched=not be.batched_vjp_setup_cost())
+        except ValueError as e:
+            if e in self.p.run.user_errors:
+                raise
+            raise NotCompressible(str(e)) from None
         result = []
         for g, q in zip(grads, self.checked):
             x = self.p.args[q]

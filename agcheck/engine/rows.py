@@ -15,6 +15,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
+from agcheck.core.row_block import RowBlock
 from agcheck.engine import cost, memory
 from agcheck.engine.outcome import EngineEvent
 
@@ -193,6 +194,30 @@ class Problem:
             self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batching setup not worth it"))
             return True
         return False
+
+    def vjps(self, k, stacked, count, batched: bool) -> list:
+        """Per checked input, the VJPs of output ``k`` with each of the ``count`` stacked
+        cotangents, stacked the same way (``None``: undefined): in one batched call, or
+        one plain VJP each. Raises ``ValueError`` when the plain VJPs of an input differ
+        in shape."""
+        if batched:
+            return self.trace.vjp_batched(k, stacked)
+        be = self.be
+        per_input, shapes = None, None
+        for c in range(count):
+            grads = self.run.user_errors.call(self.trace.vjp, [k], [stacked[c]])
+            if per_input is None:
+                shapes = [None if g is None else tuple(g.shape) for g in grads]
+                per_input = [None if g is None else RowBlock(be, count, be.numel(g), g, g.dtype) for g in grads]
+            for i, g in enumerate(grads):
+                if g is None:
+                    per_input[i] = None  # undefined for one cotangent: None, as for all
+                elif per_input[i] is not None:
+                    if tuple(g.shape) != shapes[i]:
+                        raise ValueError("VJPs of one input differ in shape")
+                    per_input[i].add(be.flatten(g))
+        return [None if block is None else be.reshape(block.result(), (count, *shape))
+                for block, shape in zip(per_input, shapes)]
 
     def evaluate_looped(self, pos, deltas, outputs) -> dict:
         """``{k: (len(deltas), m) NumPy array}``: ``fn`` with ``args[pos]`` moved by each row
