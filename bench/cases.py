@@ -252,6 +252,14 @@ def _build_small_fast(quick, opts):
     return net, (_randn((2, 1, 8, 8), g=_gen()),), {"fast_mode": True}
 
 
+def _flip_scale(t):
+    return t.flip(-1) * t.sum()
+
+
+def _build_small_slow(quick, opts):
+    return _flip_scale, (_randn((3, 3), g=_gen()),), {}
+
+
 # ---- OpInfo sweep --------------------------------------------------------------------
 
 
@@ -428,6 +436,8 @@ CASES: dict[str, Case] = {
              lambda q, o: f"the same with one backward entry 10% off (fails), slow"),
         Case("small_fast", "gradcheck", _build_small_fast,
              lambda q, o: "2 conv 3x3 + BN on 2x1x8x8, fast_mode"),
+        Case("small_slow", "gradcheck", _build_small_slow,
+             lambda q, o: "flip(t) * t.sum() on 3x3 (a millisecond check), slow"),
         Case("opinfo_sweep", "sweep", _build_sweep, _describe_sweep),
     ]
 }
