@@ -141,7 +141,9 @@ def test_compressed_vjps_are_plain_while_batching_them_would_cost_a_setup(monkey
     (torch: the first batched VJP of a process imports sympy) they are plain VJPs, and
     the pass decides the same: the right backward passes, the wrong one fails."""
     from agcheck.backends.torch_backend import TorchBackend, TorchTrace
+    from agcheck.engine import cost
 
+    monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
     monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.7 if setup_pending else 0.0)
     batched = []
     original = TorchTrace.vjp_batched
@@ -152,6 +154,24 @@ def test_compressed_vjps_are_plain_while_batching_them_would_cost_a_setup(monkey
     assert bool(batched) is not setup_pending
     r = run(BROKEN["one spurious entry"], (x_of(),))
     assert r.verdict is False and compressed_log(r) and "passed" not in compressed_log(r)
+
+
+def test_plain_vjps_stop_once_they_have_cost_the_setup(monkeypatch):
+    from agcheck.backends.torch_backend import TorchBackend, TorchTrace
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.02)
+    batched = []
+    original = TorchTrace.vjp_batched
+    monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
+    fn, make = CORRECT["elementwise"]
+    while not batched:
+        before = cost._spent_instead_of_setup
+        assert before < 0.02
+        assert run(fn, make()).verdict is True
+        assert batched or cost._spent_instead_of_setup > before  # each plain pass counts its time
+    assert cost._spent_instead_of_setup >= 0.02
 
 
 def test_stray_masked_by_rtol_is_caught_by_the_rounds():

@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from agcheck.engine import cost
 from agcheck.engine.outcome import EngineEvent
 
 __all__ = ["try_compressed_reverse", "try_compressed_forward", "MIN_ENTRIES", "RANDOM_ROUNDS"]
@@ -220,13 +221,17 @@ class CompressedSides:
         stacked = be.reshape(be.array_like(cot.reshape(n_rounds * n_colours, m).astype(out_np_dtype), out),
                              (n_rounds * n_colours, *out.shape))
         # a few dozen VJPs: batched, unless the first batched one would pay a one-time
-        # setup (torch: importing sympy, 0.3-0.7 s) that these plain VJPs do not need
+        # setup (torch: importing sympy, 0.3-0.7 s) that plain VJPs have not yet cost
+        batched = cost.setup_worth_paying(be.batched_vjp_setup_cost())
+        began = time.perf_counter()
         try:
-            grads = self.p.vjps(k, stacked, n_rounds * n_colours, batched=not be.batched_vjp_setup_cost())
+            grads = self.p.vjps(k, stacked, n_rounds * n_colours, batched=batched)
         except ValueError as e:
             if e in self.p.run.user_errors:
                 raise
             raise NotCompressible(str(e)) from None
+        if not batched:
+            cost.spent_instead_of_setup(time.perf_counter() - began)
         result = []
         for g, q in zip(grads, self.checked):
             x = self.p.args[q]

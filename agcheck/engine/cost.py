@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 __all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "seconds_of", "batching_loses",
-           "batching_saves_nothing", "next_batch_size", "slope_per_row"]
+           "batching_saves_nothing", "next_batch_size", "slope_per_row", "setup_worth_paying", "spent_instead_of_setup"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
@@ -122,3 +122,21 @@ def next_batch_size(per_row: dict[int, float], looped: float, chunk: int, *, sec
     if best == last and last < chunk:
         return chunk, ""
     return best, ""
+
+
+#: seconds this process has spent computing plainly what a batched call would compute
+#: after a one-time setup (e.g. an import)
+_spent_instead_of_setup = 0.0
+
+
+def setup_worth_paying(setup_seconds: float) -> bool:
+    """Whether to pay a one-time setup now: once the plain calls made to avoid it have
+    cost as much as the setup (rent until the rent reaches the price, then buy: never
+    more than twice the better choice, whatever the checks to come)."""
+    return setup_seconds <= 0 or _spent_instead_of_setup >= setup_seconds
+
+
+def spent_instead_of_setup(seconds: float) -> None:
+    """Count ``seconds`` of plain calls made to avoid a one-time setup."""
+    global _spent_instead_of_setup
+    _spent_instead_of_setup += seconds
