@@ -166,12 +166,13 @@ def test_plain_vjps_stop_once_they_have_cost_the_setup(monkeypatch):
     original = TorchTrace.vjp_batched
     monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
     fn, make = CORRECT["elementwise"]
-    while not batched:
+    for _ in range(100):
         before = cost._spent_instead_of_setup
-        assert before < 0.02
         assert run(fn, make()).verdict is True
-        assert batched or cost._spent_instead_of_setup > before  # each plain pass counts its time
-    assert cost._spent_instead_of_setup >= 0.02
+        if batched:
+            break
+        assert cost._spent_instead_of_setup > before  # each plain pass counts its time
+    assert batched and cost._spent_instead_of_setup >= 0.02  # batched only once the rent reached the price
 
 
 def test_stray_masked_by_rtol_is_caught_by_the_rounds():
