@@ -540,3 +540,24 @@ def test_five_point_stencil_and_auto_eps_on_float32():
         assert not agcheck.gradcheck(np.tanh, (x,), backend="numpy", eps="auto", stencil="five-point",
                                      vjp=lambda i, c: ((1 - np.tanh(i[0]) ** 2) * c[0] * 1.01,),
                                      raise_exception=False)
+
+
+@pytest.mark.parametrize("scale, passes", [(1.0, True), (1.1, False)])
+def test_derivatives_written_into_one_reused_buffer_are_copied(scale, passes):
+    """A vjp/jvp that fills and returns the same preallocated array at every call (the
+    ``out=`` style): each result is copied as it comes, as torch's checker copies each
+    gradient, so the right derivative passes and a wrong one fails."""
+    grad_buf, tangent_buf = np.empty(4), np.empty(4)
+
+    def vjp(inputs, cotangents):
+        np.multiply(np.cos(inputs[0]) * scale, cotangents[0], out=grad_buf)
+        return (grad_buf,)
+
+    def jvp(inputs, tangents):
+        np.multiply(np.cos(inputs[0]) * scale, tangents[0], out=tangent_buf)
+        return (tangent_buf,)
+
+    x = np.random.default_rng(3).standard_normal(4)
+    for kw in (dict(), dict(check_forward_ad=True), dict(fast_mode=True)):
+        got = agcheck.gradcheck(np.sin, (x,), backend="numpy", vjp=vjp, jvp=jvp, raise_exception=False, **kw)
+        assert got is passes, kw

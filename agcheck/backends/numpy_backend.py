@@ -403,8 +403,9 @@ class NumpyBackend(Backend):
                     f"{p}); the gradient of a real input is real (take the real part)",
                     check="grad_dtype", details={"input": i},
                 )
-            if g.dtype != x.dtype:  # as torch's autograd engine does
-                g = self.astype(g, x.dtype)
+            # converted as torch's autograd engine does, else copied as torch's checker copies
+            # each gradient: a vjp may hand back one buffer it fills again at every call
+            g = self.astype(g, x.dtype) if g.dtype != x.dtype else self.clone(g)
             result.append(g)
         return result
 
@@ -441,8 +442,7 @@ class NumpyBackend(Backend):
                     f"jvp returned a complex tangent ({t.dtype}) for the real output {k}",
                     check="grad_dtype", details={"output": k},
                 )
-            if t.dtype != o.dtype:
-                t = self.astype(t, o.dtype)
+            t = self.astype(t, o.dtype) if t.dtype != o.dtype else self.clone(t)  # a copy, as above
             mapped.append(t)
         return mapped
 
