@@ -126,3 +126,15 @@ def test_a_backward_returning_its_cotangent_passes_and_a_wrong_one_fails(monkeyp
         else:
             with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
                 agcheck.gradcheck(_Passthrough.apply, (x,), engine=engine)
+
+
+def test_an_entry_point_that_fails_the_known_backward_is_not_used(monkeypatch):
+    class Changed:  # an engine whose run_backward takes other arguments
+        @staticmethod
+        def run_backward(*args):
+            raise TypeError("run_backward(): incompatible function arguments")
+
+    monkeypatch.setattr(torch_engine, "_ENGINE", Changed())
+    assert torch_engine._direct_call_works() is False
+    monkeypatch.undo()
+    assert torch_engine._direct_call_works() is True

@@ -8,7 +8,8 @@ need none of it, so :func:`vjp` hands them to the engine as ``grad`` would, with
 keyword values (``allow_unused=True``, no ``create_graph``), and the same thread-local
 context. Whatever it cannot vouch for goes through ``torch.autograd.grad`` itself: tensor
 subclasses (``__torch_function__``), cotangents that do not match their outputs, autograd
-debug logging, and a torch without these internals.
+debug logging, and a torch without these internals (or whose entry point fails a tiny
+known backward at import).
 """
 from __future__ import annotations
 
@@ -31,7 +32,25 @@ def direct_engine_available() -> bool:
     return _ENGINE is not None and hasattr(_ENGINE, "run_backward") and _STASH is not None and _UNSTASH is not None
 
 
-_DIRECT = direct_engine_available()
+def _direct_call_works() -> bool:
+    """One tiny backward through the direct call, checked against its known gradient: a
+    torch whose entry point takes other arguments leaves every VJP to ``grad``."""
+    if not direct_engine_available():
+        return False
+    try:
+        x = torch.ones(2, dtype=torch.float64, requires_grad=True)
+        out, cot = x * 3, torch.ones(2, dtype=torch.float64)
+        _STASH("context", contextvars.copy_context())
+        try:
+            (g,) = _ENGINE.run_backward((out,), (cot,), False, False, (x,), True, False)
+        finally:
+            _UNSTASH("context")
+        return bool(torch.equal(g, torch.full((2,), 3.0, dtype=torch.float64)))
+    except Exception:  # noqa: BLE001 - any surprise: torch.autograd.grad for every VJP
+        return False
+
+
+_DIRECT = _direct_call_works()
 
 
 def _matching(outputs: tuple, cotangents: tuple) -> bool:
