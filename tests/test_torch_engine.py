@@ -138,3 +138,7 @@ def test_an_entry_point_that_fails_the_known_backward_is_not_used(monkeypatch):
     assert torch_engine._direct_call_works() is False
     monkeypatch.undo()
     assert torch_engine._direct_call_works() is True
+    with torch.no_grad():  # the probe does not depend on the grad mode it runs under
+        assert torch_engine._direct_call_works() is True
+    with torch.inference_mode():
+        assert torch_engine._direct_call_works() is True

@@ -38,13 +38,15 @@ def _direct_call_works() -> bool:
     if not direct_engine_available():
         return False
     try:
-        x = torch.ones(2, dtype=torch.float64, requires_grad=True)
-        out, cot = x * 3, torch.ones(2, dtype=torch.float64)
-        _STASH("context", contextvars.copy_context())
-        try:
-            (g,) = _ENGINE.run_backward((out,), (cot,), False, False, (x,), True, False)
-        finally:
-            _UNSTASH("context")
+        # whatever grad mode the import happens under (a first check inside no_grad)
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.ones(2, dtype=torch.float64, requires_grad=True)
+            out, cot = x * 3, torch.ones(2, dtype=torch.float64)
+            _STASH("context", contextvars.copy_context())
+            try:
+                (g,) = _ENGINE.run_backward((out,), (cot,), False, False, (x,), True, False)
+            finally:
+                _UNSTASH("context")
         return bool(torch.equal(g, torch.full((2,), 3.0, dtype=torch.float64)))
     except Exception:  # noqa: BLE001 - any surprise: torch.autograd.grad for every VJP
         return False
