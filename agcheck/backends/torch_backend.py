@@ -57,14 +57,13 @@ _FEWER_PASSES_NUMEL = 4096
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated by its engine (``torch_engine``)."""
 
-    def __init__(self, outputs: tuple, inputs: list):
+    def __init__(self, outputs: tuple, inputs):
         super().__init__(outputs)
-        self.inputs = inputs
-        self._inputs = tuple(inputs)
+        self.inputs = tuple(inputs)
 
     def vjp(self, output_positions, cotangents) -> list:
         outs = tuple(self.outputs[p] for p in output_positions)
-        return list(torch_engine.vjp(outs, self._inputs, tuple(_fresh(c) for c in cotangents)))
+        return list(torch_engine.vjp(outs, self.inputs, tuple(_fresh(c) for c in cotangents)))
 
     def unit_vjps(self, output_position, columns, one_hot):
         out = self.outputs[output_position]
@@ -79,7 +78,7 @@ class TorchTrace(Trace):
         for j in columns:
             flat.zero_()
             flat[j] = 1
-            grads = torch_engine.vjp(outs, self._inputs, cotangents)
+            grads = torch_engine.vjp(outs, self.inputs, cotangents)
             yield [None if g is None else g.clone() for g in grads]
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:

@@ -69,21 +69,28 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
     return result
 
 
+def _moves(stencil, step) -> list:
+    """``(step, sign)`` of every point of the stencil, in evaluation order."""
+    return [(abs(m) * step if abs(m) != 1 else step, 1 if m > 0 else -1) for m in stencil.offsets]
+
+
 def _evaluations(stencil, evaluate, step):
     """``fn`` at every point of the stencil; ``evaluate(step, sign)`` moves the input."""
-    return [evaluate(abs(m) * step if abs(m) != 1 else step, 1 if m > 0 else -1) for m in stencil.offsets]
+    return [evaluate(s, sign) for s, sign in _moves(stencil, step)]
 
 
-def _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil):
+def _element_moves(stencil, eps, complex_input) -> list:
+    """Each element's moves: along the real axis, then (complex input) the imaginary one."""
+    return [_moves(stencil, step) for step in ((eps, eps * 1j) if complex_input else (eps,))]
+
+
+def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil):
     def index():
         return perturber.index(flat)
 
-    differences = []
-    for step in (eps, eps * 1j) if complex_input else (eps,):
-        moves = [(abs(m) * step if abs(m) != 1 else step, 1 if m > 0 else -1) for m in stencil.offsets]
-        values = perturber.evaluate_element_moves(fn, flat, moves)
-        differences.append(stencil_difference(be, values, eps, stencil, index))
-    if not complex_input:
+    differences = [stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index)
+                   for moves in moves_per_axis]
+    if len(differences) == 1:
         return differences[0]
     d_real, d_imag = differences
     # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
@@ -100,9 +107,9 @@ def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position
     Failure reports use it to re-evaluate entries with other steps
     (:mod:`agcheck.report.collect`).
     """
-    complex_input = be.is_complex(args[position])
+    moves = _element_moves(stencil, eps, be.is_complex(args[position]))
     with be.perturber(args, position) as perturber:
-        return [_columns_for_element(be, perturber, fn, int(flat), eps, complex_input, stencil)[output_position]
+        return [_columns_for_element(be, perturber, fn, int(flat), eps, moves, stencil)[output_position]
                 for flat in elements]
 
 
@@ -127,7 +134,7 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     their rows are returned, in that order.
     """
     x = args[position]
-    complex_input = be.is_complex(x)
+    moves = _element_moves(stencil, eps, be.is_complex(x))
     float_positions = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
     with be.perturber(args, position) as perturber:
         flats = range(perturber.numel) if elements is None else elements
@@ -136,7 +143,7 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
         rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
                 for k in float_positions}
         for flat in flats:
-            cols = _columns_for_element(be, perturber, fn, flat, eps, complex_input, stencil)
+            cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil)
             for k in float_positions:
                 rows[k].add(cols[k])
             if on_element is not None:
