@@ -193,3 +193,74 @@ def test_a_failing_check_hands_over_all_rows_moved_by_samples(monkeypatch):
     with pytest.raises(RuntimeError) as torchs:
         torch.autograd.gradcheck(_per_sample_cost, (x,))
     assert str(ours.value).startswith(str(torchs.value))
+
+
+def test_gaps_in_different_samples_are_moved_together_in_one_pass():
+    # a failing check's rows are finished gap by gap; a gap in one sample must share its
+    # calls with the counterparts in the other samples' gaps, bitwise as element by element
+    fn, count = _calls(_NotBatchable.apply)
+    x = _x()
+    run, p = _problem(fn, x)
+    assert p.samples(0) == B
+    eps = run.eps_for(x)
+    reference = jac.numerical_jacobians(run.be, _NotBatchable.apply, (x,), 0, p.outputs, eps, run.stencil)[0]
+    per_sample = x.numel() // B
+    spans = [(3, 40), (per_sample + 30, per_sample + 70), (2 * per_sample + 50, 3 * per_sample)]
+    before = count[0]
+    chunks = sorted(p._sample_row_chunks(0, spans, eps), key=lambda c: c[0])
+    positions = set(range(3, 40)) | set(range(30, 70)) | set(range(50, per_sample))  # 97 of 100
+    assert count[0] - before == 1 + 2 * len(positions)  # the unmoved call, then 2 per position
+    for begin, end in spans:
+        rows = torch.cat([c[2][0] for c in chunks if begin <= c[0] < end])
+        assert torch.equal(rows, reference[begin:end])
+    assert sum(c[1] - c[0] for c in chunks) == sum(e - b for b, e in spans)
+
+
+class _LastColumnOff(torch.autograd.Function):
+    """``sin`` whose backward is 1% off on the last element of each sample only (with
+    ``scale``), so that the first rows match and the mismatch shows in a later block."""
+
+    scale = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        d = g * x.cos()
+        d[:, -1] *= _LastColumnOff.scale
+        return d
+
+
+def _late_mismatch(x):
+    time.sleep(PER_SAMPLE_SECONDS * x.shape[0])
+    return _LastColumnOff.apply(x)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_rows_moved_together_are_all_kept_when_a_later_block_differs(monkeypatch, scale):
+    # the samples' blocks of one pass are computed together; the first that differs ends
+    # the pass, and the other samples' blocks must reach the reference engine, not be
+    # computed again (once per sample)
+    monkeypatch.setattr(_LastColumnOff, "scale", scale)
+    fn, count = _calls(_late_mismatch)
+    x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    r = run_check(fn, (x,))
+    assert r.verdict is (scale == 1.0)
+    assert ("numerical", "by samples") in [(e.path, e.decision) for e in r.engine_log]
+    # 2 calls per element of one sample (32), the probes and the trace; 2 more per element
+    # of each other sample (96) if their blocks were computed twice
+    assert count[0] < 32 + 40, count[0]
+    if scale != 1.0:
+        (fallback,) = r.engine_fallbacks
+        blocks = fallback.numerical[0]
+        covered = sum(stop - start for start, stop, _ in blocks)
+        assert covered >= 48  # samples 1 to 3 at least, exactly
+        with pytest.raises(agcheck.GradcheckError) as ours:
+            agcheck.gradcheck(_late_mismatch, (x,))
+        with pytest.raises(RuntimeError) as torchs:
+            torch.autograd.gradcheck(_late_mismatch, (x,))
+        assert str(ours.value).startswith(str(torchs.value))

@@ -271,9 +271,10 @@ class Problem:
                 done = max(done, blocks[s][1])
             if done < n:
                 gaps.append((done, n))
-            for lo, hi in gaps:
-                for _ in self._noted(q, self._sample_row_chunks(q, lo, hi, eps)):
-                    pass
+            # all gaps in one pass: a gap in one sample is moved together with its
+            # counterparts in the others, not in a call of its own
+            for _ in self._noted(q, self._sample_row_chunks(q, gaps, eps)):
+                pass
 
     def note_exact_columns(self, k, ranges, rows) -> None:
         """Note that ``rows`` (per checked input, NumPy ``(output numel, input numel)``)
@@ -290,9 +291,12 @@ class Problem:
     def _noted(self, pos, chunks):
         """``chunks`` (computed element by element), each noted as an exact block."""
         for chunk in chunks:
-            if self.keep_rows and chunk[1] > chunk[0]:
-                self._exact_blocks.setdefault(pos, {})[chunk[0]] = chunk
+            self._note(pos, chunk)
             yield chunk
+
+    def _note(self, pos, chunk) -> None:
+        if self.keep_rows and chunk[1] > chunk[0]:
+            self._exact_blocks.setdefault(pos, {})[chunk[0]] = chunk
 
     def _row_chunks(self, pos):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
@@ -450,11 +454,12 @@ class Problem:
         outs = self.run.user_errors.call(in_place, self.fn, flats, [step] * len(flats))
         return {k: self.be.to_numpy(outs[k]) for k in self.floats}
 
-    def _sample_row_chunks(self, pos, begin, end, eps):
-        """Rows ``begin:end``, each element moved together with its counterparts in the
-        other samples (one plain call per stencil point for all of them); each sample's
-        outputs give that sample's element's row, and the other samples' entries are what
-        a call moving the element alone gives them (:meth:`samples`)."""
+    def _sample_row_chunks(self, pos, spans, eps):
+        """Rows of the disjoint ``(begin, end)`` ``spans``, each element moved together
+        with its counterparts in the other samples that the spans also hold (one plain
+        call per stencil point for all of them); each sample's outputs give that sample's
+        element's row, and the other samples' entries are what a call moving the element
+        alone gives them (:meth:`samples`)."""
         be, x, stencil = self.be, self.args[pos], self.run.stencil
         b, n = self._samples[pos], be.numel(x)
         per_sample = n // b
@@ -470,33 +475,37 @@ class Problem:
             unreached = {k: _combined(stencil, [base[k]] * len(moves), eps) for k in self.floats}
             for i0 in range(0, per_sample, chunk):
                 i1 = min(per_sample, i0 + chunk)
-                ranges = [(s, max(begin, s * per_sample + i0), min(end, s * per_sample + i1)) for s in range(b)]
-                ranges = [(s, lo, hi) for s, lo, hi in ranges if lo < hi]
+                ranges = [(max(begin, s * per_sample + i0), min(end, s * per_sample + i1))
+                          for s in range(b) for begin, end in spans]
+                ranges = [(lo, hi) for lo, hi in ranges if lo < hi]
                 if not ranges:
                     continue
-                rows = {s: {k: np.tile(unreached[k], (hi - lo, 1)) for k in self.floats} for s, lo, hi in ranges}
-                starts = {s: lo for s, lo, hi in ranges}
+                rows = {lo: {k: np.tile(unreached[k], (hi - lo, 1)) for k in self.floats} for lo, hi in ranges}
                 for i in range(i0, i1):
-                    moved = [s * per_sample + i for s, lo, hi in ranges if lo <= s * per_sample + i < hi]
+                    moved = [(f, lo) for lo, hi in ranges for f in (lo - (lo % per_sample) + i,) if lo <= f < hi]
                     if not moved:
                         continue
-                    values = [self._elements_moved(pos, perturber, moved, step) for step in moves]
+                    flats = [f for f, _ in moved]
+                    values = [self._elements_moved(pos, perturber, flats, step) for step in moves]
                     if any(v[k].shape != tuple(self.outputs[k].shape) for v in values for k in self.floats):
                         # fn changed an output's shape: the element path meets it as torch does
                         alone = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos,
-                                                          self.outputs, eps, stencil, elements=moved)
-                        for j, f in enumerate(moved):
+                                                          self.outputs, eps, stencil, elements=flats)
+                        for j, (f, lo) in enumerate(moved):
                             for k in self.floats:
-                                rows[f // per_sample][k][f - starts[f // per_sample]] = be.to_numpy(alone[k][j])
+                                rows[lo][k][f - lo] = be.to_numpy(alone[k][j])
                         continue
                     for k in self.floats:
                         row = _combined(stencil, [v[k] for v in values], eps)
-                        for f in moved:
+                        for f, lo in moved:
                             s = f // per_sample
                             segment = slice(s * out_size[k], (s + 1) * out_size[k])
-                            rows[s][k][f - starts[s], segment] = row[segment]
-                for s, lo, hi in ranges:
-                    yield lo, hi, {k: be.array_like(rows[s][k], self.outputs[k]) for k in self.floats}
+                            rows[lo][k][f - lo, segment] = row[segment]
+                blocks = [(lo, hi, {k: be.array_like(rows[lo][k], self.outputs[k]) for k in self.floats})
+                          for lo, hi in ranges]
+                for block in blocks:  # all noted first: a consumer may stop at the first that differs
+                    self._note(pos, block)
+                yield from blocks
 
     def _looped_row_chunks(self, pos, begin, end, eps):
         """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
@@ -504,7 +513,7 @@ class Problem:
         samples at once, where :meth:`samples` found them independent)."""
         be = self.be
         if begin < end and self.samples(pos):
-            yield from self._sample_row_chunks(pos, begin, end, eps)
+            yield from self._sample_row_chunks(pos, [(begin, end)], eps)
             return
         per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, max(end - begin, 1))
