@@ -12,15 +12,22 @@ from agcheck.engine.outcome import EngineEvent
 from .helpers import run_check as run
 
 
+#: the cost model's weight of the reverse passes, for the tests of its decisions
+REVERSE_PASSES = forward_jacobian._REVERSE_PASSES
+
+
 @pytest.fixture(autouse=True)
 def _engine_always_runs(monkeypatch):
-    """The engine runs however little the loop would cost, and forward mode's one-time
-    imports are paid before the test (the decision they weigh in is tested on its own)."""
+    """The engine runs however little the loop would cost, forward mode's one-time
+    imports are paid before the test, and forward mode is never found dearer than the
+    reverse passes: on a problem this small that is a matter of milliseconds, which a
+    loaded machine can tip (the decisions are tested on their own, with the real weight)."""
     from agcheck.engine import cost
     import torch._decomp.decompositions_for_jvp  # noqa: F401
     import torch._dynamo  # noqa: F401
 
     monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", 1e6)
 
 
 N_IN, N_OUT = 40, 320
@@ -199,6 +206,7 @@ def test_forward_mode_is_not_tried_where_it_cannot_stand_in(why):
 
 
 def test_a_one_time_setup_dearer_than_the_saving_is_not_paid(monkeypatch):
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", REVERSE_PASSES)
     monkeypatch.setattr(type(agcheck.get_backend("torch")), "jvp_setup_cost", lambda self: 1e6)
     r = run(_tanh_of_a(), (_x(),))
     assert r.verdict is True
@@ -210,6 +218,7 @@ def test_a_one_time_setup_dearer_than_the_saving_is_not_paid(monkeypatch):
 def test_forward_mode_found_dearer_stops_at_once(monkeypatch, slow_from):
     """JVP batches made slow from the first (which alone outweighs the reverse passes) or
     from the second (the first may pay one-time costs, so the second's rate decides)."""
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", REVERSE_PASSES)
     be_type = type(agcheck.get_backend("torch"))
     rows = []
     original = be_type.jvp_rows
