@@ -273,7 +273,7 @@ class Problem:
                 gaps.append((done, n))
             # all gaps in one pass: a gap in one sample is moved together with its
             # counterparts in the others, not in a call of its own
-            for _ in self._noted(q, self._sample_row_chunks(q, gaps, eps)):
+            for _ in self._sample_row_chunks(q, gaps, eps):  # it notes its blocks itself
                 pass
 
     def note_exact_columns(self, k, ranges, rows) -> None:
@@ -475,14 +475,15 @@ class Problem:
             unreached = {k: _combined(stencil, [base[k]] * len(moves), eps) for k in self.floats}
             for i0 in range(0, per_sample, chunk):
                 i1 = min(per_sample, i0 + chunk)
-                ranges = [(max(begin, s * per_sample + i0), min(end, s * per_sample + i1))
+                # (first element of the sample, lo, hi): each span's part in each sample
+                ranges = [(s * per_sample, max(begin, s * per_sample + i0), min(end, s * per_sample + i1))
                           for s in range(b) for begin, end in spans]
-                ranges = [(lo, hi) for lo, hi in ranges if lo < hi]
+                ranges = [(first, lo, hi) for first, lo, hi in ranges if lo < hi]
                 if not ranges:
                     continue
-                rows = {lo: {k: np.tile(unreached[k], (hi - lo, 1)) for k in self.floats} for lo, hi in ranges}
+                rows = {lo: {k: np.tile(unreached[k], (hi - lo, 1)) for k in self.floats} for _, lo, hi in ranges}
                 for i in range(i0, i1):
-                    moved = [(f, lo) for lo, hi in ranges for f in (lo - (lo % per_sample) + i,) if lo <= f < hi]
+                    moved = [(first + i, lo) for first, lo, hi in ranges if lo <= first + i < hi]
                     if not moved:
                         continue
                     flats = [f for f, _ in moved]
@@ -502,7 +503,7 @@ class Problem:
                             segment = slice(s * out_size[k], (s + 1) * out_size[k])
                             rows[lo][k][f - lo, segment] = row[segment]
                 blocks = [(lo, hi, {k: be.array_like(rows[lo][k], self.outputs[k]) for k in self.floats})
-                          for lo, hi in ranges]
+                          for _, lo, hi in ranges]
                 for block in blocks:  # all noted first: a consumer may stop at the first that differs
                     self._note(pos, block)
                 yield from blocks
