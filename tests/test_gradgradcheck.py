@@ -112,3 +112,26 @@ def test_engine_keywords_reach_the_check_of_the_vjp(kw):
 def test_bad_engine_keyword_is_a_clear_error():
     with pytest.raises(ValueError, match="engine must be"):
         agcheck.gradgradcheck(lambda t: t.sin(), (make(3),), engine="fastest")
+
+
+def test_a_first_check_in_a_fresh_process_imports_no_sympy():
+    """torch's first backward with a cotangent imports sympy (its cotangent checks, about
+    0.4 s); agcheck's VJPs skip those checks, so the first check of a process does not pay
+    it, and still passes a right second derivative and fails a wrong one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, agcheck\n"
+        "from tests.test_gradgradcheck import CubeWithFlatBackward\n"
+        "assert 'sympy' not in sys.modules\n"
+        "x = torch.rand(20, dtype=torch.float64, requires_grad=True)\n"
+        "assert agcheck.gradcheck(lambda t: t.sin() * t, (x,))\n"
+        "assert agcheck.gradgradcheck(lambda t: t.sin() * t, (x,))\n"
+        "assert not agcheck.gradgradcheck(CubeWithFlatBackward.apply, (x,), raise_exception=False)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sympy')[:3])\n"
+    )
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

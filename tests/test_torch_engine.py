@@ -2,6 +2,7 @@
 the one-hot VJP loop of slow mode (TorchTrace.unit_vjps): the gradients of
 torch.autograd.grad, bit for bit, and torch's own path wherever the direct call could differ."""
 import logging
+import warnings
 
 import pytest
 import torch
@@ -45,6 +46,23 @@ def test_direct_vjps_are_autograd_grads_bit_for_bit(monkeypatch):
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(got, expected))
 
 
+def test_differentiable_vjps_are_autograd_grads_and_differentiate_again(monkeypatch):
+    outs, inputs = _graph()
+    gen = torch.Generator().manual_seed(8)
+    cots = tuple(torch.randn(o.shape, dtype=o.dtype, generator=gen).requires_grad_() for o in outs)
+    expected = torch.autograd.grad(outs, inputs, cots, create_graph=True, allow_unused=True)
+    calls = _counting_grad(monkeypatch)
+    got = torch_engine.vjp(outs, inputs, cots, create_graph=True)
+    assert calls == []
+    assert all(g.requires_grad and torch.equal(bits(g.detach()), bits(e.detach())) for g, e in zip(got, expected))
+    monkeypatch.undo()
+    # the second derivatives (with respect to the inputs and the cotangents) are the same
+    w = tuple(torch.randn(g.shape, dtype=g.dtype, generator=gen) for g in got)
+    second = torch.autograd.grad(got, inputs + cots, w, retain_graph=True, allow_unused=True)
+    second_expected = torch.autograd.grad(expected, inputs + cots, w, allow_unused=True)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(second, second_expected))
+
+
 def test_an_unused_input_gives_none_and_a_freed_graph_is_torchs_error():
     x, unused = make(3, seed=1), make(2, seed=2)
     out = x.sin()
@@ -60,7 +78,7 @@ def test_an_output_without_grad_is_torchs_error():
         torch_engine.vjp((x.detach() * 2,), (x,), (torch.ones(3, dtype=x.dtype),))
 
 
-@pytest.mark.parametrize("case", ["shape", "complex", "subclass", "debug-log"])
+@pytest.mark.parametrize("case", ["shape", "complex", "subclass", "debug-log", "nested"])
 def test_what_the_direct_call_cannot_vouch_for_goes_through_autograd_grad(monkeypatch, case):
     x = make(3)
     out, cot = x * 2, torch.ones(3, dtype=x.dtype)
@@ -73,6 +91,12 @@ def test_what_the_direct_call_cannot_vouch_for_goes_through_autograd_grad(monkey
             pass
 
         cot = cot.as_subclass(Tagged)
+    elif case == "nested":  # no single shape to compare a cotangent with
+        with warnings.catch_warnings():  # torch: "nested tensors are in prototype stage"
+            warnings.simplefilter("ignore", UserWarning)
+            x = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], dtype=torch.float64, requires_grad=True)
+            cot = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], dtype=torch.float64)
+        out = x * 2
     logger = logging.getLogger("torch.autograd.graph")
     level = logger.level
     if case == "debug-log":
@@ -84,7 +108,10 @@ def test_what_the_direct_call_cannot_vouch_for_goes_through_autograd_grad(monkey
                 torch_engine.vjp((out,), (x,), (cot,))
         else:
             (g,) = torch_engine.vjp((out,), (x,), (cot,))
-            assert torch.equal(g, torch.full((3,), 2.0, dtype=x.dtype))
+            if case == "nested":
+                assert all(torch.equal(t, torch.full_like(t, 2.0)) for t in g.unbind())
+            else:
+                assert torch.equal(g, torch.full((3,), 2.0, dtype=x.dtype))
     finally:
         logger.setLevel(level)
     assert calls == [1]

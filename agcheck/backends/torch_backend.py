@@ -318,6 +318,9 @@ class TorchBackend(Backend):
         b = stacked.shape[0]
         if x.dim() == 0 or x.layout != torch.strided:
             raise ValueError("only a strided input with a first dimension can be stacked")
+        if isinstance(fn, _DifferentiableVjp):
+            # copies stacked into one primal or cotangent never match the others' shapes
+            raise ValueError("a VJP's primals and cotangents cannot be stacked one at a time")
         moved = list(args)
         moved[position] = stacked.reshape(b * x.shape[0], *x.shape[1:])
         split = []
@@ -418,8 +421,8 @@ class TorchBackend(Backend):
             cotangents = tuple(
                 c.requires_grad_() if k in cotangents_set else c for k, c in enumerate(args[n_inputs:])
             )
-            grads = torch.autograd.grad(outputs, [primals[k] for k in ordered], cotangents,
-                                        create_graph=True, allow_unused=True)
+            grads = torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
+                                     create_graph=True)
             if densify_grads:  # sparse / MKL-DNN gradients as dense outputs (beyond torch)
                 grads = tuple(g if g is None or g.layout == torch.strided else g.to_dense() for g in grads)
             return tuple(g for g in grads if g is not None)

@@ -5,11 +5,13 @@ the engine: normalising its arguments, checking each cotangent against its outpu
 (:func:`torch.autograd._make_grads`) and deciding on logging hooks. The VJPs agcheck takes
 (one-hot, zero and projection cotangents it built itself, for outputs of plain tensors)
 need none of it, so :func:`vjp` hands them to the engine as ``grad`` would, with the same
-keyword values (``allow_unused=True``, no ``create_graph``), and the same thread-local
-context. Whatever it cannot vouch for goes through ``torch.autograd.grad`` itself: tensor
-subclasses (``__torch_function__``), cotangents that do not match their outputs, autograd
-debug logging, and a torch without these internals (or whose entry point fails a tiny
-known backward at import).
+keyword values (``allow_unused=True``; ``create_graph`` for gradgradcheck's differentiable
+VJPs), and the same thread-local context. The cotangent checks are also where torch's
+first ``grad`` with a cotangent imports sympy (about 0.4 s), which agcheck's checks then
+never pay. Whatever it cannot vouch for goes through ``torch.autograd.grad`` itself:
+tensor subclasses (``__torch_function__``), nested tensors, cotangents that do not match
+their outputs, autograd debug logging, and a torch without these internals (or whose
+entry point fails a tiny known backward at import).
 """
 from __future__ import annotations
 
@@ -41,13 +43,15 @@ def _direct_call_works() -> bool:
         # whatever grad mode the import happens under (a first check inside no_grad)
         with torch.inference_mode(False), torch.enable_grad():
             x = torch.ones(2, dtype=torch.float64, requires_grad=True)
-            out, cot = x * 3, torch.ones(2, dtype=torch.float64)
+            out, cot = x * x * 3, torch.ones(2, dtype=torch.float64)
             _STASH("context", contextvars.copy_context())
             try:
-                (g,) = _ENGINE.run_backward((out,), (cot,), False, False, (x,), True, False)
+                (g,) = _ENGINE.run_backward((out,), (cot,), True, True, (x,), True, False)
+                (gg,) = _ENGINE.run_backward((g,), (cot,), False, False, (x,), True, False)
             finally:
                 _UNSTASH("context")
-        return bool(torch.equal(g, torch.full((2,), 3.0, dtype=torch.float64)))
+        six = torch.full((2,), 6.0, dtype=torch.float64)
+        return bool(torch.equal(g.detach(), six) and torch.equal(gg, six))
     except Exception:  # noqa: BLE001 - any surprise: torch.autograd.grad for every VJP
         return False
 
@@ -57,20 +61,23 @@ _DIRECT = _direct_call_works()
 
 def _matching(outputs: tuple, cotangents: tuple) -> bool:
     for o, c in zip(outputs, cotangents):
-        if type(c) is not torch.Tensor or o.shape != c.shape or o.dtype.is_complex != c.dtype.is_complex:
+        if (type(c) is not torch.Tensor or o.is_nested or o.shape != c.shape
+                or o.dtype.is_complex != c.dtype.is_complex):
             return False
-    return len(outputs) == len(cotangents)
+    return len(outputs) == len(cotangents) > 0
 
 
-def vjp(outputs: tuple, inputs: tuple, cotangents: tuple, retain_graph: bool = True) -> tuple:
+def vjp(outputs: tuple, inputs: tuple, cotangents: tuple, retain_graph: bool = True,
+        create_graph: bool = False) -> tuple:
     """``torch.autograd.grad(outputs, inputs, cotangents, retain_graph=retain_graph,
-    allow_unused=True)``: one gradient (or ``None``) per input."""
+    create_graph=create_graph, allow_unused=True)``: one gradient (or ``None``) per input."""
     if (not _DIRECT or has_torch_function(outputs + inputs + cotangents) or not _matching(outputs, cotangents)
             or _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG)):
-        return torch.autograd.grad(outputs, inputs, cotangents, retain_graph=retain_graph, allow_unused=True)
+        return torch.autograd.grad(outputs, inputs, cotangents, retain_graph=retain_graph,
+                                   create_graph=create_graph, allow_unused=True)
     # torch.autograd.grad keeps the caller's context for the engine's device threads
     _STASH("context", contextvars.copy_context())
     try:
-        return _ENGINE.run_backward(outputs, cotangents, retain_graph, False, inputs, True, False)
+        return _ENGINE.run_backward(outputs, cotangents, retain_graph, create_graph, inputs, True, False)
     finally:
         _UNSTASH("context")
