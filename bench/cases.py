@@ -8,12 +8,14 @@ the agcheck side (separate processes) check exactly the same numbers.
 
 Worker entry (used by compare.py; one case, one side, one fresh process)::
 
-    python bench/cases.py --worker CASE --side {torch,agcheck} [--quick] [--opinfo-ops N]
+    python bench/cases.py --worker CASE --side {torch,agcheck} [--quick] [--opinfo-ops N] [--cold]
 
 It prints one line ``@@BENCH@@ {json}`` on stdout with the measurement:
 
 - ``time_s``: ``time.perf_counter()`` around the check call(s) only -- imports, input
-  creation and a tiny warm-up check of the same side happen before the clock starts;
+  creation, one plain ``torch.autograd.grad`` call (the same on both sides) and a tiny
+  warm-up check of the same side happen before the clock starts; with ``--cold`` there
+  is no warm-up at all and the timed check is the first of the process;
 - ``peak_mb``: peak RSS growth during the check, in MiB (2**20 bytes): ``VmHWM`` read
   from ``/proc/self/status`` after the check minus ``VmRSS`` just before it, with the
   high-water mark reset right before the check by writing ``5`` to
@@ -481,16 +483,34 @@ def _entry(side: str, check: str):
     return lambda fn, inputs, **kw: agcheck.gradcheck(fn, inputs, backend="torch", **kw)
 
 
-def _warm_up(entry, kwargs: dict) -> None:
-    """One tiny check (n=3) with the case's keywords on the same side, so lazy imports
-    and first-call costs of either library are not billed to the case."""
+def _neutral_warm_up() -> None:
+    """One plain backward with an explicit cotangent (``torch.autograd.grad(y, x, v)``,
+    as ``y.backward(v)`` does), the same on both sides.  torch's first such call imports
+    sympy (``_make_grads`` -> ``torch.fx.experimental.symbolic_shapes``: about 0.5 s and
+    40 MB); torch's own checker reaches it in its warm-up check, agcheck's VJPs do not, and
+    a case whose check imports ``torch._dynamo`` (which needs sympy) would otherwise bill
+    that import to agcheck alone.  ``--cold`` shows the first check without any warm-up."""
     import torch
 
+    x = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    y = x * x
+    torch.autograd.grad(y, x, torch.ones_like(y))
+
+
+def _warm_up(entry, kwargs: dict) -> None:
+    """The neutral warm-up, then one tiny check (n=3) with the case's keywords on the
+    same side, so lazy imports and first-call costs of either library are not billed to
+    the case."""
+    import torch
+
+    _neutral_warm_up()
     x = torch.randn(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
     _verdict(lambda: entry(_gradgrad_fn, (x,), **kwargs))
 
 
-def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
+def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False) -> dict:
+    """Run case ``name`` on ``side`` and return its record; ``cold``: no warm-up at all,
+    the timed check is the first of the process (only torch and agcheck imported)."""
     import torch
 
     import agcheck  # noqa: F401 -- imported on both sides so the baselines match
@@ -499,8 +519,9 @@ def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
     entry = _entry(side, case.check)
     res: dict[str, Any] = {
         "case": name, "side": side, "quick": quick, "detail": case.describe(quick, opts),
-        "torch_threads": torch.get_num_threads(), "pid": os.getpid(),
+        "torch_threads": torch.get_num_threads(), "pid": os.getpid(), "cold": cold,
     }
+    warm_up = (lambda entry, kwargs: None) if cold else _warm_up
     if entry is None:
         res.update(verdict="n/a", time_s=None, peak_mb=None, mem_method=None)
         return res
@@ -509,7 +530,7 @@ def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
     if case.check == "sweep":
         source, items = case.build(quick, opts)
         res["sweep_source"] = source
-        _warm_up(entry, {"check_forward_ad": True, "check_batched_grad": True})
+        warm_up(entry, {"check_forward_ad": True, "check_batched_grad": True})
         total = 0.0
         cpu = 0.0
         peak = 0
@@ -531,12 +552,12 @@ def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
             per_item.append({"label": label, "verdict": v, "time_s": dt, "peak_mb": kb / 1024})
         n_true = sum(v == "True" for v in verdicts)
         warm = []
-        for i, (label, fn, inputs, kwargs) in enumerate(items):  # again, in the same process
+        for i, (label, fn, inputs, kwargs) in enumerate([] if cold else items):  # again, in the same process
             torch.manual_seed(SEED + i)
             c0 = _cpu_s()
             _verdict(lambda: entry(fn, inputs, **kwargs))
             warm.append(_cpu_s() - c0)
-        res["warm_cpu_s"] = sum(warm)
+        res["warm_cpu_s"] = None if cold else sum(warm)
         res.update(
             time_s=total, cpu_s=cpu, peak_mb=peak / 1024, mem_method=(method + ", max over samples") if items else None,
             verdict=f"{n_true}/{len(verdicts)} True", verdicts=verdicts, items=per_item,
@@ -545,7 +566,7 @@ def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
 
     fn, inputs, kwargs = case.build(quick, opts)
     res["kwargs"] = {k: repr(v) for k, v in kwargs.items()}
-    _warm_up(entry, kwargs)
+    warm_up(entry, kwargs)
     torch.manual_seed(SEED)  # fast mode may draw its random vectors from the global RNG
     res["loadavg_before"] = _loadavg()
     meter.start()
@@ -556,6 +577,8 @@ def run_worker(name: str, side: str, quick: bool, opts: dict) -> dict:
     cpu = _cpu_s() - c0
     kb, method = meter.stop()
     res.update(time_s=dt, cpu_s=cpu, peak_mb=kb / 1024, mem_method=method, verdict=v)
+    if cold:
+        return res
     # the same check again in the same process: what a test suite that runs many checks
     # pays per check once both libraries' lazy imports and first-call costs are behind it
     torch.manual_seed(SEED)
@@ -573,6 +596,7 @@ def main(argv=None) -> int:
     p.add_argument("--opinfo-ops", type=int, default=None)
     p.add_argument("--opinfo-source", choices=["auto", "sweep", "own"], default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--cold", action="store_true", help="no warm-up: time the process's first check")
     a = p.parse_args(argv)
     if a.threads is not None:
         import torch
@@ -581,7 +605,7 @@ def main(argv=None) -> int:
     opts = {"opinfo_source": a.opinfo_source}
     if a.opinfo_ops is not None:
         opts["opinfo_ops"] = a.opinfo_ops
-    res = run_worker(a.worker, a.side, a.quick, opts)
+    res = run_worker(a.worker, a.side, a.quick, opts, cold=a.cold)
     sys.stdout.flush()
     print(MARKER, json.dumps(res), flush=True)
     return 0

@@ -34,12 +34,14 @@ SIDES = ("torch", "agcheck")
 
 
 def run_one(case: str, side: str, *, quick: bool, timeout: float, opinfo_ops: int | None,
-            opinfo_source: str = "auto", threads: int | None = None) -> dict:
-    """Run one case on one side in a fresh interpreter; return the worker's record, or a
-    record with ``verdict`` "timeout" / "crash"."""
+            opinfo_source: str = "auto", threads: int | None = None, cold: bool = False) -> dict:
+    """Run one case on one side in a fresh interpreter (``cold``: with no warm-up); return
+    the worker's record, or a record with ``verdict`` "timeout" / "crash"."""
     cmd = [sys.executable, os.path.join(HERE, "cases.py"), "--worker", case, "--side", side]
     if quick:
         cmd.append("--quick")
+    if cold:
+        cmd.append("--cold")
     if opinfo_ops is not None:
         cmd += ["--opinfo-ops", str(opinfo_ops)]
     if CASES[case].check == "sweep":
@@ -169,25 +171,34 @@ def _speed(t: dict, a: dict, timeout: float) -> str:
     return _fmt_r(_ratio(t["time_s"], a["time_s"]))
 
 
+def _mem_ratio(t: dict, a: dict):
+    if t["peak_mb"] is None or a["peak_mb"] is None or max(t["peak_mb"], a["peak_mb"]) < MEM_FLOOR_MB:
+        return None
+    return t["peak_mb"] / max(a["peak_mb"], 0.1)
+
+
 def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
+    cold = any("cold" in r for r in results)
     cols = ["case", "work", "torch s", "agcheck s", "speed", "cpu speed", "warm cpu speed", "torch MB",
-            "agcheck MB", "mem",
-            "torch verdict", "agcheck verdict", "agree"]
+            "agcheck MB", "mem"]
+    cols += ["cold torch s", "cold agcheck s", "cold speed", "cold mem"] if cold else []
+    cols += ["torch verdict", "agcheck verdict", "agree"]
     rows = []
     for r in results:
         t, a = r["torch"], r["agcheck"]
-        mem_r = None
-        if t["peak_mb"] is not None and a["peak_mb"] is not None and \
-                max(t["peak_mb"], a["peak_mb"]) >= MEM_FLOOR_MB:
-            mem_r = t["peak_mb"] / max(a["peak_mb"], 0.1)
-        rows.append([
+        row = [
             r["case"], r["detail"], _fmt_t(t["time_s"]), _fmt_t(a["time_s"]),
             _speed(t, a, timeout), _fmt_r(_ratio(t["cpu_s"], a["cpu_s"])),
             _fmt_r(_ratio(t.get("warm_cpu_s"), a.get("warm_cpu_s"))), _fmt_mb(t["peak_mb"]), _fmt_mb(a["peak_mb"]),
-            _fmt_r(mem_r), t["verdict"], a["verdict"], r["agree"].upper() if r["agree"] == "no" else r["agree"],
-        ])
+            _fmt_r(_mem_ratio(t, a)),
+        ]
+        if cold:
+            ct, ca = r["cold"]["torch"], r["cold"]["agcheck"]
+            row += [_fmt_t(ct["time_s"]), _fmt_t(ca["time_s"]), _speed(ct, ca, timeout), _fmt_r(_mem_ratio(ct, ca))]
+        row += [t["verdict"], a["verdict"], r["agree"].upper() if r["agree"] == "no" else r["agree"]]
+        rows.append(row)
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    right = {2, 3, 4, 5, 6, 7, 8, 9}
+    right = set(range(2, len(cols) - 3))
 
     def line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -249,6 +260,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads in the workers (default: torch's default); "
                         "1 gives steadier numbers on a busy machine")
+    p.add_argument("--cold", action="store_true",
+                   help="also time each case as the first check of a fresh process (no warm-up at all): "
+                        "columns 'cold ...'")
     p.add_argument("--list", action="store_true", help="list cases and exit")
     a = p.parse_args(argv)
 
@@ -282,7 +296,8 @@ def main(argv=None) -> int:
               f"{'quick' if a.quick else 'full'} sizes; repeat {a.repeat}; timeout {a.timeout:.0f} s; "
               f"agcheck.gradgradcheck {'present' if has_gg else 'absent'}\n"
               f"time = perf_counter around the check only (the first check of the case in a fresh "
-              f"process, after a tiny warm-up check); warm = CPU time of the same check run again in that "
+              f"process, after one plain backward with an explicit cotangent and a tiny warm-up check)"
+              f"{'; cold = the same with no warm-up at all (the first check of the process)' if a.cold else ''}; warm = CPU time of the same check run again in that "
               f"process; peak = max RSS growth during the first check (MiB); speed/mem = torch/agcheck "
               f"(>1: agcheck better)")
     print(header, flush=True)
@@ -304,10 +319,26 @@ def main(argv=None) -> int:
                       flush=True)
         t, ag = summarize(runs["torch"]), summarize(runs["agcheck"])
         agree, note = _agree(t, ag)
+        cold = None
+        if a.cold:
+            cold_runs = {s: [] for s in SIDES}
+            for _ in range(a.repeat):
+                for side in SIDES:
+                    rec = run_one(name, side, quick=a.quick, timeout=a.timeout, opinfo_ops=a.opinfo_ops,
+                                  opinfo_source=a.opinfo_source, threads=a.threads, cold=True)
+                    cold_runs[side].append(rec)
+                    print(f"  {name:16s} {side:8s} cold time={_fmt_t(rec.get('time_s')):>8s} s  "
+                          f"peak={_fmt_mb(rec.get('peak_mb')):>7s} MB  verdict={rec['verdict']}", flush=True)
+            cold = {s: summarize(cold_runs[s]) for s in SIDES}
+            cold_agree, cold_note = _agree(cold["torch"], cold["agcheck"])
+            if cold_agree == "no" and agree != "no":
+                agree, note = "no", f"cold runs: {cold_note}"
         if agree == "no":
             print(f"  !!! VERDICT DISAGREEMENT in {name}: {note}", flush=True)
         results.append({"case": name, "detail": CASES[name].describe(a.quick, opts),
                          "torch": t, "agcheck": ag, "agree": agree, "note": note})
+        if cold is not None:
+            results[-1]["cold"] = cold
 
     table = render(results, header, a.timeout)
     if source_digest() != digest:
