@@ -329,6 +329,50 @@ def test_a_dense_check_evaluates_fn_about_as_often_as_torch_passing_or_failing(s
         assert message.startswith("Jacobian mismatch for output 0 with respect to input 0")
 
 
+class _TanhMatmulThroughLists(torch.autograd.Function):
+    """tanh(a @ b) whose backward goes through Python lists, which no vmap can batch;
+    its cotangent scaled by ``scale`` (1.0 is correct)."""
+
+    scale = 1.0
+
+    @staticmethod
+    def forward(ctx, a, b):
+        y = torch.tanh(a @ b)
+        ctx.save_for_backward(a, b, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, y = ctx.saved_tensors
+        d = torch.tensor(g.tolist(), dtype=g.dtype) * _TanhMatmulThroughLists.scale * (1 - y * y)
+        return d @ b.T, a.T @ d
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_a_backward_that_cannot_be_batched_is_looped_and_the_engine_still_decides(scale, monkeypatch):
+    # it used to hand the whole check back to the reference engine (roma's Procrustes
+    # functions: torch's time, where the numerical side batches and the second VJP pass
+    # is coloured)
+    from agcheck.backends.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(_TanhMatmulThroughLists, "scale", scale)
+    args = (make(20, 20), make(20, 20, seed=1))
+    r = run(_TanhMatmulThroughLists.apply, args)
+    assert EngineEvent("vjp", "looped", None, "batched VJPs failed (RuntimeError)") in r.engine_log
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(_TanhMatmulThroughLists.apply, args, raise_exception=False)
+    if scale == 1.0:
+        assert not r.engine_fallbacks  # the engine decided
+        return
+    messages = []
+    for engine in ("auto", "reference"):
+        with pytest.raises(RuntimeError) as info:
+            agcheck.gradcheck(_TanhMatmulThroughLists.apply, args, engine=engine)
+        messages.append(str(info.value).split("\n\n")[0])
+    assert messages[0] == messages[1] and messages[0].startswith("Jacobian mismatch for output 0")
+
+
 @pytest.mark.parametrize("setup_seconds", [0.0, 100.0])
 def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkeypatch):
     # torch's first batched backward imports sympy (~0.7 s): a small check loops instead

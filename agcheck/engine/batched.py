@@ -174,7 +174,19 @@ def _columns_and_how(p, k, c0, c1, inputs):
         return _looped_columns(p, k, c0, c1, inputs), True
     setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
     began = time.perf_counter()
-    call = memory.measured(_batched_columns, p, k, c0, c1, inputs)
+    try:
+        call = memory.measured(_batched_columns, p, k, c0, c1, inputs)
+    except EngineFallback:
+        raise
+    except Exception as e:
+        # a backward that cannot run batched (an op without a batching rule, a custom
+        # Function that is not vmappable): its columns one VJP at a time, as the
+        # reference engine computes them; a backward that fails outright fails there too
+        if e in p.run.user_errors:
+            raise
+        p._vjp_batched = False
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(e).__name__})"))
+        return _looped_columns(p, k, c0, c1, inputs), True
     seconds = time.perf_counter() - began
     cols = call.result
     if call.added_peak is not None and not setup_pending:
