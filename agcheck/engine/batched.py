@@ -7,7 +7,9 @@ faster and in bounded memory:
 * numerical rows come from evaluating ``fn`` on a batch of moved copies of an input at
   once (stacked along ``fn``'s own first dimension, or vmapped), central differences on
   the batch (:mod:`~agcheck.engine.rows`);
-* analytical columns come from batched VJPs (many one-hot cotangents at once), forward
+* analytical columns come from batched VJPs (many one-hot cotangents at once; where the
+  output and every checked input hold the same independent samples, one cotangent serves
+  the same position in every sample), forward
   rows from batched JVPs; where the outputs far outnumber the inputs, the whole analytical
   Jacobian comes from batched JVPs once random VJPs tie it to the backward
   (:mod:`~agcheck.engine.forward_jacobian`);
@@ -70,6 +72,7 @@ def compare_slow_reverse(run, piece) -> Outcome:
         if str(reason) != MISMATCH:
             return undecided(str(reason))
         _finish_rows(p)
+        _finish_columns(p, [piece.args[q] for q in piece.checked])
         return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
     return PASSED
 
@@ -83,6 +86,33 @@ def _finish_rows(p) -> None:
     except Exception as e:
         if e in p.run.user_errors:
             raise
+
+
+def _finish_columns(p, inputs) -> None:
+    """Before a mismatch goes to the reference engine: the columns of a first pass by
+    samples, computed again one VJP each (as the reference engine computes its first
+    pass), and noted as exact where they reproduce it bit for bit, zeros' signs included
+    (then the second pass already checked them for reentrancy); where they do not, or
+    something fails on the way, the reference engine computes its two passes itself."""
+    be = p.be
+    for k, rows in p.sample_columns.items():
+        exact = []
+        try:
+            m = be.numel(p.outputs[k])
+            for c0, c1 in _column_blocks(p, m, sum(be.numel(x) for x in inputs)):
+                cols = _looped_columns(p, k, c0, c1, inputs)
+                if all(_same_bits(be.to_numpy(a).T, r[c0:c1]) for a, r in zip(cols, rows)):
+                    exact.append((c0, c1))
+        except Exception as e:
+            if e in p.run.user_errors:
+                raise
+        p.note_exact_columns(k, exact, rows)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
 
 
 #: the reason of an undecided outcome where the engine saw the Jacobians differ
@@ -163,19 +193,20 @@ def _analytical_columns(p, k, c0, c1, inputs):
     return _columns_and_how(p, k, c0, c1, inputs)[0]
 
 
-def _columns_and_how(p, k, c0, c1, inputs):
+def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
     """:func:`_analytical_columns`, and whether they were computed one VJP per column
-    (as the reference engine computes them, bit for bit)."""
+    (as the reference engine computes them, bit for bit). ``cotangents(c0, c1)``, when
+    given, stacks the cotangents of columns ``c0:c1`` in place of one-hots."""
     if p._vjp_batched is None:
         p._vjp_batched = not _vjp_setup_outweighs_saving(p, k, c0)
         if not p._vjp_batched:
             p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
-        return _looped_columns(p, k, c0, c1, inputs), True
+        return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
     began = time.perf_counter()
     try:
-        call = memory.measured(_batched_columns, p, k, c0, c1, inputs)
+        call = memory.measured(_batched_columns, p, k, c0, c1, inputs, cotangents)
     except EngineFallback:
         raise
     except Exception as e:
@@ -186,7 +217,7 @@ def _columns_and_how(p, k, c0, c1, inputs):
             raise
         p._vjp_batched = False
         p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(e).__name__})"))
-        return _looped_columns(p, k, c0, c1, inputs), True
+        return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     seconds = time.perf_counter() - began
     cols = call.result
     if call.added_peak is not None and not setup_pending:
@@ -223,10 +254,11 @@ def _vjp_setup_outweighs_saving(p, k, c) -> bool:
     return 2 * p.out_numel * p._vjp_column_cost < setup
 
 
-def _batched_columns(p, k, c0, c1, inputs):
+def _batched_columns(p, k, c0, c1, inputs, cotangents=None):
     be = p.be
     out = p.outputs[k]
-    grads = p.trace.vjp_batched(k, be.one_hots(out, list(range(c0, c1))))
+    stacked = be.one_hots(out, list(range(c0, c1))) if cotangents is None else cotangents(c0, c1)
+    grads = p.trace.vjp_batched(k, stacked)
     cols = []
     for g, x in zip(grads, inputs):
         if g is None:
@@ -238,12 +270,14 @@ def _batched_columns(p, k, c0, c1, inputs):
     return cols
 
 
-def _looped_columns(p, k, c0, c1, inputs):
+def _looped_columns(p, k, c0, c1, inputs, cotangents=None):
     be = p.be
     out = p.outputs[k]
     per_input = [RowBlock(be, c1 - c0, be.numel(x), x, x.dtype) for x in inputs]
+    stacked = None if cotangents is None else cotangents(c0, c1)
     for j in range(c0, c1):
-        grads = p.run.user_errors.call(p.trace.vjp, [k], [be.one_hot(out, j)])
+        cot = be.one_hot(out, j) if stacked is None else stacked[j - c0]
+        grads = p.run.user_errors.call(p.trace.vjp, [k], [cot])
         for i, (g, x) in enumerate(zip(grads, inputs)):
             if g is None:
                 g = be.zeros(tuple(x.shape), like=x)
@@ -257,12 +291,35 @@ def _analytical_full(p, k, inputs) -> list:
     """The whole analytical Jacobian of output ``k``, per input a
     :class:`coloured.DenseBlock` (rows: output elements), with the reentrancy check.
 
-    The first pass computes every column (batched one-hot VJPs). The second pass, which
+    The first pass computes every column (batched one-hot VJPs), or, where every checked
+    input holds the same independent samples as the output, one VJP per element position
+    for all samples together (:func:`_first_pass_by_samples`). The second pass, which
     only has to reproduce the first, is coloured when the first pass's pattern allows:
     output elements that share no input element get one VJP (signed), and each entry is
     read off its own slot. Where that does not reproduce the first pass exactly (within
     ``nondet_tol``), the second pass is computed column by column as the first was, and
-    only a difference there is a failed reentrancy check."""
+    only a difference there is a failed reentrancy check. Either second pass compares
+    whole gradients, so a backward that reaches another sample (which the first pass by
+    samples would not see) fails it, and the reference engine decides."""
+    be = p.be
+    rows = _first_pass_by_samples(p, k, inputs)
+    by_samples = rows is not None
+    if not by_samples:
+        rows, exact = _first_pass_by_columns(p, k, inputs)
+    blocks = [coloured.DenseBlock(r) for r in rows]
+    if not _coloured_second_pass(p, k, inputs, blocks):
+        _exact_second_pass(p, k, inputs, blocks)
+    # reentrant: a failing check reuses them (verified first, when taken by samples)
+    if by_samples:
+        p.sample_columns[k] = rows
+    else:
+        p.note_exact_columns(k, exact, rows)
+    return blocks
+
+
+def _first_pass_by_columns(p, k, inputs):
+    """Every column of output ``k``'s Jacobian by one-hot VJPs: per input its ``(m, n)``
+    rows, and the column ranges computed one VJP each (as the reference engine does)."""
     be = p.be
     m = be.numel(p.outputs[k])
     rows, exact = None, []
@@ -276,11 +333,54 @@ def _analytical_full(p, k, inputs) -> list:
             rows[i][c0:c1] = be.to_numpy(a).T
     if rows is None:  # an empty output
         rows = [np.zeros((0, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
-    blocks = [coloured.DenseBlock(r) for r in rows]
-    if not _coloured_second_pass(p, k, inputs, blocks):
-        _exact_second_pass(p, k, inputs, blocks)
-    p.note_exact_columns(k, exact, rows)  # reentrant: a failing check reuses them
-    return blocks
+    return rows, exact
+
+
+def _output_samples(p, k) -> int | None:
+    """``B`` when output ``k`` and every checked input hold ``B`` independent samples
+    along their first dimension (:meth:`Problem.samples`), else ``None``."""
+    shape = tuple(p.outputs[k].shape)
+    if not shape or shape[0] < 2:
+        return None
+    b = shape[0]
+    # every input's form first (no call of fn), then the probes
+    if not all(p._sample_candidate(q) == b for q in p.checked):
+        return None
+    return b if all(p.samples(q) == b for q in p.checked) else None
+
+
+def _first_pass_by_samples(p, k, inputs):
+    """The first pass's rows with one VJP per element position of a sample: its cotangent
+    is 1 at that position in every sample, and each sample's inputs get that sample's row
+    (unsigned, so that every bit, zeros' signs too, is what a one-hot VJP would give a
+    backward that keeps the samples apart). ``None`` where the samples are not
+    independent. The VJPs are batched or looped as the pass by columns would take them.
+
+    Entries between different samples are taken as zero: the second pass, which compares
+    whole gradients with these rows, is what would see a backward that is not."""
+    be, out = p.be, p.outputs[k]
+    b = _output_samples(p, k)
+    if b is None:
+        return None
+    m = be.numel(out)
+    per = m // b
+    dtype = be.to_numpy(out).dtype
+
+    def merged(c0, c1):
+        cot = np.zeros((c1 - c0, b, per), dtype=dtype)
+        cot[np.arange(c1 - c0), :, c0 + np.arange(c1 - c0)] = 1
+        return be.reshape(be.array_like(cot, out), (c1 - c0, *out.shape))
+
+    rows = [np.zeros((m, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
+    for c0, c1 in _column_blocks(p, per, sum(be.numel(x) for x in inputs)):
+        cols, _ = _columns_and_how(p, k, c0, c1, inputs, merged)
+        for i, (a, x) in enumerate(zip(cols, inputs)):
+            n_per = be.numel(x) // b
+            g = be.to_numpy(a).T.reshape(c1 - c0, b, n_per)
+            for s in range(b):
+                rows[i][s * per + c0:s * per + c1, s * n_per:(s + 1) * n_per] = g[:, s]
+    p.run.engine_log.append(EngineEvent("vjp", "by samples", None, figures={"samples": b}))
+    return rows
 
 
 def _exact_second_pass(p, k, inputs, blocks) -> None:

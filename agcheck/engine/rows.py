@@ -82,6 +82,9 @@ class Problem:
         #: column (as the reference engine computes them) and reentrancy-checked, with
         #: the Jacobian's rows (one per output element) per checked input
         self._exact_columns = {}
+        #: per output, the rows of an analytical first pass by samples, reentrancy-checked
+        #: but not computed as the reference engine computes them (one VJP per column)
+        self.sample_columns = {}
         #: per input, how many independent samples its first dimension holds (None: not
         #: found independent), as :meth:`samples` found it
         self._samples = {}

@@ -1,0 +1,127 @@
+"""The first analytical pass by samples (``agcheck.engine.batched._first_pass_by_samples``):
+where the output and every checked input hold the same independent samples, one VJP per
+element position serves all samples (signed cotangents); a wrong backward still fails with
+the reference engine's message, and so does a backward that reaches another sample, which
+that pass alone would not see."""
+import pytest
+import torch
+
+import agcheck
+from agcheck.backends.torch_backend import TorchBackend
+from agcheck.engine import cost
+from agcheck.engine.outcome import EngineEvent
+
+from .helpers import run_check
+
+B, N = 3, 40
+BY_SAMPLES = EngineEvent("vjp", "by samples", None, figures={"samples": B})
+
+
+def _weights():
+    # a heavy diagonal: the entries a leaking backward adds to are large, so that the
+    # first pass's comparison (atol + rtol |J|) tolerates the leak
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(N, N, dtype=torch.float64, generator=g) / N ** 0.5 + 2 * torch.eye(N, dtype=torch.float64)
+
+
+W = _weights()
+
+
+class _PerSample(torch.autograd.Function):
+    """``tanh(W x_s)`` for each sample ``s`` (any number of samples: copies stacked along
+    the first dimension are samples too). The backward counts its calls, is scaled by
+    ``scale`` and adds ``leak`` times the next sample's cotangent to each sample's
+    gradient (1.0 and 0.0: correct)."""
+
+    scale, leak, calls, rounding = 1.0, 0.0, 0, False
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.tanh(x @ W.T)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        _PerSample.calls += 1
+        (y,) = ctx.saved_tensors
+        d = (g * (1 - y * y)) @ W * _PerSample.scale + _PerSample.leak * torch.roll(g, -1, dims=0)
+        if _PerSample.rounding:  # the same gradient, rounded as the whole cotangent's sum says
+            d = (d + g.sum()) - g.sum()
+        return d
+
+
+@pytest.fixture(autouse=True)
+def _looped_vjps(monkeypatch):
+    # VJPs one call each (batching would wait for its one-time setup), so that the
+    # backward's calls count the VJPs; the engine runs however small the check
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 100.0)
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(_PerSample, "calls", 0)
+
+
+def _x():
+    x = torch.randn(B, N, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.1
+    return x.requires_grad_()
+
+
+def _matches_torch() -> bool:
+    """agcheck's message starts with torch's whole message (the Jacobians printed too)."""
+    with pytest.raises(agcheck.GradcheckError) as ours:
+        agcheck.gradcheck(_PerSample.apply, (_x(),))
+    with pytest.raises(RuntimeError) as torchs:
+        torch.autograd.gradcheck(_PerSample.apply, (_x(),))
+    return str(ours.value).startswith(str(torchs.value))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_one_vjp_per_position_serves_every_sample(monkeypatch, scale):
+    monkeypatch.setattr(_PerSample, "scale", scale)
+    r = run_check(_PerSample.apply, (_x(),))
+    calls = _PerSample.calls
+    assert BY_SAMPLES in r.engine_log
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(_PerSample.apply, (_x(),), raise_exception=False)
+    if scale == 1.0:
+        # N VJPs for the first pass and N for the coloured second one (and two that time
+        # a VJP), where the two column-by-column passes take 2 B N
+        assert EngineEvent("vjp", "coloured") in r.engine_log and not r.engine_fallbacks
+        assert 2 * N <= calls <= 2 * N + 4, calls
+    else:
+        # the first pass's columns, computed again one VJP each, reproduce it bitwise and
+        # go to the reference engine, which then takes no VJP of its own (its two passes
+        # would take 2 B N more)
+        assert calls <= (2 + B) * N + 4, calls
+        assert _matches_torch()
+
+
+@pytest.mark.parametrize("leak", [1e-4, 1e-12])
+def test_a_backward_that_reaches_another_sample_is_found_by_the_second_pass(monkeypatch, leak):
+    """A gradient leaking ``leak`` of the next sample's cotangent: within what the first
+    pass's comparison tolerates either way (atol + rtol |J|: the pass by samples reads the
+    leak into a diagonal entry of about 2), but torch compares the entry between the two
+    samples alone, with atol: 1e-4 fails there, 1e-12 passes. Without the second pass's
+    whole-gradient comparison, 1e-4 would pass."""
+    monkeypatch.setattr(_PerSample, "leak", leak)
+    expected = leak > 1e-5
+    assert torch.autograd.gradcheck(_PerSample.apply, (_x(),), raise_exception=False) is not expected
+    r = run_check(_PerSample.apply, (_x(),))
+    assert BY_SAMPLES in r.engine_log
+    assert r.verdict is not expected
+    if expected:
+        assert r.engine_fallbacks  # the second pass saw it, and the reference engine decided
+        assert _matches_torch()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_a_backward_whose_rounding_depends_on_the_other_samples_is_decided_by_the_reference(monkeypatch, scale):
+    """Not the same bits as one-hot VJPs: the second pass does not reproduce the first,
+    and the reference engine decides, with torch's verdict and message."""
+    monkeypatch.setattr(_PerSample, "rounding", True)
+    monkeypatch.setattr(_PerSample, "scale", scale)
+    r = run_check(_PerSample.apply, (_x(),))
+    assert BY_SAMPLES in r.engine_log and r.engine_fallbacks
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(_PerSample.apply, (_x(),), raise_exception=False)
+    if scale != 1.0:
+        assert _matches_torch()
