@@ -41,6 +41,10 @@ __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGE
 
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
+#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check and costs
+#: ``m / B`` more on a failing one (its columns are computed again one VJP each): at
+#: ``B = 2`` a failure would pay all that a pass saves
+MIN_VJP_SAMPLES = 3
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the
 #: VJPs of the column-by-column pass (a CNN on a small image needs about half)
 _MAX_COLOUR_SHARE = 2
@@ -337,10 +341,11 @@ def _first_pass_by_columns(p, k, inputs):
 
 
 def _output_samples(p, k) -> int | None:
-    """``B`` when output ``k`` and every checked input hold ``B`` independent samples
-    along their first dimension (:meth:`Problem.samples`), else ``None``."""
+    """``B`` when output ``k`` and every checked input hold ``B >= MIN_VJP_SAMPLES``
+    independent samples along their first dimension (:meth:`Problem.samples`), else
+    ``None``."""
     shape = tuple(p.outputs[k].shape)
-    if not shape or shape[0] < 2:
+    if not shape or shape[0] < MIN_VJP_SAMPLES:
         return None
     b = shape[0]
     # every input's form first (no call of fn), then the probes
