@@ -510,7 +510,8 @@ def _warm_up(entry, kwargs: dict) -> None:
 
 def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False) -> dict:
     """Run case ``name`` on ``side`` and return its record; ``cold``: no warm-up at all,
-    the timed check is the first of the process (only torch and agcheck imported)."""
+    the timed check is the first of the process (after the imports of torch, agcheck
+    and what building the case needs: the OpInfo sweep's op_db)."""
     import torch
 
     import agcheck  # noqa: F401 -- imported on both sides so the baselines match
