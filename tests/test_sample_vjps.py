@@ -1,6 +1,7 @@
 """The first analytical pass by samples (``agcheck.engine.batched._first_pass_by_samples``):
 where the output and every checked input hold the same independent samples, one VJP per
-element position serves all samples (signed cotangents); a wrong backward still fails with
+element position serves all samples (a cotangent of ones at that position); a wrong
+backward still fails with
 the reference engine's message, and so does a backward that reaches another sample, which
 that pass alone would not see."""
 import pytest
@@ -31,7 +32,8 @@ class _PerSample(torch.autograd.Function):
     """``tanh(W x_s)`` for each sample ``s`` (any number of samples: copies stacked along
     the first dimension are samples too). The backward counts its calls, is scaled by
     ``scale`` and adds ``leak`` times the next sample's cotangent to each sample's
-    gradient (1.0 and 0.0: correct)."""
+    gradient (1.0 and 0.0: correct); ``rounding`` makes each sample's gradient round
+    differently when the other samples' cotangents are not zero."""
 
     scale, leak, calls, rounding = 1.0, 0.0, 0, False
 
