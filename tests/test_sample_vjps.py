@@ -1,9 +1,8 @@
 """The first analytical pass by samples (``agcheck.engine.batched._first_pass_by_samples``):
 where the output and every checked input hold the same independent samples, one VJP per
 element position serves all samples (a cotangent of ones at that position); a wrong
-backward still fails with
-the reference engine's message, and so does a backward that reaches another sample, which
-that pass alone would not see."""
+backward still fails with the reference engine's message, and so does a backward that
+reaches another sample, which that pass alone would not see."""
 import pytest
 import torch
 
