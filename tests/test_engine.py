@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import agcheck
+from agcheck.engine import forward_jacobian
 from agcheck.engine.outcome import EngineEvent
 
 from .helpers import ScaledSin, make, run_check as run
@@ -369,6 +370,71 @@ def test_a_backward_that_cannot_be_batched_is_looped_and_the_engine_still_decide
     for engine in ("auto", "reference"):
         with pytest.raises(RuntimeError) as info:
             agcheck.gradcheck(_TanhMatmulThroughLists.apply, args, engine=engine)
+        messages.append(str(info.value).split("\n\n")[0])
+    assert messages[0] == messages[1] and messages[0].startswith("Jacobian mismatch for output 0")
+
+
+_OUTER_WEIGHTS = torch.linspace(-1, 1, 40, dtype=torch.float64)
+
+
+class _OuterSinThroughLists(torch.autograd.Function):
+    """``sin(x)`` times 40 weights (40 outputs per input element), with a forward-mode
+    formula and a backward through Python lists that no vmap can batch; the backward
+    scaled by ``scale`` (1.0 is correct); counts its backward calls."""
+
+    generate_vmap_rule = True
+    scale = 1.0
+    backwards = 0
+
+    @staticmethod
+    def forward(x):
+        return torch.sin(x)[:, None] * _OUTER_WEIGHTS
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        _OuterSinThroughLists.backwards += 1
+        g = torch.tensor(g.tolist(), dtype=g.dtype)
+        return _OuterSinThroughLists.scale * (g * _OUTER_WEIGHTS).sum(1) * torch.cos(x)
+
+    @staticmethod
+    def jvp(ctx, t):
+        (x,) = ctx.saved_tensors
+        return (torch.cos(x) * t)[:, None] * _OUTER_WEIGHTS
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_forward_mode_projections_loop_a_backward_that_cannot_be_batched(scale, monkeypatch):
+    # the projections that tie forward mode to the backward used to give up on a batching
+    # failure, and the Jacobian then cost one looped VJP per output element (1,600 here)
+    from agcheck.backends.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(TorchBackend, "jvp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(_OuterSinThroughLists, "scale", scale)
+    monkeypatch.setattr(_OuterSinThroughLists, "backwards", 0)
+    args = (make(40, seed=3),)
+    r = run(_OuterSinThroughLists.apply, args)
+    backwards = _OuterSinThroughLists.backwards
+    failed = EngineEvent("vjp", "looped", None, "batched VJPs failed (RuntimeError)")
+    assert r.engine_log.count(failed) == 1
+    forward = next(e for e in r.engine_log if e.path == "forward")
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(_OuterSinThroughLists.apply, args, raise_exception=False)
+    if scale == 1.0:
+        assert forward.decision == "passed" and not r.engine_fallbacks
+        assert backwards <= 4 * forward_jacobian.ROUNDS, backwards
+        return
+    assert forward.decision == "disagreement"
+    messages = []
+    for engine in ("auto", "reference"):
+        with pytest.raises(RuntimeError) as info:
+            agcheck.gradcheck(_OuterSinThroughLists.apply, args, engine=engine)
         messages.append(str(info.value).split("\n\n")[0])
     assert messages[0] == messages[1] and messages[0].startswith("Jacobian mismatch for output 0")
 

@@ -213,14 +213,10 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         call = memory.measured(_batched_columns, p, k, c0, c1, inputs, cotangents)
     except EngineFallback:
         raise
-    except Exception as e:
-        # a backward that cannot run batched (an op without a batching rule, a custom
-        # Function that is not vmappable): its columns one VJP at a time, as the
-        # reference engine computes them; a backward that fails outright fails there too
+    except Exception as e:  # noqa: BLE001 - looped below, where a real failure recurs
         if e in p.run.user_errors:
             raise
-        p._vjp_batched = False
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(e).__name__})"))
+        _batching_failed(p, e)
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     seconds = time.perf_counter() - began
     cols = call.result
@@ -458,17 +454,35 @@ def _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1
 def _projection_vjps(p):
     """``vjps(k, stacked, count)`` for the forward-mode path's few cotangents: batched,
     unless batching was found not to pay or would first cost its one-time setup."""
-    batched = p._vjp_batched is not False and not p.be.batched_vjp_setup_cost()
-    return lambda k, stacked, count: _vjps_of(p, k, stacked, count, batched=batched)
+    setup_pending = bool(p.be.batched_vjp_setup_cost())
+    return lambda k, stacked, count: _vjps_of(p, k, stacked, count,
+                                              batched=p._vjp_batched is not False and not setup_pending)
+
+
+def _batching_failed(p, error) -> None:
+    """A backward that cannot run batched (an op without a batching rule, a custom Function
+    that is not vmappable): its VJPs are computed one at a time from now on, as the
+    reference engine computes them; a backward that fails outright fails there too."""
+    p._vjp_batched = False
+    p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(error).__name__})"))
 
 
 def _vjps_of(p, k, stacked, count, batched=None) -> list:
     """VJPs of output ``k`` with each of ``count`` stacked cotangents, batched or looped
-    as the first pass found cheaper (or as ``batched`` says)."""
+    as the first pass found cheaper (or as ``batched`` says, unless batching fails)."""
     if batched is None:
         batched = p._vjp_batched is not False
     try:
-        return p.vjps(k, stacked, count, batched)
+        if batched:
+            try:
+                return p.vjps(k, stacked, count, True)
+            except EngineFallback:
+                raise
+            except Exception as e:  # noqa: BLE001 - looped below, where a real failure recurs
+                if e in p.run.user_errors:
+                    raise
+                _batching_failed(p, e)
+        return p.vjps(k, stacked, count, False)
     except ValueError as e:
         if e in p.run.user_errors:
             raise
