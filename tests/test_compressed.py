@@ -393,6 +393,34 @@ def test_a_coloured_pass_dearer_than_the_loop_by_samples_gives_way_to_it(factor)
         assert all(x[1] == y[0] for x, y in zip(blocks, blocks[1:]))
 
 
+def test_a_coloured_pass_gives_way_after_a_small_first_batch(monkeypatch):
+    # its first batch used to be as large as the memory budget allowed (576 of the 1,824
+    # moves here on this project's machine), so that giving way came late
+    from agcheck.engine import cost
+    from agcheck.engine.compressed import CompressedSides
+
+    told, evaluate = [], CompressedSides.evaluate
+
+    def recorded(self, q, move_rows, n_rows, reduce=None, group=1, after_chunk=None):
+        def tell(seconds_per_move, moves_left):
+            told.append((q, n_rows, moves_left))
+            after_chunk(seconds_per_move, moves_left)
+
+        return evaluate(self, q, move_rows, n_rows, reduce, group, tell if after_chunk else None)
+
+    monkeypatch.setattr(CompressedSides, "evaluate", recorded)
+    fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2))
+    r = run(fn, mats())
+    assert r.verdict is True
+    assert EngineEvent("coloured", "declined", 0, "not compressible: the loop moving samples together is cheaper") \
+        in r.engine_log
+    # a gave way when first told; b (whose rows are not samples) was coloured in chunks
+    # that grew from the same first size
+    assert [t for t in told if t[0] == 0] == [(0, told[0][1], told[0][1] - cost.RAMP[-1])]
+    rest = [t[2] for t in told if t[0] == 1]
+    assert rest[0] == told[0][1] - cost.RAMP[-1] and rest == sorted(rest, reverse=True)
+
+
 def test_colouring_separates_elements_that_meet():
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 50, size=400)

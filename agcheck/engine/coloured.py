@@ -185,14 +185,14 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
         return out
 
     def give_way(seconds_per_move, moves_left):
-        # measured at this pass's own batch size: a large batch of convolutions costs
-        # several times per copy what the batching probe's two copies did
+        # measured on this pass's own batches, as they grow: a large batch of convolutions
+        # costs several times per copy what the batching probe's two copies did
         if p.samples_loop_cheaper(q, seconds_per_move * moves_left):
             raise NotCompressible("the loop moving samples together is cheaper")
 
     side = CompressedSides(p, [q], diff)
     outs = side.evaluate(q, move_rows, n_rounds * n_colours * points, reduce=stencil_reduce(run.stencil, eps),
-                         group=points, after_first=give_way)
+                         group=points, after_chunk=give_way)
     tau = opts.atol / 2
     for k in diff:
         diffs = outs[k].reshape(n_rounds, n_colours, -1)  # (R, C, m)

@@ -175,7 +175,7 @@ class CompressedSides:
 
         return self.evaluate(q, move_rows, signs.shape[0] * points, reduce=stencil_reduce(stencil, eps), group=points)
 
-    def evaluate(self, q, move_rows, n_rows, reduce=None, group=1, after_first=None) -> dict:
+    def evaluate(self, q, move_rows, n_rows, reduce=None, group=1, after_chunk=None) -> dict:
         """``{k: NumPy array}``: ``fn`` at ``n_rows`` moves of ``args[q]``, one row per move
         (``(n_rows, m)``), or per ``group`` of moves when ``reduce`` combines each group.
 
@@ -183,31 +183,34 @@ class CompressedSides:
         the moved input, or (``as_deltas``) the move itself. Moves are built and evaluated a
         chunk at a time, in vmapped batches that fit the memory budget; where ``args[q]``
         cannot be batched, one plain call per move, moving the input by its delta.
-        ``after_first(seconds_per_move, moves_left)``, when given, is told what the first
-        chunk cost when more chunks follow (it may raise :class:`NotCompressible`)."""
+        ``after_chunk(seconds_per_move, moves_left)``, when given, is told what each chunk
+        cost a move when more chunks follow (it may raise :class:`NotCompressible`); the
+        chunks then start at ``cost.RAMP[-1]`` moves and double, so that a pass that
+        gives way has paid little."""
         be, p = self.be, self.p
         x = p.args[q]
         batched = p.batched_ok(q)
         per_row = max((be.numel(x) + p.out_numel) * p.itemsize * 4, p.copy_bytes(q))
         size = max(1, p.batch_bytes // max(per_row, 1))
         size = max(group, size // group * group)
+        chunk = size if after_chunk is None else max(group, min(size, cost.RAMP[-1] // group * group))
         parts = {k: [] for k in self.diff}
-        for start in range(0, n_rows, size):
-            stop = min(n_rows, start + size)
-            if start == size and after_first is not None:
-                after_first(first_seconds / size, n_rows - start)
+        start = 0
+        while start < n_rows:
+            stop = min(n_rows, start + chunk)
             began = time.perf_counter()
             if batched:
-                chunk = move_rows(start, stop, False)
-                stacked = be.reshape(be.array_like(chunk, x), (stop - start, *x.shape))
+                rows = move_rows(start, stop, False)
+                stacked = be.reshape(be.array_like(rows, x), (stop - start, *x.shape))
                 outs = p.evaluate(q, stacked)
                 outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in self.diff}
             else:
                 outs = p.evaluate_looped(q, move_rows(start, stop, True), self.diff)
             for k in self.diff:
                 parts[k].append(outs[k] if reduce is None else reduce(outs[k]))
-            if start == 0:
-                first_seconds = time.perf_counter() - began
+            if stop < n_rows and after_chunk is not None:
+                after_chunk((time.perf_counter() - began) / (stop - start), n_rows - stop)
+            start, chunk = stop, min(size, 2 * chunk)
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
     # -- analytical side ----------------------------------------------------------------
