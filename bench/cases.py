@@ -88,7 +88,15 @@ class PeakMeter:
         _trim()
         self.hwm_reset = _reset_hwm()
         self.rss0 = _status_kb("VmRSS")
+        self.file0 = _status_kb("RssFile")
         self.maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def file_growth(self) -> int | None:
+        """Growth (kB) of the file-backed resident pages since ``start()``: code and data of
+        shared libraries touched for the first time (e.g. torch's vmap kernels), which the
+        peak counts although no allocation made them; ``None`` where not reported."""
+        now = _status_kb("RssFile")
+        return None if now is None or self.file0 is None else max(now - self.file0, 0)
 
     def stop(self) -> tuple[int, str]:
         if self.hwm_reset and self.rss0 is not None:
@@ -577,7 +585,9 @@ def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False
     dt = time.perf_counter() - t0
     cpu = _cpu_s() - c0
     kb, method = meter.stop()
-    res.update(time_s=dt, cpu_s=cpu, peak_mb=kb / 1024, mem_method=method, verdict=v)
+    file_kb = meter.file_growth()
+    res.update(time_s=dt, cpu_s=cpu, peak_mb=kb / 1024, mem_method=method, verdict=v,
+               file_mb=None if file_kb is None else file_kb / 1024)
     if cold:
         return res
     # the same check again in the same process: what a test suite that runs many checks

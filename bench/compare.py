@@ -109,6 +109,7 @@ def summarize(runs: list[dict]) -> dict:
         "cpu_s": _median(r.get("cpu_s") for r in runs),
         "warm_cpu_s": _median(r.get("warm_cpu_s") for r in runs),
         "peak_mb": _median(r.get("peak_mb") for r in runs),
+        "file_mb": _median(r.get("file_mb") for r in runs),
         "verdict": verdicts[0],
         "verdicts_all_runs": verdicts,
         "stable": len(set(verdicts)) == 1,
@@ -180,7 +181,7 @@ def _mem_ratio(t: dict, a: dict):
 def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
     cold = any("cold" in r for r in results)
     cols = ["case", "work", "torch s", "agcheck s", "speed", "cpu speed", "warm cpu speed", "torch MB",
-            "agcheck MB", "mem"]
+            "agcheck MB", "mem", "torch file MB", "agcheck file MB"]
     cols += ["cold torch s", "cold agcheck s", "cold speed", "cold mem"] if cold else []
     cols += ["torch verdict", "agcheck verdict", "agree"]
     rows = []
@@ -190,7 +191,7 @@ def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
             r["case"], r["detail"], _fmt_t(t["time_s"]), _fmt_t(a["time_s"]),
             _speed(t, a, timeout), _fmt_r(_ratio(t["cpu_s"], a["cpu_s"])),
             _fmt_r(_ratio(t.get("warm_cpu_s"), a.get("warm_cpu_s"))), _fmt_mb(t["peak_mb"]), _fmt_mb(a["peak_mb"]),
-            _fmt_r(_mem_ratio(t, a)),
+            _fmt_r(_mem_ratio(t, a)), _fmt_mb(t.get("file_mb")), _fmt_mb(a.get("file_mb")),
         ]
         if cold:
             ct, ca = r["cold"]["torch"], r["cold"]["agcheck"]
@@ -298,7 +299,8 @@ def main(argv=None) -> int:
               f"time = perf_counter around the check only (the first check of the case in a fresh "
               f"process, after one plain backward with an explicit cotangent and a tiny warm-up check)"
               f"{'; cold = the same with no warm-up at all (the first check of the process)' if a.cold else ''}; warm = CPU time of the same check run again in that "
-              f"process; peak = max RSS growth during the first check (MiB); speed/mem = torch/agcheck "
+              f"process; peak = max RSS growth during the first check (MiB); file = the part of its RSS growth that is "
+              f"file-backed pages (shared-library code touched for the first time, not allocations); speed/mem = torch/agcheck "
               f"(>1: agcheck better)")
     print(header, flush=True)
 
@@ -314,7 +316,8 @@ def main(argv=None) -> int:
                 la = rec.get("loadavg_before")
                 print(f"  {name:16s} {side:8s} time={_fmt_t(rec.get('time_s')):>8s} s  "
                       f"cpu={_fmt_t(rec.get('cpu_s')):>8s} s  warm cpu={_fmt_t(rec.get('warm_cpu_s')):>8s} s  "
-                      f"peak={_fmt_mb(rec.get('peak_mb')):>7s} MB  verdict={rec['verdict']}  "
+                      f"peak={_fmt_mb(rec.get('peak_mb')):>7s} MB (file {_fmt_mb(rec.get('file_mb'))})  "
+                      f"verdict={rec['verdict']}  "
                       f"(process {rec.get('wall_s', 0):.1f} s, load {'-' if la is None else f'{la:.1f}'})",
                       flush=True)
         t, ag = summarize(runs["torch"]), summarize(runs["agcheck"])
