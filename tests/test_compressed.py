@@ -414,11 +414,14 @@ def test_a_coloured_pass_gives_way_after_a_small_first_batch(monkeypatch):
     assert r.verdict is True
     assert EngineEvent("coloured", "declined", 0, "not compressible: the loop moving samples together is cheaper") \
         in r.engine_log
-    # a gave way when first told; b (whose rows are not samples) was coloured in chunks
-    # that grew from the same first size
-    assert [t for t in told if t[0] == 0] == [(0, told[0][1], told[0][1] - cost.RAMP[-1])]
-    rest = [t[2] for t in told if t[0] == 1]
-    assert rest[0] == told[0][1] - cost.RAMP[-1] and rest == sorted(rest, reverse=True)
+    # a gave way when first told, after one small batch; b (whose rows are not samples)
+    # was coloured in batches that grew from a small first one
+    ((_, n_rows, moves_left),) = [t for t in told if t[0] == 0]
+    assert n_rows - moves_left <= cost.RAMP[-1]
+    b_rows = [t[1] for t in told if t[0] == 1][0]
+    done = [b_rows - t[2] for t in told if t[0] == 1]
+    batches = [done[0]] + [y - x for x, y in zip(done, done[1:])]
+    assert batches[0] <= cost.RAMP[-1] and batches == sorted(batches) and len(batches) > 1, batches
 
 
 def test_colouring_separates_elements_that_meet():
