@@ -308,8 +308,13 @@ def _calls(check, x, **kw):
 
 
 def _message(check, x, **kw):
+    return _first_paragraph(check, _CountedDense.apply, (x,), **kw)
+
+
+def _first_paragraph(check, fn, args, **kw):
+    """The first paragraph of the error ``check(fn, args, **kw)`` raises."""
     with pytest.raises(RuntimeError) as info:
-        check(_CountedDense.apply, (x,), **kw)
+        check(fn, args, **kw)
     return str(info.value).split("\n\n")[0]
 
 
@@ -366,11 +371,8 @@ def test_a_backward_that_cannot_be_batched_is_looped_and_the_engine_still_decide
     if scale == 1.0:
         assert not r.engine_fallbacks  # the engine decided
         return
-    messages = []
-    for engine in ("auto", "reference"):
-        with pytest.raises(RuntimeError) as info:
-            agcheck.gradcheck(_TanhMatmulThroughLists.apply, args, engine=engine)
-        messages.append(str(info.value).split("\n\n")[0])
+    messages = [_first_paragraph(agcheck.gradcheck, _TanhMatmulThroughLists.apply, args, engine=engine)
+                for engine in ("auto", "reference")]
     assert messages[0] == messages[1] and messages[0].startswith("Jacobian mismatch for output 0")
 
 
@@ -431,11 +433,8 @@ def test_forward_mode_projections_loop_a_backward_that_cannot_be_batched(scale, 
         assert backwards <= 4 * forward_jacobian.ROUNDS, backwards
         return
     assert forward.decision == "disagreement"
-    messages = []
-    for engine in ("auto", "reference"):
-        with pytest.raises(RuntimeError) as info:
-            agcheck.gradcheck(_OuterSinThroughLists.apply, args, engine=engine)
-        messages.append(str(info.value).split("\n\n")[0])
+    messages = [_first_paragraph(agcheck.gradcheck, _OuterSinThroughLists.apply, args, engine=engine)
+                for engine in ("auto", "reference")]
     assert messages[0] == messages[1] and messages[0].startswith("Jacobian mismatch for output 0")
 
 

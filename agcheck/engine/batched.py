@@ -209,14 +209,8 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
     began = time.perf_counter()
-    try:
-        call = memory.measured(_batched_columns, p, k, c0, c1, inputs, cotangents)
-    except EngineFallback:
-        raise
-    except Exception as e:  # noqa: BLE001 - looped below, where a real failure recurs
-        if e in p.run.user_errors:
-            raise
-        _batching_failed(p, e)
+    call = _unless_batching_fails(p, memory.measured, _batched_columns, p, k, c0, c1, inputs, cotangents)
+    if call is None:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     seconds = time.perf_counter() - began
     cols = call.result
@@ -459,12 +453,21 @@ def _projection_vjps(p):
                                               batched=p._vjp_batched is not False and not setup_pending)
 
 
-def _batching_failed(p, error) -> None:
-    """A backward that cannot run batched (an op without a batching rule, a custom Function
-    that is not vmappable): its VJPs are computed one at a time from now on, as the
-    reference engine computes them; a backward that fails outright fails there too."""
-    p._vjp_batched = False
-    p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(error).__name__})"))
+def _unless_batching_fails(p, call, *args):
+    """``call(*args)`` (a batched VJP), or ``None`` where the backward cannot run batched
+    (an op without a batching rule, a custom Function that is not vmappable): its VJPs
+    are then computed one at a time from now on, as the reference engine computes them,
+    and a backward that fails outright fails there too."""
+    try:
+        return call(*args)
+    except EngineFallback:
+        raise
+    except Exception as e:  # noqa: BLE001 - looped by the caller, where a real failure recurs
+        if e in p.run.user_errors:
+            raise
+        p._vjp_batched = False
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(e).__name__})"))
+        return None
 
 
 def _vjps_of(p, k, stacked, count, batched=None) -> list:
@@ -473,16 +476,8 @@ def _vjps_of(p, k, stacked, count, batched=None) -> list:
     if batched is None:
         batched = p._vjp_batched is not False
     try:
-        if batched:
-            try:
-                return p.vjps(k, stacked, count, True)
-            except EngineFallback:
-                raise
-            except Exception as e:  # noqa: BLE001 - looped below, where a real failure recurs
-                if e in p.run.user_errors:
-                    raise
-                _batching_failed(p, e)
-        return p.vjps(k, stacked, count, False)
+        grads = _unless_batching_fails(p, p.vjps, k, stacked, count, True) if batched else None
+        return p.vjps(k, stacked, count, False) if grads is None else grads
     except ValueError as e:
         if e in p.run.user_errors:
             raise
