@@ -110,7 +110,8 @@ def _has_dropin(framework):
     return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
-def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout, log_dir, interleave=False):
+def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout, log_dir, interleave=False,
+              warm_fn=False):
     """One pytest process; returns (records, returncode, seconds)."""
     root = Path(src) / spec["dir"]
     if not root.is_dir():
@@ -135,6 +136,8 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
         cmd.append(f"--agcheck-{spec['framework']}")
     if checker != "torch" and interleave:
         cmd.append("--suite-interleave")
+    if warm_fn:
+        cmd.append("--suite-warm-fn")
     env = dict(os.environ, **THREAD_ENV, **spec["env"])
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     log = Path(log_dir) / f"{name}-{checker}{'-slow' if force_slow else ''}{'-interleaved' if interleave else ''}.log"
@@ -310,7 +313,8 @@ def print_report(data, summary, out=sys.stdout):
     p = lambda *a: print(*a, file=out)  # noqa: E731
     fwname = "jax" if data["framework"] == "jax" else "torch"
     p(f"== {data['suite']} ({data['framework']}): {data['source']}")
-    p(f"   via={data['via']} repeat={data['repeat']} force_slow={data['force_slow']}")
+    p(f"   via={data['via']} repeat={data['repeat']} force_slow={data['force_slow']} "
+      f"warm_fn={data.get('warm_fn', False)}")
     versions = data.get("versions", {})
     if "agcheck_source" in versions:
         p(f"   agcheck from {versions['agcheck_source']} at {versions.get('agcheck_commit', '?')}")
@@ -381,6 +385,11 @@ def main(argv=None):
                          "alternating with agcheck's repeats: per-call ratios from one process and one moment, "
                          "robust to the load of a shared machine (JAX: both share JAX's compilation caches, "
                          "so 'first' figures are not meaningful there)")
+    ap.add_argument("--warm-fn", action=argparse.BooleanOptionalAction, default=True,
+                    help="call each checked torch function once, forward and backward, untimed and with the "
+                         "RNG states restored, before its first timed run (default): the function's own "
+                         "first-call costs then land on neither checker; with --no-warm-fn they land on the "
+                         "checker that runs first (agcheck, in the first interleaved repeat)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/real-suites-SUITE-DATE[-slow].json)")
     ap.add_argument("--report", default=None, help="print the report of a saved JSON file and exit")
@@ -402,14 +411,15 @@ def main(argv=None):
     log_dir = HERE / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     data = {"suite": args.suite, "framework": spec["framework"], "source": spec["source"], "via": via,
-            "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave, "pytest_args": args.pytest_args,
+            "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave,
+            "warm_fn": args.warm_fn, "pytest_args": args.pytest_args,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "python": sys.version.split()[0], "versions": _versions(spec["framework"]), "runs": {}}
     for checker in args.checkers.split(","):
         print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
         records, rc, seconds, cmd, log = run_suite(args.suite, spec, args.src, checker, via_plugin, args.repeat,
                                                    args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir,
-                                                   interleave=args.interleave)
+                                                   interleave=args.interleave, warm_fn=args.warm_fn)
         data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
     summary = analyse(data)
     data["summary"] = summary

@@ -79,6 +79,10 @@ def pytest_addoption(parser):
     group.addoption("--suite-interleave", action="store_true", default=False,
                     help="with an agcheck checker, also run the framework's own checker on the same arguments "
                          "in the same process, alternating with agcheck's runs (timing robust to machine load)")
+    group.addoption("--suite-warm-fn", action="store_true", default=False,
+                    help="before a torch check's first timed run, call the checked function once (forward and "
+                         "backward, untimed, RNG state restored), so its own first-call costs are billed to "
+                         "neither checker")
     group.addoption("--suite-select", action="store_true", default=False,
                     help="keep only tests whose source mentions gradcheck/check_grads")
     group.addoption("--suite-frameworks", default="torch,jax",
@@ -253,6 +257,52 @@ def _reseed(key):
         sys.modules["torch"].manual_seed(seed)
 
 
+def _rng_states():
+    import numpy as np
+    import torch
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _set_rng_states(states):
+    import numpy as np
+    import torch
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+
+
+def _warm_function(fn, inputs):
+    """Call ``fn`` once on the check's inputs, forward and backward (a cotangent of ones on
+    every differentiable output), outside both checkers and untimed.
+
+    The first call of a suite's function in a process pays the function's own one-time costs
+    (first dispatch of its ops, lazily built tables, Python-level caches); without this they
+    land on whichever checker runs first. The global RNG states are restored afterwards, so
+    the checks draw what they would have drawn. Returns whether the warm-up ran through.
+    """
+    import torch
+    states = _rng_states()
+    try:
+        xs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        wrt = [x for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
+        with torch.enable_grad():
+            out = fn(*xs)
+        outs, stack = [], [out]
+        while stack:
+            o = stack.pop()
+            if isinstance(o, (tuple, list)):
+                stack.extend(o)
+            elif isinstance(o, torch.Tensor) and o.requires_grad and o.layout == torch.strided:
+                outs.append(o.real if o.is_complex() else o)
+        if outs and wrt:
+            torch.autograd.grad(sum(o.sum() for o in outs), wrt, allow_unused=True)
+        return True
+    except Exception:  # noqa: BLE001 - best effort: the checkers report the function's errors
+        return False
+    finally:
+        _set_rng_states(states)
+
+
 def _kw_summary(kwargs):
     out = {}
     for k, v in kwargs.items():
@@ -322,6 +372,8 @@ def _make_wrapper(kind, inner, which, original=None):
             record["runs_fw"] = []
         _LOCAL.depth = 1
         try:
+            if _STATE.get("warm_fn") and kind != "check_grads":
+                record["warmed"] = _warm_function(fn, inputs)
             for r in range(max(1, _STATE["repeat"])):
                 # interleaved: agcheck first on even repeats, the framework's checker first on odd
                 if interleave and r % 2 == 1:
@@ -375,6 +427,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _STATE["repeat"] = getattr(ns, "suite_repeat", 1) or 1
     _STATE["force_slow"] = bool(getattr(ns, "suite_force_slow", False))
     _STATE["interleave"] = bool(getattr(ns, "suite_interleave", False))
+    _STATE["warm_fn"] = bool(getattr(ns, "suite_warm_fn", False))
     _STATE["force_slow_max"] = getattr(ns, "suite_force_slow_max_numel", 20000)
     frameworks = (getattr(ns, "suite_frameworks", "torch,jax") or "").split(",")
     if "torch" in frameworks:

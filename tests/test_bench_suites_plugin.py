@@ -1,0 +1,82 @@
+"""bench/suites_plugin.py's untimed warm-up of a checked function (real_suites.py --warm-fn)."""
+import importlib.util
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    spec = importlib.util.spec_from_file_location("_suites_plugin_under_test", BENCH / "suites_plugin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _states():
+    return random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone()
+
+
+def _same(a, b):
+    return a[0] == b[0] and np.array_equal(a[1], b[1]) and torch.equal(a[2], b[2])
+
+
+def test_the_warm_up_runs_forward_and_backward_and_leaves_no_trace(plugin):
+    calls = {"forward": 0, "backward": 0}
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            calls["forward"] += 1
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            calls["backward"] += 1
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+    def fn(x, scale):
+        # draws from every global RNG, as a random augmentation would
+        random.random(), np.random.rand(), torch.rand(1)
+        return Square.apply(x) * scale, (x.sum(),)
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    before, x_before = _states(), x.detach().clone()
+    assert plugin._warm_function(fn, (x, 2.0)) is True
+    assert calls == {"forward": 1, "backward": 1}
+    assert _same(before, _states())
+    assert x.grad is None and torch.equal(x.detach(), x_before)
+
+
+def test_a_function_that_fails_is_reported_not_raised(plugin):
+    def fn(x):
+        torch.rand(2)
+        raise ValueError("the checker reports this, not the warm-up")
+
+    before = _states()
+    assert plugin._warm_function(fn, (torch.ones(2, requires_grad=True),)) is False
+    assert _same(before, _states())
+
+
+def test_real_suites_warms_by_default_and_can_be_told_not_to(monkeypatch):
+    spec = importlib.util.spec_from_file_location("_real_suites_under_test", BENCH / "real_suites.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = []
+
+    def fake_run_suite(*args, warm_fn=False, **kwargs):
+        seen.append(warm_fn)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(module, "run_suite", fake_run_suite)
+    for argv, expected in ((["--suite", "roma"], True), (["--suite", "roma", "--no-warm-fn"], False)):
+        with pytest.raises(SystemExit):
+            module.main(argv)
+        assert seen[-1] is expected
