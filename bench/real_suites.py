@@ -37,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -160,13 +161,28 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
 # -- analysis ---------------------------------------------------------------------------------
 
 def _best(rec, field="cpu", which="best"):
-    """The fastest repeat (``best``) or the first run (``first``: what the suite itself paid,
-    including one-time costs such as JAX compiling a function the first time it is checked)."""
+    """The fastest repeat (``best``), the median of the repeats (``median``: issue 16's
+    per-call measure) or the first run (``first``: what the suite itself paid, including
+    one-time costs such as JAX compiling a function the first time it is checked)."""
     if not rec["runs"]:
         return float("nan")
     if which == "first":
         return rec["runs"][0][field]
+    if which == "median":
+        return statistics.median(r[field] for r in rec["runs"])
     return min(r[field] for r in rec["runs"])
+
+
+def _full_gc_runs(runs):
+    """How many of these timed runs had a full garbage collection inside them."""
+    return sum(1 for r in runs if r.get("full_gc"))
+
+
+def _gc_counts(runs):
+    """(runs that recorded their full collections, how many of them had one); runs recorded
+    before the recorder counted collections are left out."""
+    counted = [r for r in runs if "full_gc" in r]
+    return {"runs": len(counted), "with_full_gc": _full_gc_runs(counted)}
 
 
 def _verdict_class(v):
@@ -209,6 +225,7 @@ def ratio_stats(pairs):
         "total_fw": sum(a for a, _ in pairs), "total_ag": sum(b for _, b in pairs),
         "total_ratio": sum(a for a, _ in pairs) / sum(b for _, b in pairs),
         "slower_calls": sum(1 for r in ratios if r < 1.0),
+        "below_0_8": sum(1 for r in ratios if r < 0.8),
     }
 
 
@@ -245,7 +262,7 @@ def analyse(data):
     stats, slowest = {}, []
     for mode in ("fast", "slow", "-"):
         sel = [(a, b) for a, b in pairs.values() if a["mode_run"] == mode]
-        for which in ("best", "first"):
+        for which in ("best", "median", "first"):
             for field in ("cpu", "wall"):
                 s = ratio_stats([(_best(a, field, which), _best(b, field, which)) for a, b in sel])
                 if s:
@@ -266,10 +283,13 @@ def analyse(data):
                                 "why": "same process, same arguments (interleaved)"})
     for mode in ("fast", "slow", "-"):
         sel = [b for b in inter if b["mode_run"] == mode]
-        for which in ("best", "first"):
+        for which in ("best", "median", "first"):
             st = ratio_stats([(_best({"runs": b["runs_fw"]}, "cpu", which), _best(b, "cpu", which)) for b in sel])
             if st:
                 inter_stats[f"{mode}/cpu/{which}"] = st
+    full_gc = {c: _gc_counts([x for r in cs.values() for x in r["runs"]]) for c, cs in calls.items()}
+    if inter:
+        full_gc["torch, interleaved"] = _gc_counts([x for b in inter for x in b["runs_fw"]])
     tests = {}
     for c in runs:
         outcomes = {}
@@ -300,13 +320,15 @@ def analyse(data):
         "input_digest_differences": digestdiffs, "dropin_misses": misses,
         "ratios": stats, "slowest": slowest, "worst_ratios": worst,
         "interleaved_ratios": inter_stats, "interleaved_verdict_differences": inter_diffs,
+        "full_gc": full_gc,
     }
 
 
 def _fmt_stats(s):
     return (f"{s['calls']:5d} calls  min {s['min']:.2f}  p10 {s['p10']:.2f}  median {s['median']:.2f}  "
             f"geomean {s['geomean']:.2f}  max {s['max']:.2f}  total {s['total_fw']:.2f}s/{s['total_ag']:.2f}s "
-            f"= {s['total_ratio']:.2f}x  ({s['slower_calls']} calls slower under agcheck)")
+            f"= {s['total_ratio']:.2f}x  ({s['slower_calls']} calls slower under agcheck, "
+            f"{s.get('below_0_8', '?')} below 0.8x)")
 
 
 def print_report(data, summary, out=sys.stdout):
@@ -344,7 +366,7 @@ def print_report(data, summary, out=sys.stdout):
     for m in summary["dropin_misses"][:20]:
         p(f"   MISS {m} reached {fwname}'s own checker under the drop-in")
     p(f"-- time ratios {fwname}/agcheck per call; >1 = agcheck faster. best = fastest of {data['repeat']} "
-      "repeat(s) on the same arguments; first = the first run, the one the suite pays")
+      "repeat(s) on the same arguments; median = of the repeats; first = the first run, the one the suite pays")
     for key, s in summary["ratios"].items():
         mode, field, which = key.split("/")
         label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
@@ -358,6 +380,10 @@ def print_report(data, summary, out=sys.stdout):
             mode, field, which = key.split("/")
             label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
             p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
+    if any(g["runs"] for g in summary.get("full_gc", {}).values()):
+        p("-- timed runs with a full garbage collection inside (0.2-0.3 s each in a large pytest session; "
+          "they land on whichever check's allocations trip them): "
+          + "; ".join(f"{c} {g['with_full_gc']} of {g['runs']}" for c, g in summary["full_gc"].items()))
     p("-- slowest calls (by the framework's best CPU time; CPU seconds, framework vs agcheck)")
     for s in summary["slowest"]:
         p(f"   best {s['torch_cpu']:8.3f}s vs {s['agcheck_cpu']:8.3f}s  x{s['ratio']:6.2f}  "

@@ -80,3 +80,37 @@ def test_real_suites_warms_by_default_and_can_be_told_not_to(monkeypatch):
         with pytest.raises(SystemExit):
             module.main(argv)
         assert seen[-1] is expected
+
+
+def test_a_timed_run_counts_the_full_collections_inside_it(plugin):
+    import gc
+
+    _, _, quiet = plugin._timed(lambda: 1, (), {})
+    _, _, collecting = plugin._timed(lambda: gc.collect(), (), {})
+    assert quiet["full_gc"] == 0
+    assert collecting["full_gc"] == 1
+
+
+def _call(nodeid, fw_cpu, ag_cpu, full_gc=0):
+    runs = [{"wall": t, "cpu": t, "verdict": "pass", "full_gc": full_gc} for t in ag_cpu]
+    runs_fw = [{"wall": t, "cpu": t, "verdict": "pass", "full_gc": 0} for t in fw_cpu]
+    return {"type": "call", "nodeid": nodeid, "index": 0, "kind": "gradcheck", "checker": "agcheck-dropin",
+            "mode": "fast", "mode_run": "fast", "fn": "f", "inputs": [], "digest": "d", "verdict": "pass",
+            "runs": runs, "runs_fw": runs_fw}
+
+
+def test_the_report_gives_the_median_of_the_repeats_and_the_calls_below_0_8():
+    spec = importlib.util.spec_from_file_location("_real_suites_report", BENCH / "real_suites.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # a: one lucky agcheck run (best 2x, median 0.5x); b: one unlucky run (median 1.25x)
+    records = [_call("a", [1.0, 1.0, 1.0], [0.5, 2.0, 2.0], full_gc=1), _call("b", [1.0, 1.0, 1.0], [0.8, 0.8, 3.0])]
+    data = {"framework": "torch", "repeat": 3, "runs": {"agcheck": {"records": records}}}
+    inter = module.analyse(data)["interleaved_ratios"]
+    assert inter["fast/cpu/best"]["min"] == pytest.approx(1.25)
+    assert inter["fast/cpu/best"]["below_0_8"] == 0
+    assert inter["fast/cpu/median"]["min"] == pytest.approx(0.5)
+    assert inter["fast/cpu/median"]["below_0_8"] == 1
+    full_gc = module.analyse(data)["full_gc"]
+    assert full_gc["agcheck"] == {"runs": 6, "with_full_gc": 3}
+    assert full_gc["torch, interleaved"] == {"runs": 6, "with_full_gc": 0}
