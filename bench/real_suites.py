@@ -170,6 +170,9 @@ def _best(rec, field="cpu", which="best"):
         return rec["runs"][0][field]
     if which == "median":
         return statistics.median(r[field] for r in rec["runs"])
+    if which == "balanced":
+        # interleaved repeats 1 and 2: each checker goes first once, both warm
+        return sum(r[field] for r in rec["runs"][1:3]) if len(rec["runs"]) >= 3 else float("nan")
     return min(r[field] for r in rec["runs"])
 
 
@@ -283,7 +286,7 @@ def analyse(data):
                                 "why": "same process, same arguments (interleaved)"})
     for mode in ("fast", "slow", "-"):
         sel = [b for b in inter if b["mode_run"] == mode]
-        for which in ("best", "median", "first"):
+        for which in ("best", "median", "balanced", "first"):
             st = ratio_stats([(_best({"runs": b["runs_fw"]}, "cpu", which), _best(b, "cpu", which)) for b in sel])
             if st:
                 inter_stats[f"{mode}/cpu/{which}"] = st
@@ -366,11 +369,12 @@ def print_report(data, summary, out=sys.stdout):
     for m in summary["dropin_misses"][:20]:
         p(f"   MISS {m} reached {fwname}'s own checker under the drop-in")
     p(f"-- time ratios {fwname}/agcheck per call; >1 = agcheck faster. best = fastest of {data['repeat']} "
-      "repeat(s) on the same arguments; median = of the repeats; first = the first run, the one the suite pays")
+      "repeat(s) on the same arguments; median = of the repeats; first = the first run, the one the suite pays; "
+      "interleaved only: balanced = repeats 1 and 2 summed, where each checker goes first once")
     for key, s in summary["ratios"].items():
         mode, field, which = key.split("/")
         label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
-        p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
+        p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s)}")
     if summary.get("interleaved_ratios"):
         p(f"-- interleaved in the agcheck process ({fwname}'s checker and agcheck alternating on the same arguments): "
           f"{len(summary['interleaved_verdict_differences'])} verdict difference(s)")
@@ -379,7 +383,7 @@ def print_report(data, summary, out=sys.stdout):
         for key, s in summary["interleaved_ratios"].items():
             mode, field, which = key.split("/")
             label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
-            p(f"   {label:11s} {which:5s} {field:4s} {_fmt_stats(s)}")
+            p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s)}")
     if any(g["runs"] for g in summary.get("full_gc", {}).values()):
         p("-- timed runs with a full garbage collection inside (0.2-0.3 s each in a large pytest session; "
           "they land on whichever check's allocations trip them): "

@@ -100,6 +100,8 @@ def _call(nodeid, fw_cpu, ag_cpu, full_gc=0):
 
 
 def test_the_report_gives_the_median_of_the_repeats_and_the_calls_below_0_8():
+    """The per-call statistics of an interleaved run: best, median and position-balanced
+    ratios, and how many calls fall below 0.8x."""
     spec = importlib.util.spec_from_file_location("_real_suites_report", BENCH / "real_suites.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -111,6 +113,9 @@ def test_the_report_gives_the_median_of_the_repeats_and_the_calls_below_0_8():
     assert inter["fast/cpu/best"]["below_0_8"] == 0
     assert inter["fast/cpu/median"]["min"] == pytest.approx(0.5)
     assert inter["fast/cpu/median"]["below_0_8"] == 1
+    # repeats 1 and 2 summed: a 2 / 4, b 2 / 3.8
+    assert inter["fast/cpu/balanced"]["min"] == pytest.approx(0.5)
+    assert inter["fast/cpu/balanced"]["max"] == pytest.approx(2 / 3.8)
     full_gc = module.analyse(data)["full_gc"]
     assert full_gc["agcheck"] == {"runs": 6, "with_full_gc": 3}
     assert full_gc["torch, interleaved"] == {"runs": 6, "with_full_gc": 0}
