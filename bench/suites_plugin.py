@@ -261,7 +261,8 @@ def _reseed(key):
 def _rng_states():
     import numpy as np
     import torch
-    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
 
 
 def _set_rng_states(states):
@@ -270,6 +271,8 @@ def _set_rng_states(states):
     random.setstate(states[0])
     np.random.set_state(states[1])
     torch.set_rng_state(states[2])
+    if states[3] is not None:
+        torch.cuda.set_rng_state_all(states[3])
 
 
 def _warm_function(fn, inputs):
@@ -279,7 +282,10 @@ def _warm_function(fn, inputs):
     The first call of a suite's function in a process pays the function's own one-time costs
     (first dispatch of its ops, lazily built tables, Python-level caches); without this they
     land on whichever checker runs first. The global RNG states are restored afterwards, so
-    the checks draw what they would have drawn. Returns whether the warm-up ran through.
+    the checks draw what they would have drawn (a function that changes its inputs in place
+    would change them for the checks too, as each checker's own calls do). Returns whether
+    the warm-up ran through; whatever the function raises (pytest's skips included) is left
+    for the checkers to meet again.
     """
     import torch
     states = _rng_states()
@@ -298,7 +304,9 @@ def _warm_function(fn, inputs):
         if outs and wrt:
             torch.autograd.grad(sum(o.sum() for o in outs), wrt, allow_unused=True)
         return True
-    except Exception:  # noqa: BLE001 - best effort: the checkers report the function's errors
+    except BaseException as e:  # noqa: BLE001 - best effort: the checkers report the function's errors
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
         return False
     finally:
         _set_rng_states(states)

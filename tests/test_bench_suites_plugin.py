@@ -65,6 +65,17 @@ def test_a_function_that_fails_is_reported_not_raised(plugin):
     assert _same(before, _states())
 
 
+def test_a_skip_raised_in_the_warm_up_is_left_to_the_checkers(plugin):
+    def fn(x):
+        pytest.skip("the checker's own call meets this again")
+
+    try:
+        warmed = plugin._warm_function(fn, (torch.ones(2, requires_grad=True),))
+    except BaseException as e:  # noqa: BLE001 - a skip escaping would skip this test instead of failing it
+        raise AssertionError(f"the warm-up let {type(e).__name__} escape") from None
+    assert warmed is False
+
+
 def test_real_suites_warms_by_default_and_can_be_told_not_to(monkeypatch):
     spec = importlib.util.spec_from_file_location("_real_suites_under_test", BENCH / "real_suites.py")
     module = importlib.util.module_from_spec(spec)
