@@ -176,16 +176,11 @@ def _best(rec, field="cpu", which="best"):
     return min(r[field] for r in rec["runs"])
 
 
-def _full_gc_runs(runs):
-    """How many of these timed runs had a full garbage collection inside them."""
-    return sum(1 for r in runs if r.get("full_gc"))
-
-
 def _gc_counts(runs):
     """(runs that recorded their full collections, how many of them had one); runs recorded
     before the recorder counted collections are left out."""
     counted = [r for r in runs if "full_gc" in r]
-    return {"runs": len(counted), "with_full_gc": _full_gc_runs(counted)}
+    return {"runs": len(counted), "with_full_gc": sum(1 for r in counted if r["full_gc"])}
 
 
 def _verdict_class(v):

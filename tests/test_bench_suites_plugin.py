@@ -10,12 +10,22 @@ import torch
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    spec = importlib.util.spec_from_file_location("_suites_plugin_under_test", BENCH / "suites_plugin.py")
+def _load(name):
+    """bench/``name``.py as a module of its own (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_{name}_under_test", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    return _load("suites_plugin")
+
+
+@pytest.fixture(scope="module")
+def real_suites():
+    return _load("real_suites")
 
 
 def _states():
@@ -76,10 +86,8 @@ def test_a_skip_raised_in_the_warm_up_is_left_to_the_checkers(plugin):
     assert warmed is False
 
 
-def test_real_suites_warms_by_default_and_can_be_told_not_to(monkeypatch):
-    spec = importlib.util.spec_from_file_location("_real_suites_under_test", BENCH / "real_suites.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_real_suites_warms_by_default_and_can_be_told_not_to(monkeypatch, real_suites):
+    module = real_suites
     seen = []
 
     def fake_run_suite(*args, warm_fn=False, **kwargs):
@@ -110,12 +118,10 @@ def _call(nodeid, fw_cpu, ag_cpu, full_gc=0):
             "runs": runs, "runs_fw": runs_fw}
 
 
-def test_the_report_gives_the_median_of_the_repeats_and_the_calls_below_0_8():
+def test_the_report_gives_the_median_of_the_repeats_and_the_calls_below_0_8(real_suites):
     """The per-call statistics of an interleaved run: best, median and position-balanced
     ratios, and how many calls fall below 0.8x."""
-    spec = importlib.util.spec_from_file_location("_real_suites_report", BENCH / "real_suites.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = real_suites
     # a: one lucky agcheck run (best 2x, median 0.5x); b: one unlucky run (median 1.25x)
     records = [_call("a", [1.0, 1.0, 1.0], [0.5, 2.0, 2.0], full_gc=1), _call("b", [1.0, 1.0, 1.0], [0.8, 0.8, 3.0])]
     data = {"framework": "torch", "repeat": 3, "runs": {"agcheck": {"records": records}}}
