@@ -636,9 +636,10 @@ class _DenseVmappable(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.0])
-def test_a_mismatch_in_the_first_rows_ends_the_engine_pass_there(scale, monkeypatch):
-    # a dense Jacobian, rows batched: a wrong backward shows in the first row block, and no
-    # further row is computed by the engine (the reference engine then decides)
+def test_a_mismatch_is_decided_from_the_batched_rows_and_the_printed_rows(scale, monkeypatch):
+    # a dense Jacobian, rows batched: a wrong backward shows in the first row block; the
+    # engine still computes every row once, batched, and then only the rows torch's
+    # message prints (and the worst entry's) one element at a time, not all 150
     from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
@@ -653,21 +654,38 @@ def test_a_mismatch_in_the_first_rows_ends_the_engine_pass_there(scale, monkeypa
         return original(self, pos, flat, *args)
 
     monkeypatch.setattr(_Problem, "_batched_rows", counted)
-    r = run(_DenseVmappable.apply, (make(150, seed=9),))
+    x = make(150, seed=9)
+    _DenseVmappable.calls = 0
+    assert torch.autograd.gradcheck(_DenseVmappable.apply, (x,), raise_exception=False) is (scale == 1.0)
+    torch_calls = _DenseVmappable.calls
+    _DenseVmappable.calls = 0
+    r = run(_DenseVmappable.apply, (x,))
     assert r.verdict is (scale == 1.0)
-    assert r.verdict is torch.autograd.gradcheck(_DenseVmappable.apply, (make(150, seed=9),), raise_exception=False)
+    assert sum(rows) == 150  # every row, once
     if scale == 1.0:
-        assert sum(rows) == 150  # every row, once
-    else:
-        assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"]
-        assert sum(rows) <= 8, rows  # the first block only
+        return
+    (fallback,) = r.engine_fallbacks
+    assert fallback.reason == "Jacobian mismatch"
+    assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(0, 150)]
+    (confirmed,) = [e for e in r.engine_log if e.path == "failure"]
+    assert confirmed.decision == "confirmed"
+    assert confirmed.figures["exact_rows"] <= 7  # torch prints 3 + 3 rows, and the worst one
+    assert _DenseVmappable.calls <= torch_calls // 10, (_DenseVmappable.calls, torch_calls)
+    with pytest.raises(RuntimeError) as ours:
+        agcheck.gradcheck(_DenseVmappable.apply, (x,))
+    with pytest.raises(RuntimeError) as reference:
+        agcheck.gradcheck(_DenseVmappable.apply, (x,), engine="reference")
+    with pytest.raises(RuntimeError) as torchs:
+        torch.autograd.gradcheck(_DenseVmappable.apply, (x,))
+    assert str(ours.value).split("\n\n")[0] == str(reference.value).split("\n\n")[0] \
+        == str(torchs.value).rstrip("\n")
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.5])
 def test_a_failing_check_reuses_the_rows_looped_after_batching_was_dropped(scale, monkeypatch):
     # the first batch of rows is batched, then batching is dropped (made deterministic
     # here) and the rest looped: on the late mismatch, the reference engine takes the looped
-    # rows as they are and computes only the first batch's rows again
+    # rows as they are, and the batched ones but those its message prints
     from agcheck.engine import cost
 
     monkeypatch.setattr(_DenseVmappable, "scale", scale)
@@ -683,7 +701,10 @@ def test_a_failing_check_reuses_the_rows_looped_after_batching_was_dropped(scale
     assert ("looped", "dropped for the test") in paths(r)
     if scale != 1.0:
         (fallback,) = r.engine_fallbacks
-        assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(8, 150)]
+        assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(0, 150)]
+        # the looped rows, and the printed first rows computed again one at a time
+        (confirmed,) = [e for e in r.engine_log if e.path == "failure"]
+        assert confirmed.figures["exact_rows"] == 142 + 3
         # torch's evaluations, and the engine's few probes and batched calls besides
         assert _DenseVmappable.calls <= torch_calls + 20, (_DenseVmappable.calls, torch_calls)
         with pytest.raises(RuntimeError) as ours:

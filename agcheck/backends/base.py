@@ -532,6 +532,12 @@ class Backend:
         """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails."""
         raise NotImplementedError
 
+    def summarized_edge_items(self, numel: int) -> int | None:
+        """How many leading and trailing items per dimension a message shows of an array
+        of ``numel`` elements when the framework's printing summarises it, or ``None``
+        when it prints every element (the default, which is never wrong)."""
+        return None
+
     def all_finite(self, x) -> bool:
         xp = self.xp(x)
         return bool(xp.all(xp.isfinite(x)))

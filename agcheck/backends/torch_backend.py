@@ -511,6 +511,17 @@ class TorchBackend(Backend):
     def count_nonzero(self, x) -> int:
         return int(torch.ne(x, 0).sum())
 
+    def summarized_edge_items(self, numel: int) -> int | None:
+        # torch prints the edges of a tensor above the threshold, formatted from them alone
+        options = getattr(torch._tensor_str, "get_printoptions", None)
+        if options is None:
+            return None
+        options = options()
+        threshold, edge = options.get("threshold"), options.get("edgeitems")
+        if not isinstance(edge, int) or threshold is None or numel <= threshold:
+            return None
+        return edge
+
     def allclose(self, a, b, rtol, atol) -> bool:
         dtype = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dtype), b.to(dtype)

@@ -19,6 +19,10 @@ __all__ = ["check", "MAX_REPORTED_BLOCKS"]
 
 #: a slow-mode failure report holds at most this many failing (output, input) blocks
 MAX_REPORTED_BLOCKS = 16
+#: the report's note on a failure the batched engine confirmed (engine.failure)
+BATCHED_ROWS_NOTE = ("the Jacobians' entries that torch's message prints, and the worst one, were computed "
+                     "element by element, as torch computes them; the others by batched evaluations, which "
+                     "agree with those to rounding")
 
 
 def check(run, piece: Piece) -> None:
@@ -64,7 +68,12 @@ def _compare_slow(run, piece: Piece) -> None:
             return
         run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
         run.progress.start(n_in, "Jacobians, element by element")
-        _reference_slow(run, piece, reuse=outcome.numerical or {}, reuse_analytical=outcome.analytical or {})
+        try:
+            _reference_slow(run, piece, reuse=outcome.numerical or {}, reuse_analytical=outcome.analytical or {})
+        except GradcheckError as error:
+            if outcome.whole:
+                error.report.notes.append(BATCHED_ROWS_NOTE)
+            raise
         return
     _reference_slow(run, piece)
 

@@ -18,10 +18,12 @@ faster and in bounded memory:
   output columns).
 
 It is optimistic: anything it cannot do, or any disagreement it finds, hands the check
-back to the reference engine, which then decides the verdict and writes the message. So a
-failure is always the reference engine's failure, and the batched engine only ever
-shortens the passing path; the rows it computed element by element are handed over, so
-that a failure does not pay for them twice. Before batching an input it probes that a
+back to the reference engine, which then decides the verdict and writes the message. The
+rows it computed element by element are handed over, so that a failure does not pay for
+them twice; where every row was kept, a disagreement is first confirmed on entries
+computed as the reference engine computes them, and the reference engine then gets whole
+Jacobians, exact wherever its message prints them (:mod:`~agcheck.engine.failure`), so
+that a failure costs about what a pass costs. Before batching an input it probes that a
 batched evaluation agrees with plain calls (a function reading its input through a
 closure would not see the move) and loops over that input if not.
 """
@@ -33,7 +35,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core.row_block import RowBlock
-from agcheck.engine import coloured, compressed, cost, forward_jacobian, memory
+from agcheck.engine import coloured, compressed, cost, failure, forward_jacobian, memory
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
 
@@ -75,6 +77,15 @@ def compare_slow_reverse(run, piece) -> Outcome:
     except EngineFallback as reason:
         if str(reason) != MISMATCH:
             return undecided(str(reason))
+        if isinstance(reason, _RowsKept):
+            inputs = [piece.args[q] for q in piece.checked]
+            try:
+                decided = failure.decide(p, piece.diff, reason.analytical, reason.kept, reason.where,
+                                         lambda k, c0, c1: _looped_columns(p, k, c0, c1, inputs))
+            except EngineFallback:
+                decided = None
+            if decided is not None:
+                return decided
         _finish_rows(p)
         _finish_columns(p, [piece.args[q] for q in piece.checked])
         return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
@@ -123,6 +134,15 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 MISMATCH = "Jacobian mismatch"
 
 
+class _RowsKept(EngineFallback):
+    """A mismatch seen with every numerical row and the whole analytical Jacobians at
+    hand, for :func:`failure.decide`; ``where`` as :attr:`coloured.RowsDiffer.where`."""
+
+    def __init__(self, analytical, kept, where):
+        super().__init__(MISMATCH)
+        self.analytical, self.kept, self.where = analytical, kept, where
+
+
 def _reverse(run, p, diff) -> None:
     be, opts = run.be, run.opts
     trace, args, checked = p.trace, p.args, p.checked
@@ -143,21 +163,42 @@ def _reverse(run, p, diff) -> None:
         analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
         if analytical is None:
             analytical = {k: _analytical_full(p, k, inputs) for k in diff}
+        # every row computed is kept where a failure can be decided from them
+        kept = failure.KeptRows(p) if failure.may_decide(p) else None
         if colourable:
             try:
-                if coloured.try_from_analytical(p, checked, diff, analytical):
+                if coloured.try_from_analytical(p, checked, diff, analytical, kept):
                     run.progress.advance(n_in)
                     return
-            except coloured.RowsDiffer:
-                raise EngineFallback(MISMATCH) from None  # decided: no row is computed twice
+            except coloured.RowsDiffer as differs:
+                if kept is None:
+                    raise EngineFallback(MISMATCH) from None  # decided: no row is computed twice
+                for q in checked:  # the coloured inputs' rows, for the failure's decision
+                    if not kept.has(q):
+                        for s, e, rows in p.numerical_row_chunks(q, report=False):
+                            kept.add(q, s, e, rows)
+                raise _RowsKept(analytical, kept, differs.where) from None
         # rows already computed exactly are reused, here and by the reference engine; the
-        # first row block that differs ends the pass
+        # first row block that differs ends the comparison, and the pass unless every row
+        # is kept for deciding the failure (failure.decide)
+        differs = None
         for j, q in enumerate(checked):
             for s, e, rows in p.numerical_row_chunks(q):
+                if kept is not None:
+                    kept.add(q, s, e, rows)
+                if differs is not None:
+                    continue
                 for k in diff:
                     if not compressed.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
                                                           opts.rtol, opts.atol):
-                        raise EngineFallback(MISMATCH)
+                        if kept is None:
+                            raise EngineFallback(MISMATCH)
+                        differs = (q, k, s, e)
+                        break
+            if differs is None and kept is not None:
+                kept.passed.add(q)
+        if differs is not None:
+            raise _RowsKept(analytical, kept, differs)
         return
     if not any(batchable):
         raise EngineFallback("no input can be moved in batches")

@@ -90,16 +90,23 @@ def _rank_in_class(colour):
 class RowsDiffer(Exception):
     """Rows computed exactly (element by element, or batched on an input that could not be
     coloured) differ from the analytical Jacobian: the check fails, no other path can
-    decide otherwise."""
+    decide otherwise. ``where`` is ``(input position, output position, start, stop)`` of
+    the first row block seen to differ."""
+
+    def __init__(self, q, k, start, stop):
+        super().__init__(f"input {q}, output {k}, rows {start}:{stop}")
+        self.where = (q, k, start, stop)
 
 
-def try_from_analytical(p, checked, diff, analytical) -> bool:
+def try_from_analytical(p, checked, diff, analytical, kept=None) -> bool:
     """Numerical side by coloured compressed differences, against the full analytical
     Jacobian ``analytical[k][j]`` (a :class:`DenseBlock`, input ``checked[j]``, output ``k``).
 
     True when every pattern entry matched in every round (inputs that cannot be coloured
     are compared row by row, exactly); False when the colouring could not decide. Raises
-    :class:`RowsDiffer` at the first row block that differs."""
+    :class:`RowsDiffer` at the first row block that differs, or, given ``kept`` (a
+    :class:`~agcheck.engine.failure.KeptRows`, which receives the rows computed), once
+    the rest of that input's rows are computed too."""
     be, run, opts = p.be, p.run, p.opts
     coloured = 0
     try:
@@ -112,11 +119,21 @@ def try_from_analytical(p, checked, diff, analytical) -> bool:
             except NotCompressible as reason:
                 # this input's rows exactly, the others' still coloured
                 run.engine_log.append(EngineEvent("coloured", "declined", q, f"not compressible: {reason}"))
+                differs = None
                 for s, e, rows in p.numerical_row_chunks(q, report=False):
-                    for k in diff:
+                    if kept is not None:
+                        kept.add(q, s, e, rows)
+                    for k in diff if differs is None else ():
                         if not allclose_like_torch(jac[k].by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
                                                    opts.atol):
-                            raise RowsDiffer(f"input {q}, output {k}, rows {s}:{e}")
+                            differs = RowsDiffer(q, k, s, e)
+                            break
+                    if differs is not None and kept is None:
+                        break
+                if differs is not None:
+                    raise differs
+                if kept is not None:
+                    kept.passed.add(q)
     except RowsDiffer:
         raise
     except Exception as reason:  # noqa: BLE001 - the exact path meets it again

@@ -21,15 +21,16 @@ class EngineEvent:
     ----------
     path : str
         ``"numerical"`` (how an input is moved), ``"vjp"`` (how analytical columns are
-        computed), ``"compressed"`` or ``"coloured"`` (the compressed-difference paths).
+        computed), ``"compressed"`` or ``"coloured"`` (the compressed-difference paths),
+        ``"failure"`` (a mismatch decided from the engine's rows).
     decision : str
         ``"batched"`` / ``"looped"`` (numerical, vjp), ``"coloured"`` / ``"column by
         column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` / ``"disagreement"``
-        (compressed, coloured).
+        (compressed, coloured), ``"confirmed"`` / ``"unconfirmed"`` (failure).
     subject : int or None
         The input position (numerical) or checked-input index the event is about.
     detail : str
-        Why, when the decision needs a reason.
+        Why, when the decision needs a reason (for a confirmed failure, the output index).
     via : str
         How a batched input is evaluated: ``"stacked"`` (copies laid end to end along
         fn's own first dimension, one plain call) or ``"vmap"`` (the framework's
@@ -39,7 +40,8 @@ class EngineEvent:
         element's rows computed one at a time), ``"stacked_probe"`` or ``"vmap_probe"``
         (the probe's two-row batch in the form chosen), ``"batched_row"`` (a row of the
         batch that decided), ``"loop_column"`` / ``"batched_column"`` (one VJP, alone or
-        in a batch).
+        in a batch); for a confirmed failure, counts: ``"exact_rows"`` and
+        ``"exact_columns"`` of the failing block computed as the reference engine does.
     """
 
     path: str
@@ -61,12 +63,18 @@ class Outcome:
     ``analytical`` likewise carries analytical Jacobians already computed one VJP per
     column and checked for reentrancy: ``{output position: (column ranges, rows)}``,
     ``rows`` a NumPy array ``(output numel, input numel)`` per checked input, exact in
-    the listed column ranges (output elements)."""
+    the listed column ranges (output elements).
+
+    ``whole`` marks a mismatch the engine confirmed (:mod:`~agcheck.engine.failure`):
+    then ``numerical`` and ``analytical`` cover the whole Jacobians, computed as the
+    reference engine computes them only where its message prints them and where the
+    failure was confirmed, and batched elsewhere."""
 
     passed: bool
     reason: str = ""
     numerical: dict | None = field(default=None, repr=False, compare=False)
     analytical: dict | None = field(default=None, repr=False, compare=False)
+    whole: bool = False
 
     def __bool__(self) -> bool:
         return self.passed
@@ -75,9 +83,10 @@ class Outcome:
 PASSED = Outcome(True)
 
 
-def undecided(reason: str, numerical: dict | None = None, analytical: dict | None = None) -> Outcome:
+def undecided(reason: str, numerical: dict | None = None, analytical: dict | None = None,
+              whole: bool = False) -> Outcome:
     """The outcome of a path that could not decide (the reference engine will)."""
-    return Outcome(False, reason, numerical, analytical)
+    return Outcome(False, reason, numerical, analytical, whole)
 
 
 class UserErrors:

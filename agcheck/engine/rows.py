@@ -254,6 +254,13 @@ class Problem:
                  for q in self.checked if self._exact_blocks.get(q)}
         return found or None
 
+    def rows_element_by_element(self, pos, begin, end):
+        """Yield row blocks ``(start, stop, {output position: rows})`` covering rows
+        ``begin:end`` of ``args[pos]``, computed as the reference engine computes them (an
+        element and its counterparts in the other samples at once, where :meth:`samples`
+        found them independent), and noted as such."""
+        yield from self._noted(pos, self._looped_row_chunks(pos, begin, end, self.run.eps_for(self.args[pos])))
+
     def finish_rows_by_samples(self) -> None:
         """Compute, element by element with the samples moved together, the numerical rows
         not yet computed exactly, for every checked input whose samples :meth:`samples`

@@ -1,0 +1,206 @@
+"""A failing dense check decided by the batched engine, at about the cost of a pass.
+
+When the batched rows of a check disagree with its analytical Jacobian, the reference
+engine used to compute every row and column again one element at a time, so that its
+verdict and torch's message were its own. Here the engine keeps every row it computed
+and hands the reference engine whole Jacobians instead, after making sure they lead it
+to the verdict and message it would reach alone:
+
+* the first failing (output, input) block in torch's order is found on the batched
+  numbers, and its worst entry is computed again as the reference engine computes it
+  (the input element's row by plain calls, the output element's column by one VJP); the
+  failure counts only if that exact entry still fails;
+* every row and column of that block that the message prints (all of them, unless the
+  framework's printing summarises the block to its edges) is computed exactly too;
+* with these exact numbers in place, the first failing block in torch's order must still
+  be that block, else the reference engine decides as before.
+
+Blocks before it pass on the batched numbers, as a passing check does."""
+from __future__ import annotations
+
+import numpy as np
+
+from agcheck.engine.compressed import allclose_like_torch
+from agcheck.engine.outcome import EngineEvent, Outcome, undecided
+
+__all__ = ["KeptRows", "may_decide", "decide"]
+
+
+def may_decide(p) -> bool:
+    """Whether a mismatch of this problem can be decided here: whole numerical Jacobians
+    fit the memory budget (:attr:`Problem.keep_rows`) and every checked input and
+    floating output is real (a complex one's message splits it in parts)."""
+    be = p.be
+    arrays = [p.args[q] for q in p.checked] + [p.outputs[k] for k in p.floats]
+    return p.keep_rows and not any(be.is_complex(a) for a in arrays)
+
+
+class KeptRows:
+    """Every numerical row block the engine computes, per checked input, as computed
+    (no copy until a failure is decided)."""
+
+    def __init__(self, p):
+        self.p = p
+        self.blocks = {}  # input position -> [(start, stop, {output position: rows})]
+        #: inputs whose kept rows were all compared, and agreed, with every output's
+        self.passed = set()
+
+    def add(self, q, start, stop, rows) -> None:
+        if start == 0:  # the input's rows computed again (after a path that gave way)
+            self.blocks[q] = []
+            self.passed.discard(q)
+        self.blocks.setdefault(q, []).append((start, stop, rows))
+
+    def has(self, q) -> bool:
+        return q in self.blocks
+
+    def arrays(self) -> dict | None:
+        """``{input position: {output position: (n, m) NumPy rows}}``, or ``None`` unless
+        every checked input's rows were all kept."""
+        p, whole = self.p, {}
+        for q in p.checked:
+            blocks = sorted(self.blocks.get(q, []), key=lambda block: block[0])
+            done = 0
+            for start, stop, _ in blocks:
+                if start != done:
+                    return None
+                done = stop
+            if done != p.be.numel(p.args[q]) or not blocks:
+                return None
+            whole[q] = {k: np.concatenate([p.be.to_numpy(rows[k]) for _, _, rows in blocks], axis=0)
+                        for k in p.floats}
+        return whole
+
+
+def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome | None:
+    """The undecided outcome that hands the reference engine whole Jacobians leading it to
+    its own verdict and message (see the module's docstring), or ``None`` when the
+    mismatch is not confirmed that way.
+
+    ``analytical`` is ``{output position: [DenseBlock per checked input]}``, reentrancy
+    checked; ``where`` is ``(input position, output position, start, stop)``, the kept
+    row block seen to differ; ``exact_columns(k, c0, c1)`` computes output ``k``'s
+    columns ``c0:c1`` one VJP each (per checked input, ``(n, c1 - c0)``)."""
+    be, run = p.be, p.run
+    numerical = kept.arrays()
+    if numerical is None:
+        return _unconfirmed(run, "rows missing")
+    # what the engine computed as the reference engine does, as it computed it
+    exact_rows = {q: np.zeros(be.numel(p.args[q]), dtype=bool) for q in p.checked}
+    for q, blocks in (p.exact_numerical() or {}).items():
+        for start, stop, rows in blocks:
+            for k in p.floats:
+                numerical[q][k][start:stop] = be.to_numpy(rows[k])
+            exact_rows[q][start:stop] = True
+    exact_cols = {k: np.zeros(be.numel(p.outputs[k]), dtype=bool) for k in diff}
+    for k, (ranges, rows) in (p.exact_analytical() or {}).items():
+        if k in exact_cols:
+            for c0, c1 in ranges:
+                for block, r in zip(analytical[k], rows):
+                    block.by_output[c0:c1] = r[c0:c1]
+                exact_cols[k][c0:c1] = True
+
+    failing = _first_failing(p, diff, analytical, numerical, kept.passed, where)
+    if failing is None:  # the block seen to differ is not among those kept
+        return _unconfirmed(run, "rows missing")
+    i, j = failing
+    k, q = diff[i], p.checked[j]
+    a, n = analytical[k][j].by_input, numerical[q][k]
+    start = where[2] if (q, k) == where[:2] else 0
+    stop = where[3] if (q, k) == where[:2] else a.shape[0]
+    r, c = _worst_entry(a[start:stop], n[start:stop], run.opts.rtol, run.opts.atol)
+    r += start
+    edge = be.summarized_edge_items(a.size)
+    rows = sorted(set(_printed(a.shape[0], edge)) | {r})
+    cols = sorted(set(_printed(a.shape[1], edge)) | {c})
+
+    for start, stop in _runs([x for x in rows if not exact_rows[q][x]]):
+        for s, e, computed in p.rows_element_by_element(q, start, stop):
+            for kk in p.floats:
+                numerical[q][kk][s:e] = be.to_numpy(computed[kk])
+            exact_rows[q][s:e] = True
+    inputs = [p.args[x] for x in p.checked]
+    for c0, c1 in _runs([x for x in cols if not exact_cols[k][x]]):
+        for block, computed in zip(analytical[k], exact_columns(k, c0, c1)):
+            block.by_output[c0:c1] = be.to_numpy(computed).T
+        exact_cols[k][c0:c1] = True
+
+    if _moved_first_failing(p, diff, analytical, numerical, (i, j), rows, cols):
+        return _unconfirmed(run, "the exact rows and columns move the first failing block")
+    a, n = analytical[k][j].by_input, numerical[q][k]
+    exact = np.ix_(np.flatnonzero(exact_rows[q]), np.flatnonzero(exact_cols[k]))
+    if _allclose(be, a[exact], n[exact], inputs[j], run.opts):
+        return _unconfirmed(run, "no entry computed exactly fails")
+    run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
+        "exact_rows": int(exact_rows[q].sum()), "exact_columns": int(exact_cols[k].sum())}))
+    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], p.outputs[kk]) for kk in p.floats})]
+              for x in p.checked}
+    columns = {kk: ([(0, be.numel(p.outputs[kk]))], [block.by_output for block in analytical[kk]]) for kk in diff}
+    return undecided("Jacobian mismatch", blocks, columns, whole=True)
+
+
+def _unconfirmed(run, why: str) -> None:
+    run.engine_log.append(EngineEvent("failure", "unconfirmed", None, why))
+    return None
+
+
+def _first_failing(p, diff, analytical, numerical, passed, where) -> tuple[int, int] | None:
+    """``(output index, input index)`` of the first block in torch's order whose
+    Jacobians differ (torch's rule, as the engine's passes apply it): blocks of the
+    ``passed`` inputs agree, the block of ``where`` differs, the others are compared."""
+    opts = p.run.opts
+    for i, k in enumerate(diff):
+        for j, q in enumerate(p.checked):
+            if q in passed:
+                continue
+            if (q, k) == where[:2] or not allclose_like_torch(analytical[k][j].by_input, numerical[q][k],
+                                                              opts.rtol, opts.atol):
+                return i, j
+    return None
+
+
+def _moved_first_failing(p, diff, analytical, numerical, failing, rows, cols) -> bool:
+    """Whether a block before ``failing`` in torch's order fails once ``rows`` of its
+    input and ``cols`` of its output are computed again: the other blocks sharing them."""
+    opts, (i, j) = p.run.opts, failing
+    k, q = diff[i], p.checked[j]
+    for before in diff[:i]:
+        if not allclose_like_torch(analytical[before][j].by_input[rows], numerical[q][before][rows],
+                                   opts.rtol, opts.atol):
+            return True
+    for jj, qq in enumerate(p.checked[:j]):
+        if not allclose_like_torch(analytical[k][jj].by_input[:, cols], numerical[qq][k][:, cols],
+                                   opts.rtol, opts.atol):
+            return True
+    return False
+
+
+def _allclose(be, a, n, like, opts) -> bool:
+    return be.allclose(be.array_like(np.ascontiguousarray(a), like), be.array_like(np.ascontiguousarray(n), like),
+                       opts.rtol, opts.atol)
+
+
+def _worst_entry(a, n, rtol, atol) -> tuple[int, int]:
+    """The entry exceeding ``atol + rtol |n|`` the most (any NaN first)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        excess = np.abs(a - n) - (atol + rtol * np.abs(n))
+    excess = np.where(np.isnan(excess), np.inf, excess)
+    return tuple(int(x) for x in np.unravel_index(int(np.argmax(excess)), a.shape))
+
+
+def _printed(size: int, edge: int | None) -> range | list:
+    """The indices along a dimension of ``size`` that a message prints."""
+    if edge is None or size <= 2 * edge:
+        return range(size)
+    return list(range(edge)) + list(range(size - edge, size))
+
+
+def _runs(indices) -> list[tuple[int, int]]:
+    """Sorted indices as ``(start, stop)`` runs of consecutive ones."""
+    runs = []
+    for x in indices:
+        if runs and runs[-1][1] == x:
+            runs[-1] = (runs[-1][0], x + 1)
+        else:
+            runs.append((x, x + 1))
+    return runs

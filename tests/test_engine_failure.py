@@ -1,0 +1,195 @@
+"""A failing dense check decided from the batched engine's rows (agcheck.engine.failure):
+torch's verdict and torch's message, at about the cost of a pass."""
+import math
+
+import pytest
+import torch
+
+import agcheck
+from agcheck.checks.jacobian import BATCHED_ROWS_NOTE
+
+from .helpers import make, run_check as run
+
+_gen = torch.Generator().manual_seed(21)
+_A, _B, _C = (torch.randn(50, 50, dtype=torch.float64, generator=_gen) / 7 for _ in range(3))
+
+
+class _TwoByTwo(torch.autograd.Function):
+    """``(tanh(A a + B b), sin(C a))``; the gradient of each (output, input) pair listed
+    in ``wrong`` is scaled by 1.5."""
+
+    generate_vmap_rule = True
+    wrong = ()
+    calls = 0
+
+    @staticmethod
+    def forward(a, b):
+        _TwoByTwo.calls += 1
+        return torch.tanh(_A @ a + _B @ b), torch.sin(_C @ a)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output[0])
+
+    @staticmethod
+    def backward(ctx, g0, g1):
+        a, y0 = ctx.saved_tensors
+
+        def scale(o, i):
+            return 1.5 if (o, i) in _TwoByTwo.wrong else 1.0
+
+        d0 = g0 * (1 - y0 * y0)
+        d1 = g1 * torch.cos(_C @ a)
+        return scale(0, 0) * (_A.T @ d0) + scale(1, 0) * (_C.T @ d1), scale(0, 1) * (_B.T @ d0)
+
+
+@pytest.fixture(autouse=True)
+def _engine_runs(monkeypatch):
+    """The engine runs however cheap the loop, and batches rows at the size the memory
+    allows (timings on a loaded machine would otherwise decide)."""
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
+
+
+@pytest.fixture
+def print_options():
+    """Restores torch's print options after the test."""
+    saved = torch._tensor_str.get_printoptions()
+    yield
+    torch.set_printoptions(**saved)
+
+
+def _failure_events(r):
+    return [(e.decision, e.subject, e.detail) for e in r.engine_log if e.path == "failure"]
+
+
+def _torch_message(fn, args):
+    with pytest.raises(RuntimeError) as info:
+        torch.autograd.gradcheck(fn, args)
+    return str(info.value).rstrip("\n")
+
+
+def _agcheck_message(fn, args, **kw):
+    """torch's part of agcheck's message (agcheck's report follows a blank line)."""
+    with pytest.raises(RuntimeError) as info:
+        agcheck.gradcheck(fn, args, **kw)
+    return str(info.value).split("\n\n")[0]
+
+
+@pytest.mark.parametrize("wrong, reported", [
+    ((), None),
+    (((1, 0),), (1, 0)),
+    # the engine meets input 0's rows first (output 1 differs there); torch reports the
+    # first failing block of output 0
+    (((1, 0), (0, 1)), (0, 1)),
+])
+def test_the_first_failing_block_in_torchs_order_is_reported_with_torchs_message(wrong, reported, monkeypatch):
+    monkeypatch.setattr(_TwoByTwo, "wrong", wrong)
+    args = (make(50, seed=1), make(50, seed=2))
+    r = run(_TwoByTwo.apply, args)
+    assert r.verdict is torch.autograd.gradcheck(_TwoByTwo.apply, args, raise_exception=False) is (not wrong)
+    if not wrong:
+        assert not r.engine_fallbacks and not _failure_events(r)
+        return
+    assert _failure_events(r) == [("confirmed", reported[1], f"output {reported[0]}")]
+    message = _agcheck_message(_TwoByTwo.apply, args)
+    assert message.startswith(f"Jacobian mismatch for output {reported[0]} with respect to input {reported[1]},")
+    assert message == _torch_message(_TwoByTwo.apply, args)
+    assert message == _agcheck_message(_TwoByTwo.apply, args, engine="reference")
+    # the report says which of its numbers are batched
+    with pytest.raises(agcheck.GradcheckError) as info:
+        agcheck.gradcheck(_TwoByTwo.apply, args)
+    assert BATCHED_ROWS_NOTE in info.value.report.notes
+    assert BATCHED_ROWS_NOTE[:40] in str(info.value)
+
+
+def test_a_failure_costs_a_fraction_of_torchs_evaluations(monkeypatch):
+    monkeypatch.setattr(_TwoByTwo, "wrong", ((0, 0),))
+    args = (make(50, seed=3), make(50, seed=4))
+    _TwoByTwo.calls = 0
+    assert not torch.autograd.gradcheck(_TwoByTwo.apply, args, raise_exception=False)
+    torch_calls, _TwoByTwo.calls = _TwoByTwo.calls, 0
+    r = run(_TwoByTwo.apply, args)
+    assert r.verdict is False
+    # the printed rows (3 + 3) and the worst entry's row, two evaluations each, the
+    # engine's probes and batched calls: not torch's 2 x 100
+    assert _TwoByTwo.calls <= 40 < torch_calls, (_TwoByTwo.calls, torch_calls)
+
+
+def test_printing_every_element_makes_every_row_of_the_failing_input_exact(monkeypatch, print_options):
+    monkeypatch.setattr(_TwoByTwo, "wrong", ((0, 0),))
+    torch.set_printoptions(threshold=math.inf)
+    args = (make(50, seed=5), make(50, seed=6))
+    r = run(_TwoByTwo.apply, args)
+    assert r.verdict is False
+    (event,) = [e for e in r.engine_log if e.path == "failure"]
+    assert event.figures["exact_rows"] == 50 and event.figures["exact_columns"] == 50
+    message = _agcheck_message(_TwoByTwo.apply, args)
+    assert "..." not in message
+    assert message == _torch_message(_TwoByTwo.apply, args)
+
+
+@pytest.mark.parametrize("wrong", [(), ((0, 1),)])
+def test_batched_rows_alone_never_fail_a_check(wrong, monkeypatch):
+    # batched rows made inexact on purpose: they differ from the analytical Jacobian, but
+    # the entry computed again as the reference engine computes it does not, so the
+    # reference engine decides (and a wrong backward still fails)
+    from agcheck.engine.rows import Problem
+
+    original = Problem._batched_rows
+
+    def off(self, pos, flat, *rest):
+        return {k: rows + 1e-2 for k, rows in original(self, pos, flat, *rest).items()}
+
+    monkeypatch.setattr(Problem, "_batched_rows", off)
+    monkeypatch.setattr(_TwoByTwo, "wrong", wrong)
+    args = (make(50, seed=7), make(50, seed=8))
+    r = run(_TwoByTwo.apply, args)
+    assert r.verdict is (not wrong)
+    if not wrong:
+        assert [d for d, _, _ in _failure_events(r)] == ["unconfirmed"]
+        assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"]
+
+
+_W = torch.randn(300, 300, dtype=torch.float64, generator=_gen) / 17
+
+
+class _DenseAndElementwise(torch.autograd.Function):
+    """``tanh(W a) + sin(b)``: ``a`` reaches every output (too many colours), ``b`` one
+    each (coloured); ``a``'s gradient scaled by ``scale``."""
+
+    generate_vmap_rule = True
+    scale = 1.0
+
+    @staticmethod
+    def forward(a, b):
+        return torch.tanh(_W @ a) + torch.sin(b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        y = torch.tanh(_W @ a)
+        return _DenseAndElementwise.scale * (_W.T @ (g * (1 - y * y))), g * torch.cos(b)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.2])
+def test_a_mismatch_in_the_rows_of_an_input_the_colouring_declined(scale, monkeypatch):
+    # the coloured path compares a's rows (it cannot colour a) and colours b; on a's
+    # mismatch b's rows are computed for the decision too
+    monkeypatch.setattr(_DenseAndElementwise, "scale", scale)
+    args = (make(300, seed=9), make(300, seed=10))
+    r = run(_DenseAndElementwise.apply, args)
+    assert any(e.path == "coloured" for e in r.engine_log)
+    assert r.verdict is torch.autograd.gradcheck(_DenseAndElementwise.apply, args, raise_exception=False) \
+        is (scale == 1.0)
+    if scale == 1.0:
+        assert not _failure_events(r)
+        return
+    assert _failure_events(r) == [("confirmed", 0, "output 0")]
+    assert _agcheck_message(_DenseAndElementwise.apply, args) == _torch_message(_DenseAndElementwise.apply, args)
