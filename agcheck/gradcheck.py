@@ -82,7 +82,9 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     engine : {"auto", "batched", "reference"}
         Beyond torch. ``"batched"`` computes slow-mode Jacobians in batches (many
         evaluations per call, compared chunk by chunk) wherever that pays and hands any
-        failure to the reference engine, so verdicts and messages are the reference's.
+        failure to the reference engine, so verdicts and messages are the reference's
+        (a failure it confirmed on entries computed element by element comes with them,
+        computed so wherever torch's message prints them).
         ``"auto"`` (default) first tries compressed differences: where each output
         element depends on at most one element of each input (elementwise, broadcast,
         indexing), every entry from ``O(log n)`` evaluations; where the analytical

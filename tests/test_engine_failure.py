@@ -193,3 +193,12 @@ def test_a_mismatch_in_the_rows_of_an_input_the_colouring_declined(scale, monkey
         return
     assert _failure_events(r) == [("confirmed", 0, "output 0")]
     assert _agcheck_message(_DenseAndElementwise.apply, args) == _torch_message(_DenseAndElementwise.apply, args)
+
+
+def test_the_torch_backend_reads_torchs_print_options(print_options):
+    be = agcheck.get_backend("torch")
+    assert be.summarized_edge_items(1000) is None and be.summarized_edge_items(1001) == 3
+    torch.set_printoptions(threshold=10, edgeitems=2)
+    assert be.summarized_edge_items(10) is None and be.summarized_edge_items(11) == 2
+    torch.set_printoptions(profile="full")
+    assert be.summarized_edge_items(10 ** 9) is None
