@@ -247,3 +247,22 @@ def test_compiled_computes_the_same(name):
         assert compiled is _sin
     with be.precision(True):
         assert np.allclose(np.asarray(be.to_numpy(compiled(be.from_numpy(X)))), np.sin(X))
+
+
+# -- all_finite -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("n", [7, 10_000])
+def test_all_finite_sees_nan_and_infinities_and_not_overflowing_sums(name, n):
+    be = get_backend(name)
+    values = np.zeros(n)
+    assert be.all_finite(be.from_numpy(values))
+    values[-2:] = np.finfo(be.to_numpy(be.from_numpy(values)).dtype).max  # finite; their sum overflows
+    assert be.all_finite(be.from_numpy(values))
+    for bad in (np.nan, np.inf, -np.inf):
+        values[1] = bad
+        assert not be.all_finite(be.from_numpy(values)), bad
+    values[1], values[2] = np.inf, -np.inf  # a NaN sum
+    assert not be.all_finite(be.from_numpy(values))
+    assert not be.all_finite(be.from_numpy(np.array([0.0, 1j * np.inf] + [0.0] * n)))

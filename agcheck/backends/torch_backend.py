@@ -511,6 +511,15 @@ class TorchBackend(Backend):
     def count_nonzero(self, x) -> int:
         return int(torch.ne(x, 0).sum())
 
+    def all_finite(self, x) -> bool:
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            return True
+        # a finite sum needs every element finite (NaN and infinities reach it); only a
+        # sum that overflows or is not finite needs the elementwise pass
+        if x.numel() >= _FEWER_PASSES_NUMEL and bool(torch.isfinite(x.sum())):
+            return True
+        return bool(torch.isfinite(x).all())
+
     def summarized_edge_items(self, numel: int) -> int | None:
         # torch prints the edges of a tensor above the threshold, formatted from them alone
         options = getattr(torch._tensor_str, "get_printoptions", None)
