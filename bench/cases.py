@@ -257,6 +257,51 @@ def _build_samples_cnn_wrong(quick, opts):
     return _build_samples_cnn(quick, opts, wrong=True)
 
 
+def _off_by_a_percent(forward, derivative):
+    """``forward`` as a vmappable custom Function whose backward is ``g * derivative(x)``
+    made 1% too large (fails under both checkers)."""
+    import torch
+
+    class OnePercentOff(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return forward(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 1.01 * derivative(x, g)
+
+    return OnePercentOff.apply
+
+
+def _build_exp_wrong(quick, opts):
+    import torch
+
+    fn = _off_by_a_percent(torch.exp, lambda x, g: g * torch.exp(x))
+    return fn, (_randn((500 if quick else 2000,), g=_gen()),), {}
+
+
+def _build_dense_wrong(quick, opts):
+    import torch
+
+    n = 150 if quick else 400
+    gen = _gen()
+    w = torch.randn(n, n, dtype=torch.float64, generator=gen) / n ** 0.5
+
+    def derivative(x, g):
+        y = torch.tanh(w @ x)
+        return w.T @ (g * (1 - y * y))
+
+    return _off_by_a_percent(lambda x: torch.tanh(w @ x), derivative), (_randn((n,), g=gen),), {}
+
+
 def _build_small_fast(quick, opts):
     net = _conv_net((4, 4), 3)
     return net, (_randn((2, 1, 8, 8), g=_gen()),), {"fast_mode": True}
@@ -444,6 +489,10 @@ CASES: dict[str, Case] = {
              lambda q, o: f"3 conv 3x3 + BN + ReLU on 2x1x{16 if q else 32}^2 (two samples), slow"),
         Case("samples_cnn_wrong", "gradcheck", _build_samples_cnn_wrong,
              lambda q, o: f"the same with one backward entry 10% off (fails), slow"),
+        Case("exp_wrong", "gradcheck", _build_exp_wrong,
+             lambda q, o: f"exp, its backward 1% off, n={500 if q else 2000} (fails), slow"),
+        Case("dense_wrong", "gradcheck", _build_dense_wrong,
+             lambda q, o: f"tanh(W x), its backward 1% off, n={150 if q else 400} (fails), slow"),
         Case("small_fast", "gradcheck", _build_small_fast,
              lambda q, o: "2 conv 3x3 + BN on 2x1x8x8, fast_mode"),
         Case("small_slow", "gradcheck", _build_small_slow,
