@@ -7,9 +7,10 @@ and hands the reference engine whole Jacobians instead, after making sure they l
 to the verdict and message it would reach alone:
 
 * the first failing (output, input) block in torch's order is found on the batched
-  numbers, and its worst entry is computed again as the reference engine computes it
-  (the input element's row by plain calls, the output element's column by one VJP); the
-  failure counts only if that exact entry still fails;
+  numbers, and its worst entry (in the row block seen to differ, when that is in this
+  block) is computed again as the reference engine computes it (the input element's row
+  by plain calls, the output element's column by one VJP); the failure counts only if an
+  entry computed so on both sides still fails;
 * every row and column of that block that the message prints (all of them, unless the
   framework's printing summarises the block to its edges) is computed exactly too;
 * with these exact numbers in place, the first failing block in torch's order must still
