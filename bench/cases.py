@@ -258,8 +258,8 @@ def _build_samples_cnn_wrong(quick, opts):
 
 
 def _off_by_a_percent(forward, derivative):
-    """``forward`` as a vmappable custom Function whose backward is ``g * derivative(x)``
-    made 1% too large (fails under both checkers)."""
+    """``forward`` as a vmappable custom Function whose backward, the VJP
+    ``derivative(x, g)``, is made 1% too large (fails under both checkers)."""
     import torch
 
     class OnePercentOff(torch.autograd.Function):
