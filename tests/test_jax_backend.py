@@ -647,3 +647,41 @@ def test_crossvalidate_verdicts_of_broken_complex_vjp_with_torch():
     # the same formula in a JAX custom_vjp is wrong (it is torch's, not JAX's, convention)
     torch_formula = with_vjp(lambda z: z * z * z, lambda z, g: (g * jnp.conj(3 * z * z),))
     assert agcheck.gradcheck(torch_formula, (z,), raise_exception=False) is False
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_a_dense_failure_decided_from_batched_rows_gives_the_reference_engines_message(scale, monkeypatch):
+    # NumPy prints jax arrays, so only the printed rows and columns are computed exactly
+    from agcheck.engine import cost
+
+    from .helpers import run_check
+
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
+    w = rand(60, 60, seed=3) / 8
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.tanh(w @ x)
+
+    def f_fwd(x):
+        y = jnp.tanh(w @ x)
+        return y, y
+
+    def f_bwd(y, g):
+        return (scale * (w.T @ (g * (1 - y * y))),)
+
+    f.defvjp(f_fwd, f_bwd)
+    x = rand(60, seed=4)
+    r = run_check(f, (x,), backend="jax")
+    assert r.verdict is (scale == 1.0)
+    if scale == 1.0:
+        return
+    (event,) = [e for e in r.engine_log if e.path == "failure"]
+    assert event.decision == "confirmed" and event.figures["exact_rows"] <= 7
+    messages = []
+    for engine in ("auto", "reference"):
+        with pytest.raises(GradcheckError) as info:
+            agcheck.gradcheck(f, (x,), backend="jax", engine=engine)
+        messages.append(str(info.value).split("\n\n")[0])
+    assert messages[0] == messages[1] and "..." in messages[0]

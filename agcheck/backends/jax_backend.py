@@ -635,6 +635,15 @@ class JaxBackend(TakesWrt, Backend):
         x, xp = self._host_or_jnp(x)
         return int(xp.count_nonzero(x))
 
+    def summarized_edge_items(self, numel: int) -> int | None:
+        # jax arrays print through NumPy's array2string, which formats a summarised array
+        # from its edges alone
+        options = np.get_printoptions()
+        threshold, edge = options.get("threshold"), options.get("edgeitems")
+        if not isinstance(edge, int) or threshold is None or numel <= threshold:
+            return None
+        return edge
+
     def allclose(self, a, b, rtol, atol) -> bool:
         """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails
         (equal infinities pass, as in torch.allclose)."""
