@@ -8,6 +8,26 @@ def make(*shape, dtype=torch.float64, seed=0, requires_grad=True, device="cpu"):
     return x.requires_grad_(requires_grad)
 
 
+def first_paragraph(check, fn, args, **kw) -> str:
+    """The first paragraph of the error ``check(fn, args, **kw)`` raises: torch's message,
+    where agcheck's report follows a blank line."""
+    import pytest
+
+    with pytest.raises(RuntimeError) as info:
+        check(fn, args, **kw)
+    return str(info.value).split("\n\n")[0]
+
+
+def torch_message(fn, args) -> str:
+    """The message of the error ``torch.autograd.gradcheck(fn, args)`` raises, without its
+    final newline."""
+    import pytest
+
+    with pytest.raises(RuntimeError) as info:
+        torch.autograd.gradcheck(fn, args)
+    return str(info.value).rstrip("\n")
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bits of a dense tensor, so that equality is bitwise (NaN payloads, -0.0)."""
     t = t.detach()

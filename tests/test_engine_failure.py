@@ -8,7 +8,7 @@ import torch
 import agcheck
 from agcheck.checks.jacobian import BATCHED_ROWS_NOTE
 
-from .helpers import make, run_check as run
+from .helpers import first_paragraph, make, run_check as run, torch_message
 
 _gen = torch.Generator().manual_seed(21)
 _A, _B, _C = (torch.randn(50, 50, dtype=torch.float64, generator=_gen) / 7 for _ in range(3))
@@ -65,19 +65,6 @@ def _failure_events(r):
     return [(e.decision, e.subject, e.detail) for e in r.engine_log if e.path == "failure"]
 
 
-def _torch_message(fn, args):
-    with pytest.raises(RuntimeError) as info:
-        torch.autograd.gradcheck(fn, args)
-    return str(info.value).rstrip("\n")
-
-
-def _agcheck_message(fn, args, **kw):
-    """torch's part of agcheck's message (agcheck's report follows a blank line)."""
-    with pytest.raises(RuntimeError) as info:
-        agcheck.gradcheck(fn, args, **kw)
-    return str(info.value).split("\n\n")[0]
-
-
 @pytest.mark.parametrize("wrong, reported", [
     ((), None),
     (((1, 0),), (1, 0)),
@@ -94,10 +81,10 @@ def test_the_first_failing_block_in_torchs_order_is_reported_with_torchs_message
         assert not r.engine_fallbacks and not _failure_events(r)
         return
     assert _failure_events(r) == [("confirmed", reported[1], f"output {reported[0]}")]
-    message = _agcheck_message(_TwoByTwo.apply, args)
+    message = first_paragraph(agcheck.gradcheck, _TwoByTwo.apply, args)
     assert message.startswith(f"Jacobian mismatch for output {reported[0]} with respect to input {reported[1]},")
-    assert message == _torch_message(_TwoByTwo.apply, args)
-    assert message == _agcheck_message(_TwoByTwo.apply, args, engine="reference")
+    assert message == torch_message(_TwoByTwo.apply, args)
+    assert message == first_paragraph(agcheck.gradcheck, _TwoByTwo.apply, args, engine="reference")
     # the report says which of its numbers are batched
     with pytest.raises(agcheck.GradcheckError) as info:
         agcheck.gradcheck(_TwoByTwo.apply, args)
@@ -126,9 +113,9 @@ def test_printing_every_element_makes_every_row_of_the_failing_input_exact(monke
     assert r.verdict is False
     (event,) = [e for e in r.engine_log if e.path == "failure"]
     assert event.figures["exact_rows"] == 50 and event.figures["exact_columns"] == 50
-    message = _agcheck_message(_TwoByTwo.apply, args)
+    message = first_paragraph(agcheck.gradcheck, _TwoByTwo.apply, args)
     assert "..." not in message
-    assert message == _torch_message(_TwoByTwo.apply, args)
+    assert message == torch_message(_TwoByTwo.apply, args)
 
 
 @pytest.mark.parametrize("wrong", [(), ((0, 1),)])
@@ -192,7 +179,8 @@ def test_a_mismatch_in_the_rows_of_an_input_the_colouring_declined(scale, monkey
         assert not _failure_events(r)
         return
     assert _failure_events(r) == [("confirmed", 0, "output 0")]
-    assert _agcheck_message(_DenseAndElementwise.apply, args) == _torch_message(_DenseAndElementwise.apply, args)
+    assert first_paragraph(agcheck.gradcheck, _DenseAndElementwise.apply, args) \
+        == torch_message(_DenseAndElementwise.apply, args)
 
 
 def test_the_torch_backend_reads_torchs_print_options(print_options):

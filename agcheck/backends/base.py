@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "UnsupportedError",
-           "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS"]
+           "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS", "summary_edges"]
 
 
 class Capability:
@@ -535,7 +535,8 @@ class Backend:
     def summarized_edge_items(self, numel: int) -> int | None:
         """How many leading and trailing items per dimension a message shows of an array
         of ``numel`` elements when the framework's printing summarises it, or ``None``
-        when it prints every element (the default, which is never wrong)."""
+        when it prints every element (the default, which is never wrong); see
+        :func:`summary_edges`."""
         return None
 
     def all_finite(self, x) -> bool:
@@ -707,3 +708,13 @@ class Backend:
         """``fn`` as code of this framework usually runs: compiled (JAX: ``jax.jit``)
         where the framework compiles, else ``fn`` itself. Derivatives are the same."""
         return fn
+
+
+def summary_edges(options: dict, numel: int) -> int | None:
+    """:meth:`Backend.summarized_edge_items` from print options holding ``threshold`` and
+    ``edgeitems`` (torch's and NumPy's both summarise an array above the threshold to its
+    edges, and format it from those alone)."""
+    threshold, edge = options.get("threshold"), options.get("edgeitems")
+    if not isinstance(edge, int) or threshold is None or numel <= threshold:
+        return None
+    return edge

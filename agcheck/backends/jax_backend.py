@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
-from agcheck.backends.base import Backend, Perturber, Trace
+from agcheck.backends.base import Backend, Perturber, Trace, summary_edges
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
 
@@ -638,11 +638,7 @@ class JaxBackend(TakesWrt, Backend):
     def summarized_edge_items(self, numel: int) -> int | None:
         # jax arrays print through NumPy's array2string, which formats a summarised array
         # from its edges alone
-        options = np.get_printoptions()
-        threshold, edge = options.get("threshold"), options.get("edgeitems")
-        if not isinstance(edge, int) or threshold is None or numel <= threshold:
-            return None
-        return edge
+        return summary_edges(np.get_printoptions(), numel)
 
     def allclose(self, a, b, rtol, atol) -> bool:
         """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from agcheck.backends.base import Backend, Trace
+from agcheck.backends.base import Backend, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_sparse
 
@@ -523,13 +523,7 @@ class TorchBackend(Backend):
     def summarized_edge_items(self, numel: int) -> int | None:
         # torch prints the edges of a tensor above the threshold, formatted from them alone
         options = getattr(torch._tensor_str, "get_printoptions", None)
-        if options is None:
-            return None
-        options = options()
-        threshold, edge = options.get("threshold"), options.get("edgeitems")
-        if not isinstance(edge, int) or threshold is None or numel <= threshold:
-            return None
-        return edge
+        return None if options is None else summary_edges(options(), numel)
 
     def allclose(self, a, b, rtol, atol) -> bool:
         dtype = torch.promote_types(a.dtype, b.dtype)

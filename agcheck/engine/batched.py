@@ -77,8 +77,8 @@ def compare_slow_reverse(run, piece) -> Outcome:
     except EngineFallback as reason:
         if str(reason) != MISMATCH:
             return undecided(str(reason))
+        inputs = [piece.args[q] for q in piece.checked]
         if isinstance(reason, _RowsKept):
-            inputs = [piece.args[q] for q in piece.checked]
             try:
                 decided = failure.decide(p, piece.diff, reason.analytical, reason.kept, reason.where,
                                          lambda k, c0, c1: _looped_columns(p, k, c0, c1, inputs))
@@ -87,7 +87,7 @@ def compare_slow_reverse(run, piece) -> Outcome:
             if decided is not None:
                 return decided
         _finish_rows(p)
-        _finish_columns(p, [piece.args[q] for q in piece.checked])
+        _finish_columns(p, inputs)
         return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
     return PASSED
 
