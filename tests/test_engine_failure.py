@@ -190,3 +190,30 @@ def test_the_torch_backend_reads_torchs_print_options(print_options):
     assert be.summarized_edge_items(10) is None and be.summarized_edge_items(11) == 2
     torch.set_printoptions(profile="full")
     assert be.summarized_edge_items(10 ** 9) is None
+
+
+_W100 = torch.randn(100, 10, dtype=torch.float64, generator=_gen) / 4
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_a_check_no_input_of_which_can_be_batched_is_decided_from_the_engines_rows(factor, monkeypatch):
+    # 10 input elements (too few to batch) and 100 outputs: the engine still takes the
+    # analytical side first (its VJPs may batch), loops the rows and keeps them, so a
+    # failure is decided from them; every entry is then exact and the report says nothing
+    # of batched numbers
+    from .helpers import ScaledSin
+
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    fn = lambda x: ScaledSin.apply(_W100 @ x)  # noqa: E731
+    args = (make(10, seed=11),)
+    r = run(fn, args)
+    assert [e.decision for e in r.engine_log if e.path == "numerical"] == ["looped"]
+    assert r.verdict is torch.autograd.gradcheck(fn, args, raise_exception=False) is (factor == 1.0)
+    if factor == 1.0:
+        assert not r.engine_fallbacks
+        return
+    assert _failure_events(r) == [("confirmed", 0, "output 0")]
+    with pytest.raises(agcheck.GradcheckError) as info:
+        agcheck.gradcheck(fn, args)
+    assert BATCHED_ROWS_NOTE not in info.value.report.notes
+    assert str(info.value).split("\n\n")[0] == torch_message(fn, args)

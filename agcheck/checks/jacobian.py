@@ -21,8 +21,8 @@ __all__ = ["check", "MAX_REPORTED_BLOCKS"]
 MAX_REPORTED_BLOCKS = 16
 #: the report's note on a failure the batched engine confirmed (engine.failure)
 BATCHED_ROWS_NOTE = ("the Jacobians' entries that torch's message prints, and the worst one, were computed "
-                     "element by element, as torch computes them; the others by batched evaluations, which "
-                     "agree with those to rounding")
+                     "element by element, as torch computes them; the others by batched evaluations or "
+                     "batched VJPs, which agree with those to rounding")
 
 
 def check(run, piece: Piece) -> None:
@@ -71,7 +71,7 @@ def _compare_slow(run, piece: Piece) -> None:
         try:
             _reference_slow(run, piece, reuse=outcome.numerical or {}, reuse_analytical=outcome.analytical or {})
         except GradcheckError as error:
-            if outcome.whole:
+            if outcome.inexact:
                 error.report.notes.append(BATCHED_ROWS_NOTE)
             raise
         return

@@ -155,7 +155,7 @@ def _reverse(run, p, diff) -> None:
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
-    if full <= p.budget // 2 and (colourable or any(batchable)):
+    if full <= p.budget // 2 and (colourable or any(batchable) or _columns_may_batch(p, diff)):
         # the analytical side first: its pattern may let the numerical side be coloured
         # (in batches, or one plain call per colour class where the input cannot be
         # batched); by JVPs where the outputs far outnumber the inputs and the backward is
@@ -211,6 +211,17 @@ def _reverse(run, p, diff) -> None:
                          for q in checked}
             for c0, c1 in _column_blocks(p, b1 - b0, n_in):
                 _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
+
+
+def _columns_may_batch(p, diff) -> bool:
+    """Whether batched VJPs may save time where no input can be moved in batches: a
+    function whose forward cannot be batched (Python control flow on values, writes into
+    a preallocated result) often has a backward that can, and its two passes of one VJP
+    per output element are then the part of the check worth batching. The VJPs' own
+    timings decide from the first batch on (:func:`_columns_and_how`)."""
+    if not p.be.supports(Capability.BATCHED_GRAD):
+        return False
+    return any(p.be.numel(p.outputs[k]) >= cost.RAMP[0] for k in diff)
 
 
 def _keep_columns(be, chunks, k, b0, b1):

@@ -137,7 +137,8 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
     blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], p.outputs[kk]) for kk in p.floats})]
               for x in p.checked}
     columns = {kk: ([(0, be.numel(p.outputs[kk]))], [block.by_output for block in analytical[kk]]) for kk in diff}
-    return undecided("Jacobian mismatch", blocks, columns, whole=True)
+    inexact = not (all(e.all() for e in exact_rows.values()) and all(e.all() for e in exact_cols.values()))
+    return undecided("Jacobian mismatch", blocks, columns, whole=True, inexact=inexact)
 
 
 def _unconfirmed(run, why: str) -> None:

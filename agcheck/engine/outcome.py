@@ -67,14 +67,16 @@ class Outcome:
 
     ``whole`` marks a mismatch the engine confirmed (:mod:`~agcheck.engine.failure`):
     then ``numerical`` and ``analytical`` cover the whole Jacobians, computed as the
-    reference engine computes them only where its message prints them and where the
-    failure was confirmed, and batched elsewhere."""
+    reference engine computes them where its message prints them and where the failure
+    was confirmed; ``inexact`` says that some of their other entries came from batched
+    evaluations or batched VJPs (the report then says so)."""
 
     passed: bool
     reason: str = ""
     numerical: dict | None = field(default=None, repr=False, compare=False)
     analytical: dict | None = field(default=None, repr=False, compare=False)
     whole: bool = False
+    inexact: bool = False
 
     def __bool__(self) -> bool:
         return self.passed
@@ -84,9 +86,9 @@ PASSED = Outcome(True)
 
 
 def undecided(reason: str, numerical: dict | None = None, analytical: dict | None = None,
-              whole: bool = False) -> Outcome:
+              whole: bool = False, inexact: bool = False) -> Outcome:
     """The outcome of a path that could not decide (the reference engine will)."""
-    return Outcome(False, reason, numerical, analytical, whole)
+    return Outcome(False, reason, numerical, analytical, whole, inexact)
 
 
 class UserErrors:
