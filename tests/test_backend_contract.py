@@ -405,3 +405,9 @@ def test_stacked_evaluation_gives_each_copy_its_own_result(setup):
     # an output that is not the copies' results end to end cannot be split
     with pytest.raises(ValueError):
         be.evaluate_stacked(lambda x, y: ((x * x).sum(),), args, 0, moves)
+    # y, which shares x's first dimension, repeated beside the copies: each copy meets y
+    (out,) = be.evaluate_stacked(lambda x, y: (x * y,), args, 0, moves, tiled=(1,))
+    np.testing.assert_allclose(_np(be, out), want * Y, rtol=1e-12)
+    # only an argument that shares the first dimension can be tiled
+    with pytest.raises(ValueError):
+        be.evaluate_stacked(lambda x, y: (x * y,), (args[0], be.reshape(args[1], (2, 2))), 0, moves, tiled=(1,))

@@ -517,6 +517,43 @@ def test_a_fn_that_mixes_its_samples_is_not_stacked(broken):
     assert r.verdict is torch.autograd.gradcheck(fn, (make(6, 10),), raise_exception=False)
 
 
+W44 = torch.randn(44, 44, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_inputs_sharing_one_sample_are_stacked_with_the_others_repeated(factor, monkeypatch):
+    # a batch of one sample in two arguments that must agree on it (torch.cat), and no
+    # vmap rule (ScaledSin): the moved copies of one input are laid end to end with the
+    # other input repeated beside them, as in kornia's batch-of-one checks
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    fn = lambda a, b: ScaledSin.apply(torch.cat([a, b], 1) @ W44)  # noqa: E731
+    inputs = (make(1, 20), make(1, 24, seed=1))
+    r = run(fn, inputs, engine="batched")
+    assert _via(r) == {"stacked"}
+    batched = [e for e in r.engine_log if e.path == "numerical" and e.decision == "batched"]
+    assert {e.subject for e in batched} == {0, 1} and all(e.figures["tiled"] == 1 for e in batched)
+    assert r.verdict is (factor == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(fn, inputs, raise_exception=False)
+    if factor != 1.0:
+        assert first_paragraph(agcheck.gradcheck, fn, inputs) == torch_message(fn, inputs)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_repeating_the_other_inputs_is_refused_where_fn_mixes_the_copies(broken):
+    # untiled, the copies of a do not fit b; tiled, the mean over a's first dimension
+    # mixes a's copies: the probe sees it and vmap evaluates them apart instead (b's
+    # copies meet a repeated, whose mean is a's own: they are stacked)
+    inner = OneEntryOff.apply if broken else torch.sin
+    fn = lambda a, b: inner(a + b - a.mean(0))  # noqa: E731
+    inputs = (make(6, 10), make(6, 10, seed=1))
+    r = run(fn, inputs, engine="batched")
+    batched = {e.subject: e for e in r.engine_log if e.path == "numerical" and e.decision == "batched"}
+    assert batched[0].via == "vmap" and "tiled" not in batched[0].figures
+    assert batched[1].via == "stacked" and batched[1].figures["tiled"] == 1
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, inputs, raise_exception=False)
+
+
 def test_batch_sizes_grow_while_rows_get_cheaper_and_stop_where_they_get_dearer():
     from agcheck.engine.cost import next_batch_size
 

@@ -364,11 +364,14 @@ class Backend:
         Capability :attr:`Capability.BATCHED_EVALUATION`."""
         raise UnsupportedError("evaluate_batch")
 
-    def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
+    def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked,
+                         tiled: Sequence[int] = ()) -> tuple:
         """``fn`` called once with ``args[position]`` replaced by the ``b`` copies in
         ``stacked`` laid end to end along the input's first dimension, as if it were
         ``fn``'s own batch dimension: per output, the result split back into ``b`` equal
-        parts, shape ``(b, output.shape[0] // b, *output.shape[1:])``.
+        parts, shape ``(b, output.shape[0] // b, *output.shape[1:])``. The arguments at
+        the positions ``tiled`` (which share that first dimension) are repeated ``b``
+        times end to end, so that each copy meets them as a plain call does.
 
         Only a function that treats that dimension as independent samples gives each
         copy its own result; the engine uses this form only after comparing it with

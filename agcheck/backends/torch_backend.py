@@ -313,7 +313,7 @@ class TorchBackend(Backend):
         with _quiet_batching():
             return tuple(o.detach() for o in torch.func.vmap(at)(stacked))
 
-    def evaluate_stacked(self, fn, args, position, stacked):
+    def evaluate_stacked(self, fn, args, position, stacked, tiled=()):
         x = args[position]
         b = stacked.shape[0]
         if x.dim() == 0 or x.layout != torch.strided:
@@ -323,6 +323,13 @@ class TorchBackend(Backend):
             raise ValueError("a VJP's primals and cotangents cannot be stacked one at a time")
         moved = list(args)
         moved[position] = stacked.reshape(b * x.shape[0], *x.shape[1:])
+        for q in tiled:
+            other = args[q]
+            if not isinstance(other, torch.Tensor) or other.dim() == 0 or other.layout != torch.strided \
+                    or other.shape[0] != x.shape[0]:
+                raise ValueError("only strided arguments sharing the input's first dimension can be tiled")
+            # detached, as the moved copies are: the evaluation records no graph through them
+            moved[q] = other.detach().repeat(b, *([1] * (other.dim() - 1)))
         split = []
         for o in self.as_tuple(fn(*moved)):
             if not isinstance(o, torch.Tensor) or o.dim() == 0 or o.shape[0] % b:

@@ -9,6 +9,7 @@ engine to reuse on a failure.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -57,6 +58,7 @@ class Problem:
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
         self._via = {}  # per batched input: "stacked" or "vmap"
+        self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
         self._figures = {}  # per probed input: the timings its decision was taken on
         self._vjp_batched = None  # True: being timed; False: found not to pay
         self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
@@ -107,13 +109,15 @@ class Problem:
         """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
         batched form the probe chose for that input."""
         if self._via[pos] == "stacked":
-            return self.be.evaluate_stacked(self.fn, self.args, pos, stacked)
+            return self.be.evaluate_stacked(self.fn, self.args, pos, stacked, self._tiled.get(pos, ()))
         return self.be.evaluate_batch(self.fn, self.args, pos, stacked)
 
     def _probe(self, pos) -> bool:
         """Time one element's rows by plain calls, then evaluate the same two moves in a
         batched form: ``stacked`` (one plain call, the copies laid along fn's own first
-        dimension) where fn gives each copy its own result, else ``vmap``."""
+        dimension, and the other arguments that share that dimension repeated beside them
+        where the copies alone do not fit) where fn gives each copy its own result, else
+        ``vmap``."""
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
@@ -136,19 +140,38 @@ class Problem:
         figures = self._figures[pos] = {"loop_row": loop_row}
         step = be.reshape(u, x.shape) * eps
         moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
-        forms = [("vmap", be.evaluate_batch)]
+        forms = [("vmap", (), be.evaluate_batch)]
         if be.supports(Capability.STACKED_EVALUATION):
-            forms.insert(0, ("stacked", be.evaluate_stacked))
-        for via, evaluate in forms:
+            forms[:0] = [("stacked", tiled, be.evaluate_stacked) for tiled in ((), self._sharing_first_dimension(pos))
+                         if tiled is not None]
+        for via, tiled, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
                 return False
+            if tiled:
+                evaluate = functools.partial(evaluate, tiled=tiled)
             seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps,
                                              measure=not self._setup_pending(via))
             if seconds is not None:
                 figures[f"{via}_probe"] = seconds
                 self._via[pos] = via
+                if tiled:
+                    self._tiled[pos] = tiled
+                    figures["tiled"] = len(tiled)
                 return True
         return False
+
+    def _sharing_first_dimension(self, pos) -> tuple | None:
+        """The positions of the other dense arrays among ``fn``'s arguments whose first
+        dimension is that of ``args[pos]`` (a batch of samples that ``args[pos]`` may
+        share: a batch of images beside a batch of their regions), or ``None`` when there
+        are none."""
+        be, x = self.be, self.args[pos]
+        if not x.shape:
+            return None
+        found = tuple(q for q, a in enumerate(self.args)
+                      if q != pos and be.is_array(a) and be.layout(a) == "dense" and len(a.shape) >= 1
+                      and a.shape[0] == x.shape[0])
+        return found or None
 
     def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps, measure=True) -> float | None:
         """Seconds of ``evaluate`` at the two probe moves, or ``None`` when it fails or its
