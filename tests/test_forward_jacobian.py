@@ -214,6 +214,74 @@ def test_a_one_time_setup_dearer_than_the_saving_is_not_paid(monkeypatch):
     assert decision == "declined" and detail.startswith("forward-mode setup not worth it")
 
 
+def _counting_projections(monkeypatch):
+    """The calls of the forward-mode path's projections (its first VJPs), counted."""
+    counted = []
+    original = forward_jacobian._projections
+
+    def counting(*args, **kw):
+        counted.append(1)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(forward_jacobian, "_projections", counting)
+    return counted
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_a_check_too_small_to_save_the_projections_is_declined_before_them(monkeypatch, scale):
+    # 12 outputs of 4 inputs: the reverse passes (18 VJPs) less the JVP rows (4) save fewer
+    # VJPs than twice the projections' 16, so no projection is made (kornia's Boxes checks
+    # paid 2.6 ms of projections in an 8 ms check before this)
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", REVERSE_PASSES)
+    w = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    fn = _scaled_backward(lambda t: torch.tanh(w @ t), scale)
+    x = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    counted = _counting_projections(monkeypatch)
+    r = run(fn, (x,))
+    assert forward_log(r) == [("declined", "too small: 14 VJPs to save against 16 for the projections")]
+    assert not counted
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch_verdict(fn, (x,))
+
+
+def _scaled_backward(fn, scale):
+    """``fn`` as a custom Function whose gradient is scaled by ``1 / scale`` (right at 1,
+    wrong otherwise)."""
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with torch.enable_grad():
+                x_ = x.detach().requires_grad_()
+                y = fn(x_)
+            ctx.save_for_backward(x_, y)
+            return y.detach()
+
+        @staticmethod
+        def backward(ctx, g):
+            x_, y = ctx.saved_tensors
+            (gx,) = torch.autograd.grad(y, x_, g, retain_graph=True)
+            return gx / scale
+
+    return Scaled.apply
+
+
+def test_a_setup_far_dearer_than_the_estimated_saving_is_declined_before_any_projection(monkeypatch):
+    monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", REVERSE_PASSES)
+    backend = type(agcheck.get_backend("torch"))
+    monkeypatch.setattr(backend, "jvp_setup_cost", lambda self: 1e6)
+    counted = _counting_projections(monkeypatch)
+    r = run(_tanh_of_a(), (_x(),))
+    assert r.verdict is True
+    [(decision, detail)] = forward_log(r)
+    assert detail.startswith("forward-mode setup not worth it") and "against about" in detail
+    assert not counted
+    # a setup the estimate cannot rule out is weighed against the projections' timings
+    monkeypatch.setattr(backend, "jvp_setup_cost", lambda self: 1e-9)
+    r = run(_tanh_of_a(), (_x(),))
+    assert r.verdict is True and counted == [1]
+
+
 @pytest.mark.parametrize("slow_from", [0, 1])
 def test_forward_mode_found_dearer_stops_at_once(monkeypatch, slow_from):
     """JVP batches made slow from the first (which alone outweighs the reverse passes) or

@@ -47,6 +47,12 @@ _REVERSE_PASSES = 1.5
 #: JVP rows per batched call at most (more saves nothing on convolutions, and holds more)
 _MAX_ROWS = 128
 PROJECTION_SEED = 4099
+#: the VJPs the path may save must be at least this many times the projections' VJPs
+_MIN_SAVED_SHARE = 2
+#: forward mode's one-time setup declines the path before any projection when it costs
+#: this many times the reverse passes as estimated from one evaluation (the estimate may be
+#: low by that much: a backward can cost more than its forward)
+_SETUP_MARGIN = 4
 
 
 class _Declined(Exception):
@@ -85,6 +91,7 @@ def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
         return None
     try:
         _require_applicable(p, diff, inputs)
+        _require_worth_projecting(p, n_in, m_total)
         projections, reverse_seconds = _projections(p, diff, inputs, vjps)
         # a JVP row costs about what a VJP column does; a first use may cost an import
         setup = p.be.jvp_setup_cost()
@@ -113,6 +120,21 @@ def _require_applicable(p, diff, inputs) -> None:
             raise _Declined("not double precision real")
     if any(k not in p.floats for k in diff):
         raise _Declined("a differentiable output is not floating")
+
+
+def _require_worth_projecting(p, n_in, m_total) -> None:
+    """Declines before any projection where none could pay: the ``2 * ROUNDS`` VJPs of the
+    projections must be well below the VJPs the path saves (the reverse passes' less the
+    JVP rows), and forward mode's one-time setup below the reverse passes, estimated from
+    the check's first evaluation (a VJP costing about an evaluation, as the plan assumes)."""
+    saved = _REVERSE_PASSES * m_total - n_in
+    if saved < _MIN_SAVED_SHARE * 2 * ROUNDS:
+        raise _Declined(f"too small: {saved:.0f} VJPs to save against {2 * ROUNDS} for the projections")
+    setup, evaluation = p.be.jvp_setup_cost(), getattr(p.run, "evaluation_seconds", None)
+    if setup and evaluation is not None:
+        reverse = _REVERSE_PASSES * m_total * (evaluation + cost.LOOP_CALL_SECONDS)
+        if setup >= _SETUP_MARGIN * reverse:
+            raise _Declined(f"forward-mode setup not worth it ({setup:.3g} s against about {reverse:.3g} s)")
 
 
 def _projections(p, diff, inputs, vjps):
