@@ -803,3 +803,45 @@ def test_a_backward_that_is_not_reentrant_is_not_reused(monkeypatch):
         agcheck.gradcheck(_DenseVmappable.apply, (x,))
     with pytest.raises(RuntimeError, match="Backward is not reentrant"):
         torch.autograd.gradcheck(_DenseVmappable.apply, (x,))
+
+
+class _CountedSin(torch.autograd.Function):
+    """``sin`` without a vmap rule, its backward calls counted and scaled by ``factor``."""
+
+    calls = 0
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        _CountedSin.calls += 1
+        (x,) = ctx.saved_tensors
+        return g * x.cos() * _CountedSin.factor
+
+
+@pytest.mark.parametrize("setup", [0.0, 1e6])
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, factor, monkeypatch):
+    # 10 inputs (too few to batch), 20 outputs: the first columns are computed one VJP
+    # each and timed, whether batched VJPs are then tried (setup paid) or not (setup
+    # dearer than the loop); no VJP is spent on timing alone, so the check makes no more
+    # backward calls than torch's (torchdiffeq's adjoint checks, whose backward costs 8
+    # evaluations, paid 2 VJPs of 22 for timing)
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self: setup)
+    monkeypatch.setattr(_CountedSin, "factor", factor)
+    w = torch.randn(20, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    fn = lambda x: _CountedSin.apply(w @ x)  # noqa: E731
+    x = make(10, seed=13)
+    _CountedSin.calls = 0
+    torch_verdict = torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+    torch_calls, _CountedSin.calls = _CountedSin.calls, 0
+    r = run(fn, (x,))
+    assert r.verdict is torch_verdict is (factor == 1.0)
+    if factor == 1.0:
+        assert _CountedSin.calls <= torch_calls, (_CountedSin.calls, torch_calls)
+    if setup:
+        assert [e.detail for e in r.engine_log if e.path == "vjp"] == ["batching setup not worth it"]

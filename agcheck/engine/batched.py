@@ -237,9 +237,38 @@ def _column_blocks(p, m, n_in):
     c0 = 0
     while c0 < m:
         chunk = cost.rows_per_chunk(max(estimate, p._column_bytes), p.batch_bytes, m)
-        c1 = min(m, c0 + min(chunk, p._vjp_size))
+        c1 = min(m, c0 + min(chunk, _TIMED_COLUMNS if _loop_untimed(p) else p._vjp_size))
         yield c0, c1
         c0 = c1
+
+
+#: the first columns of a check are computed one VJP each, timed, and kept: what a
+#: column costs by the loop (the better of two: a first call may pay one-time costs)
+_TIMED_COLUMNS = 2
+
+
+def _loop_untimed(p) -> bool:
+    """Whether no column has been timed yet (and batching not yet decided)."""
+    return p._vjp_batched is None and p._vjp_column_cost is None
+
+
+def _timed_columns(p, k, c0, c1, inputs, cotangents):
+    """Columns ``c0:c1`` one VJP each, each timed: the loop's cost per column is set from
+    them, and whether batching may pay decided on it."""
+    be = p.be
+    parts, seconds = [], []
+    for c in range(c0, c1):
+        began = time.perf_counter()
+        parts.append(_looped_columns(p, k, c, c + 1, inputs, cotangents))
+        seconds.append(time.perf_counter() - began)
+    p._vjp_column_cost = min(seconds)
+    p._vjp_batched = not _vjp_setup_outweighs_saving(p)
+    if not p._vjp_batched:
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
+    if len(parts) == 1:
+        return parts[0]
+    return [be.transpose(be.stack([be.reshape(part[i], (-1,)) for part in parts], axis=0))
+            for i in range(len(inputs))]
 
 
 def _analytical_columns(p, k, c0, c1, inputs):
@@ -253,8 +282,12 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
     """:func:`_analytical_columns`, and whether they were computed one VJP per column
     (as the reference engine computes them, bit for bit). ``cotangents(c0, c1)``, when
     given, stacks the cotangents of columns ``c0:c1`` in place of one-hots."""
+    if _loop_untimed(p) and c1 - c0 <= _TIMED_COLUMNS:
+        return _timed_columns(p, k, c0, c1, inputs, cotangents), True
     if p._vjp_batched is None:
-        p._vjp_batched = not _vjp_setup_outweighs_saving(p, k, c0)
+        if p._vjp_column_cost is None:
+            p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
+        p._vjp_batched = not _vjp_setup_outweighs_saving(p)
         if not p._vjp_batched:
             p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
@@ -288,14 +321,13 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
 _NO_LIMIT = 1 << 62
 
 
-def _vjp_setup_outweighs_saving(p, k, c) -> bool:
+def _vjp_setup_outweighs_saving(p) -> bool:
     """Batched VJPs that first cost a one-time setup (torch: an import) are used only when
-    the VJPs they would replace, one at a time, would take longer than the setup."""
+    the VJPs they would replace, one at a time (``p._vjp_column_cost`` each), would take
+    longer than the setup."""
     setup = p.be.batched_vjp_setup_cost()
     if not setup:
         return False
-    inputs = [p.args[q] for q in p.checked]
-    p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c, c + 1, inputs) for _ in range(2))
     # every column of every differentiable output, twice (the reentrancy pass)
     return 2 * p.out_numel * p._vjp_column_cost < setup
 
