@@ -71,6 +71,17 @@ SUITES = {
         "env": {},
         "source": "roma 1.8.0 sdist (pip download --no-deps --no-binary :all: roma==1.8.0); test/ against the installed wheel",
     },
+    "torchdiffeq": {
+        "framework": "torch",
+        "dir": "torchdiffeq",
+        # the two files that call gradcheck: odeint and odeint_adjoint with every solver
+        # (fixed-grid, implicit, adaptive, scipy's) on a scalar ODE over 10 time points
+        "paths": ["tests/gradient_tests.py", "tests/api_tests.py"],
+        "args": [],
+        "env": {},
+        "source": "github rtqichen/torchdiffeq at commit 657943a (0.2.5 and later): git archive of "
+                  "tests/ and the torchdiffeq/ package they import, from the same tree",
+    },
     "e3nn-jax": {
         "framework": "jax",
         "dir": "e3nn_jax-0.21.0",
