@@ -436,6 +436,45 @@ def test_colouring_separates_elements_that_meet():
     assert coloured.colour_columns(rows, cols, 120, limit=2) is None
 
 
+def test_a_row_wider_than_the_limit_needs_no_colouring_attempt():
+    block = coloured.DenseBlock(np.array([[1.0, 2.0, 0.0], [0.0, np.nan, 3.0]]))
+    assert block.widest(axis=1) == 2 and block.widest(axis=0) == 2  # NaN counts as an entry
+    rows, cols = np.array([0, 0, 0, 1]), np.array([0, 1, 2, 0])
+    assert coloured.colour_columns(rows, cols, 3, limit=2) is None
+    assert coloured.colour_columns(rows, cols, 3, limit=3) is not None
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_a_dense_jacobian_is_never_coloured_nor_its_pattern_built(scale, monkeypatch):
+    # every input element reaches every output: no colouring can save a call, which the
+    # widest row shows before the pattern's index arrays (4 blocks' worth of memory) exist
+    built = []
+    original = coloured.DenseBlock.pattern
+    monkeypatch.setattr(coloured.DenseBlock, "pattern", lambda self: built.append(1) or original(self))
+    w = torch.randn(300, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) / 17
+
+    class Dense(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return torch.tanh(w @ x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(output)
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return scale * (w.T @ (g * (1 - y * y)))
+
+    x = torch.randn(300, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).requires_grad_()
+    r = run(Dense.apply, (x,))
+    assert not built
+    assert r.verdict is torch.autograd.gradcheck(Dense.apply, (x,), raise_exception=False) is (scale == 1.0)
+
+
 # -- property: on random elementwise-like functions with random planted bugs, the default
 #    engine's verdict is the reference engine's ----------------------------------------
 

@@ -480,9 +480,12 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
         return False
     rng = np.random.default_rng(compressed.SIGN_SEED)
     by_colouring = {}
+    limit = _MAX_COLOUR_SHARE * m // 3
     for i, block in enumerate(blocks):
-        out_idx, in_idx = block.pattern()
-        colour = coloured.colour_columns(in_idx, out_idx, m, _MAX_COLOUR_SHARE * m // 3)
+        colour = None
+        if block.widest(axis=0) <= limit:  # else no colouring can do (known without the pattern)
+            out_idx, in_idx = block.pattern()
+            colour = coloured.colour_columns(in_idx, out_idx, m, limit)
         if colour is None:
             p.run.engine_log.append(EngineEvent("vjp", "column by column", i, "input reaches too many outputs"))
             return False

@@ -29,6 +29,14 @@ class DenseBlock:
     def by_input(self) -> np.ndarray:
         return self.by_output.T
 
+    def widest(self, axis: int) -> int:
+        """The most nonzero (or NaN) entries in one output element's row (``axis=1``) or
+        one input element's column (``axis=0``): a colouring needs at least that many
+        colours, which is known before the pattern's indices are built."""
+        if not self.by_output.size:
+            return 0
+        return int(np.count_nonzero(self.by_output, axis=axis).max())
+
     def pattern(self):
         """``(output indices, input indices)`` of the nonzero (or NaN) entries."""
         if self._pattern is None:
@@ -52,11 +60,12 @@ def colour_columns(rows, cols, n_cols, limit):
     if not len(rows):
         return np.zeros(n_cols, dtype=np.int64)
     width = int(np.bincount(rows).max())
-    if width <= limit:
-        index = np.arange(n_cols)
-        for colour in (index % width, index // -(-n_cols // width)):
-            if _valid_colouring(colour, rows, cols):
-                return colour
+    if width > limit:  # the widest row needs that many colours
+        return None
+    index = np.arange(n_cols)
+    for colour in (index % width, index // -(-n_cols // width)):
+        if _valid_colouring(colour, rows, cols):
+            return colour
     order = np.argsort(cols, kind="stable")
     rows, cols = rows[order], cols[order]
     bounds = np.searchsorted(cols, np.arange(n_cols + 1))
@@ -156,6 +165,9 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
     if be.is_complex(x):
         raise NotCompressible("complex input")
     points = len(run.stencil.offsets)
+    limit = n // 4
+    if max(jac[k].widest(axis=1) for k in diff) > limit:  # before the pattern's indices
+        raise NotCompressible("too many colours")
     rows, cols, offset = [], [], 0
     entries = {k: jac[k].pattern()[::-1] for k in diff}  # input element, output element
     for k in diff:
@@ -164,7 +176,6 @@ def _input_from_analytical(p, q, diff, jac) -> bool:
         cols.append(c_idx)
         offset += jac[k].by_output.shape[0]
     rows, cols = np.concatenate(rows), np.concatenate(cols)
-    limit = n // 4
     colour = colour_columns(rows, cols, n, limit) if limit else None
     if colour is None:
         raise NotCompressible("too many colours")

@@ -133,7 +133,9 @@ class JacobianBlock:
             self.mismatches = int(diff.size - np.count_nonzero(diff <= bound))  # NaN counts as bad
             del bound
             # relative to |numerical|; infinite where numerical is 0 and analytical is not
-            rel = diff / absn
+            # (written over |numerical|, which is not needed again: one block less held)
+            rel = np.divide(diff, absn, out=absn)
+            del absn
             np.copyto(rel, 0.0, where=diff == 0)
         ranked = np.where(nan, np.inf, diff) if has_nan else diff
         flat = int(np.argmax(ranked))
