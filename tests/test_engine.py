@@ -831,6 +831,9 @@ def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, fac
     # dearer than the loop); no VJP is spent on timing alone, so the check makes no more
     # backward calls than torch's (torchdiffeq's adjoint checks, whose backward costs 8
     # evaluations, paid 2 VJPs of 22 for timing)
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's path, however cheap
     monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self: setup)
     monkeypatch.setattr(_CountedSin, "factor", factor)
     w = torch.randn(20, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
@@ -845,3 +848,22 @@ def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, fac
         assert _CountedSin.calls <= torch_calls, (_CountedSin.calls, torch_calls)
     if setup:
         assert [e.detail for e in r.engine_log if e.path == "vjp"] == ["batching setup not worth it"]
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_a_check_no_input_of_which_can_be_batched_and_whose_vjps_are_cheap_tries_no_batched_vjp(factor, monkeypatch):
+    # 9 elements of a cheap function: the VJP passes cost about a millisecond, below what
+    # a first batched VJP (and vmap's code pages) may lose; the reference engine decides
+    monkeypatch.setattr(_CountedSin, "factor", factor)
+    from agcheck.backends import torch_backend
+
+    batched = []
+    original = torch_backend.TorchTrace.vjp_batched
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched",
+                        lambda self, *a, **kw: batched.append(1) or original(self, *a, **kw))
+    fn = lambda t: _CountedSin.apply(t.flip(0) * t.sum())  # noqa: E731
+    x = make(3, 3, seed=14)
+    r = run(fn, (x,))
+    assert not batched
+    assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
+    assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False) is (factor == 1.0)

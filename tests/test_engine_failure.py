@@ -201,8 +201,10 @@ def test_a_check_no_input_of_which_can_be_batched_is_decided_from_the_engines_ro
     # analytical side first (its VJPs may batch), loops the rows and keeps them, so a
     # failure is decided from them; every entry is then exact and the report says nothing
     # of batched numbers
+    from agcheck.engine import cost
     from .helpers import ScaledSin
 
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # however cheap its VJPs
     monkeypatch.setattr(ScaledSin, "factor", factor)
     fn = lambda x: ScaledSin.apply(_W100 @ x)  # noqa: E731
     args = (make(10, seed=11),)

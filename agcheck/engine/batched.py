@@ -217,11 +217,18 @@ def _columns_may_batch(p, diff) -> bool:
     """Whether batched VJPs may save time where no input can be moved in batches: a
     function whose forward cannot be batched (Python control flow on values, writes into
     a preallocated result) often has a backward that can, and its two passes of one VJP
-    per output element are then the part of the check worth batching. The VJPs' own
-    timings decide from the first batch on (:func:`_columns_and_how`)."""
+    per output element are then the part of the check worth batching. Only where those
+    passes, estimated from the check's first evaluation, cost well more than a first
+    batched VJP may lose (:data:`cost.VJP_BATCHING_WORTH_SECONDS`); the VJPs' own timings
+    decide from the first batch on (:func:`_columns_and_how`)."""
     if not p.be.supports(Capability.BATCHED_GRAD):
         return False
-    return any(p.be.numel(p.outputs[k]) >= cost.RAMP[0] for k in diff)
+    m = max((p.be.numel(p.outputs[k]) for k in diff), default=0)
+    if m < cost.RAMP[0]:
+        return False
+    evaluation = getattr(p.run, "evaluation_seconds", None)
+    passes = 2 * sum(p.be.numel(p.outputs[k]) for k in diff) * ((evaluation or 0.0) + cost.LOOP_CALL_SECONDS)
+    return evaluation is None or passes >= cost.VJP_BATCHING_WORTH_SECONDS
 
 
 def _keep_columns(be, chunks, k, b0, b1):

@@ -34,6 +34,11 @@ RAMP = (8, 64)
 #: (on torch's CPU the engine's fixed cost is about 0.6 ms; it wins from about 2 ms of
 #: loop on, e.g. 1.3x at 16 elements of ``sin``, 2.9x at 64)
 ENGINE_WORTH_SECONDS = 0.002
+#: where no input can be batched, batched VJPs are tried only when the two passes of one
+#: VJP per output element are estimated (from one evaluation) at this many seconds or
+#: more: a first batched VJP costs about a millisecond beside the loop's, and its first
+#: use in a process brings in vmap's code pages (2-9 MB)
+VJP_BATCHING_WORTH_SECONDS = 0.02
 #: what each call of the loop costs beside ``fn``'s own evaluation: the element move or
 #: one-hot cotangent, the backward's own work, writing the row (torch's CPU, measured on
 #: checks of 2 to 128 elements: 20 to 25 µs)
