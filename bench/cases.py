@@ -302,6 +302,62 @@ def _build_dense_wrong(quick, opts):
     return _off_by_a_percent(lambda x: torch.tanh(w @ x), derivative), (_randn((n,), g=gen),), {}
 
 
+def _build_complex_wrong(quick, opts):
+    import torch
+
+    n = 200 if quick else 600
+
+    def derivative(z, g):  # torch's convention: g conj(df/dz) + conj(g) df/dconj(z)
+        return g * (z + z.exp().conj()) + g.conj() * z
+
+    return _off_by_a_percent(_complex_fn, derivative), (_randn((n,), torch.complex128, g=_gen()),), {}
+
+
+def _tangent_off_by_a_percent(forward, derivative, tangent):
+    """``forward`` as a custom Function with a right backward (the VJP ``derivative(x, g)``)
+    and a JVP ``tangent(x, t)`` made 1% too large (fails a forward-mode check)."""
+    import torch
+
+    class TangentOff(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            ctx.save_for_forward(x)
+            return forward(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return derivative(x, g)
+
+        @staticmethod
+        def jvp(ctx, t):
+            (x,) = ctx.saved_tensors
+            return 1.01 * tangent(x, t)
+
+    return TangentOff.apply
+
+
+def _build_forward_wrong(quick, opts):
+    import torch
+
+    n = 100 if quick else 300
+    gen = _gen()
+    w = torch.randn(n, n, dtype=torch.float64, generator=gen) / n ** 0.5
+
+    def derivative(x, g):
+        y = torch.tanh(w @ x)
+        return w.T @ (g * (1 - y * y))
+
+    def tangent(x, t):
+        y = torch.tanh(w @ x)
+        return (1 - y * y) * (w @ t)
+
+    fn = _tangent_off_by_a_percent(lambda x: torch.tanh(w @ x), derivative, tangent)
+    return fn, (_randn((n,), g=gen),), {"check_forward_ad": True, "check_backward_ad": False,
+                                         "check_undefined_grad": False, "check_batched_grad": False}
+
+
 def _build_small_fast(quick, opts):
     net = _conv_net((4, 4), 3)
     return net, (_randn((2, 1, 8, 8), g=_gen()),), {"fast_mode": True}
@@ -493,6 +549,10 @@ CASES: dict[str, Case] = {
              lambda q, o: f"exp, its backward 1% off, n={500 if q else 2000} (fails), slow"),
         Case("dense_wrong", "gradcheck", _build_dense_wrong,
              lambda q, o: f"tanh(W x), its backward 1% off, n={150 if q else 400} (fails), slow"),
+        Case("complex_wrong", "gradcheck", _build_complex_wrong,
+             lambda q, o: f"z*conj(z)+exp(z), its backward 1% off, c128 n={200 if q else 600} (fails), slow"),
+        Case("forward_wrong", "gradcheck", _build_forward_wrong,
+             lambda q, o: f"tanh(W x), its JVP 1% off, n={100 if q else 300} (fails), forward AD, slow"),
         Case("small_fast", "gradcheck", _build_small_fast,
              lambda q, o: "2 conv 3x3 + BN on 2x1x8x8, fast_mode"),
         Case("small_slow", "gradcheck", _build_small_slow,
