@@ -867,3 +867,31 @@ def test_a_check_no_input_of_which_can_be_batched_and_whose_vjps_are_cheap_tries
     assert not batched
     assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
     assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False) is (factor == 1.0)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_the_reentrancy_pass_computes_each_block_as_the_first_pass_did(factor, monkeypatch):
+    # the first pass takes its first columns one VJP each (timed), the rest batched; a
+    # second pass that batched them all would differ from the first where a batched VJP
+    # rounds differently from a plain one (as kornia's homography backward does, by an
+    # ulp), which nondet_tol = 0 takes for a backward that is not reentrant: the check
+    # went back to the reference engine, at 0.9x torch's time
+    from agcheck.backends import torch_backend
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self: 0.0)
+    batched_vjp = torch_backend.TorchTrace.vjp_batched
+
+    def rounding_differently(self, k, stacked):
+        return [None if g is None else g * (1 + 2.0 ** -52) for g in batched_vjp(self, k, stacked)]
+
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", rounding_differently)
+    monkeypatch.setattr(_CountedSin, "factor", factor)
+    w = torch.randn(12, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(15))
+    fn = lambda x: _CountedSin.apply(w @ x)  # noqa: E731
+    x = make(30, seed=16)
+    r = run(fn, (x,), engine="batched")
+    assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False) is (factor == 1.0)
+    if factor == 1.0:
+        assert not r.engine_fallbacks

@@ -389,11 +389,13 @@ def _analytical_full(p, k, inputs) -> list:
     be = p.be
     rows = _first_pass_by_samples(p, k, inputs)
     by_samples = rows is not None
+    how = None
     if not by_samples:
-        rows, exact = _first_pass_by_columns(p, k, inputs)
+        rows, how = _first_pass_by_columns(p, k, inputs)
+        exact = [(c0, c1) for c0, c1, looped in how if looped]
     blocks = [coloured.DenseBlock(r) for r in rows]
     if not _coloured_second_pass(p, k, inputs, blocks):
-        _exact_second_pass(p, k, inputs, blocks)
+        _exact_second_pass(p, k, inputs, blocks, how)
     # reentrant: a failing check reuses them (verified first, when taken by samples)
     if by_samples:
         p.sample_columns[k] = rows
@@ -404,21 +406,21 @@ def _analytical_full(p, k, inputs) -> list:
 
 def _first_pass_by_columns(p, k, inputs):
     """Every column of output ``k``'s Jacobian by one-hot VJPs: per input its ``(m, n)``
-    rows, and the column ranges computed one VJP each (as the reference engine does)."""
+    rows, and the column blocks ``(c0, c1, looped)`` as computed: one VJP each (as the
+    reference engine does) or batched."""
     be = p.be
     m = be.numel(p.outputs[k])
-    rows, exact = None, []
+    rows, how = None, []
     for c0, c1 in _column_blocks(p, m, sum(be.numel(x) for x in inputs)):
         first, looped = _columns_and_how(p, k, c0, c1, inputs)
-        if looped:
-            exact.append((c0, c1))
+        how.append((c0, c1, looped))
         if rows is None:
             rows = [np.empty((m, be.numel(x)), dtype=be.to_numpy(a).dtype) for x, a in zip(inputs, first)]
         for i, a in enumerate(first):
             rows[i][c0:c1] = be.to_numpy(a).T
     if rows is None:  # an empty output
         rows = [np.zeros((0, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
-    return rows, exact
+    return rows, how
 
 
 def _output_samples(p, k) -> int | None:
@@ -469,10 +471,24 @@ def _first_pass_by_samples(p, k, inputs):
     return rows
 
 
-def _exact_second_pass(p, k, inputs, blocks) -> None:
+def _exact_second_pass(p, k, inputs, blocks, how=None) -> None:
+    """The reentrancy pass column by column, each block computed as the first pass
+    computed it (``how``: its ``(c0, c1, looped)`` blocks), so that a deterministic
+    backward reproduces it bit for bit: a batched VJP and one VJP per column may round
+    differently, which ``nondet_tol = 0`` would take for a backward that is not
+    reentrant. Without ``how`` (a first pass by samples) the blocks are chosen anew."""
     m = p.be.numel(p.outputs[k])
-    for c0, c1 in _column_blocks(p, m, sum(p.be.numel(x) for x in inputs)):
-        second = _analytical_columns(p, k, c0, c1, inputs)
+    if how is None:
+        how = ((c0, c1, None) for c0, c1 in _column_blocks(p, m, sum(p.be.numel(x) for x in inputs)))
+    for c0, c1, looped in how:
+        if looped is None:
+            second = _analytical_columns(p, k, c0, c1, inputs)
+        elif looped:
+            second = _looped_columns(p, k, c0, c1, inputs)
+        else:
+            second = _unless_batching_fails(p, _batched_columns, p, k, c0, c1, inputs)
+            if second is None:
+                raise EngineFallback("batched VJPs failed in the reentrancy pass")
         for block, a2 in zip(blocks, second):
             a2 = p.be.to_numpy(a2).T
             if a2.size and np.max(np.abs(block.by_output[c0:c1] - a2)) > p.opts.nondet_tol:
