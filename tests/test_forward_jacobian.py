@@ -232,7 +232,10 @@ def test_a_check_too_small_to_save_the_projections_is_declined_before_them(monke
     # 12 outputs of 4 inputs: the reverse passes (18 VJPs) less the JVP rows (4) save fewer
     # VJPs than twice the projections' 16, so no projection is made (kornia's Boxes checks
     # paid 2.6 ms of projections in an 8 ms check before this)
+    from agcheck.engine import cost
+
     monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", REVERSE_PASSES)
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's path, however cheap its VJPs
     w = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     fn = _scaled_backward(lambda t: torch.tanh(w @ t), scale)
     x = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
