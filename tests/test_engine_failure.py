@@ -219,3 +219,104 @@ def test_a_check_no_input_of_which_can_be_batched_is_decided_from_the_engines_ro
         agcheck.gradcheck(fn, args)
     assert BATCHED_ROWS_NOTE not in info.value.report.notes
     assert str(info.value).split("\n\n")[0] == torch_message(fn, args)
+
+
+# -- forward mode: both sides by rows, so the printed rows decide -------------------------
+
+class _TwoByTwoForward(torch.autograd.Function):
+    """``(tanh(A a + B b), sin(C a))`` with a right backward and its own JVP; the JVP of
+    each (output, input) pair listed in ``wrong`` is scaled by 1.5."""
+
+    generate_vmap_rule = True
+    wrong = ()
+    jvps = 0
+
+    @staticmethod
+    def forward(a, b):
+        return torch.tanh(_A @ a + _B @ b), torch.sin(_C @ a)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output[0])
+        ctx.save_for_forward(inputs[0], output[0])
+
+    @staticmethod
+    def backward(ctx, g0, g1):
+        a, y0 = ctx.saved_tensors
+        d0 = g0 * (1 - y0 * y0)
+        return _A.T @ d0 + _C.T @ (g1 * torch.cos(_C @ a)), _B.T @ d0
+
+    @staticmethod
+    def jvp(ctx, ta, tb):
+        _TwoByTwoForward.jvps += 1
+        a, y0 = ctx.saved_tensors
+
+        def scale(o, i):
+            return 1.5 if (o, i) in _TwoByTwoForward.wrong else 1.0
+
+        d0 = (1 - y0 * y0) * (scale(0, 0) * (_A @ ta) + scale(0, 1) * (_B @ tb))
+        return d0, scale(1, 0) * torch.cos(_C @ a) * (_C @ ta)
+
+
+_FORWARD = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False,
+                check_batched_grad=False)
+
+
+@pytest.mark.parametrize("wrong, reported", [
+    ((), None),
+    (((1, 0),), (1, 0)),
+    # the engine meets input 0's rows first (output 1 differs there); torch reports the
+    # first failing block of output 0
+    (((1, 0), (0, 1)), (0, 1)),
+])
+def test_a_forward_mode_failure_is_decided_from_the_engines_rows_with_torchs_message(wrong, reported, monkeypatch):
+    monkeypatch.setattr(_TwoByTwoForward, "wrong", wrong)
+    args = (make(50, seed=12), make(50, seed=13))
+    r = run(_TwoByTwoForward.apply, args, **_FORWARD)
+    assert r.verdict is torch.autograd.gradcheck(_TwoByTwoForward.apply, args, raise_exception=False,
+                                                 **_FORWARD) is (not wrong)
+    if not wrong:
+        assert not r.engine_fallbacks and not _failure_events(r)
+        return
+    assert _failure_events(r) == [("confirmed", reported[1], f"output {reported[0]}")]
+    message = first_paragraph(agcheck.gradcheck, _TwoByTwoForward.apply, args, **_FORWARD)
+    assert message.startswith(f"Jacobian computed with forward mode mismatch for output {reported[0]} "
+                              f"with respect to input {reported[1]},")
+    with pytest.raises(RuntimeError) as info:
+        torch.autograd.gradcheck(_TwoByTwoForward.apply, args, **_FORWARD)
+    assert message == str(info.value).rstrip("\n")
+    assert message == first_paragraph(agcheck.gradcheck, _TwoByTwoForward.apply, args, engine="reference",
+                                      **_FORWARD)
+
+
+def test_a_forward_mode_failure_costs_a_fraction_of_torchs_jvps(monkeypatch):
+    monkeypatch.setattr(_TwoByTwoForward, "wrong", ((0, 0),))
+    args = (make(50, seed=14), make(50, seed=15))
+    _TwoByTwoForward.jvps = 0
+    assert not torch.autograd.gradcheck(_TwoByTwoForward.apply, args, raise_exception=False, **_FORWARD)
+    torch_jvps, _TwoByTwoForward.jvps = _TwoByTwoForward.jvps, 0
+    r = run(_TwoByTwoForward.apply, args, **_FORWARD)
+    assert r.verdict is False
+    # the printed rows (3 + 3) and the worst entry's, one JVP each, and the batched
+    # JVPs (one call per batch): not torch's 100
+    assert _TwoByTwoForward.jvps <= 30 < torch_jvps, (_TwoByTwoForward.jvps, torch_jvps)
+
+
+@pytest.mark.parametrize("wrong", [(), ((0, 1),)])
+def test_batched_jvp_rows_alone_never_fail_a_forward_check(wrong, monkeypatch):
+    # JVP rows made inexact on purpose: they differ from the numerical Jacobian, but the
+    # rows computed again one JVP each do not, so the reference engine decides
+    be_type = type(agcheck.get_backend("torch"))
+    original = be_type.jvp_rows
+
+    def off(self, *a, **kw):
+        return [None if r is None else r + 1e-2 for r in original(self, *a, **kw)]
+
+    monkeypatch.setattr(be_type, "jvp_rows", off)
+    monkeypatch.setattr(_TwoByTwoForward, "wrong", wrong)
+    args = (make(50, seed=16), make(50, seed=17))
+    r = run(_TwoByTwoForward.apply, args, **_FORWARD)
+    assert r.verdict is (not wrong)
+    if not wrong:
+        assert [d for d, _, _ in _failure_events(r)] == ["unconfirmed"]
+        assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"]

@@ -21,8 +21,8 @@ __all__ = ["check", "MAX_REPORTED_BLOCKS"]
 MAX_REPORTED_BLOCKS = 16
 #: the report's note on a failure the batched engine confirmed (engine.failure)
 BATCHED_ROWS_NOTE = ("the Jacobians' entries that torch's message prints, and the worst one, were computed "
-                     "element by element, as torch computes them; the others by batched evaluations or "
-                     "batched VJPs, which agree with those to rounding")
+                     "element by element, as torch computes them; the others by batched evaluations, VJPs "
+                     "or JVPs, which agree with those to rounding")
 
 
 def check(run, piece: Piece) -> None:
@@ -151,10 +151,13 @@ class _analytical_pairs:
 
     def __init__(self, run, piece: Piece, reuse: dict | None = None):
         self.run, self.piece, self.computed = run, piece, {}
-        self.reuse = reuse or {}  # reverse mode: columns the engine computed (Outcome.analytical)
+        # reverse mode: columns the engine computed; forward mode: whole Jacobians of some
+        # inputs (Outcome.analytical)
+        self.reuse = reuse or {}
         if piece.forward:
             self.forward = jac.analytical_jacobians_forward(run.be, piece.fn, piece.args, piece.checked,
-                                                            check_grad_dtypes=run.opts.check_grad_dtypes)
+                                                            check_grad_dtypes=run.opts.check_grad_dtypes,
+                                                            reuse=self.reuse)
 
     def compute(self, i, checks) -> None:
         if self.piece.forward:

@@ -312,27 +312,46 @@ def _flat_tangent(be, primal, tangent):
     return flat if flat.dtype == primal.dtype else be.astype(flat, primal.dtype)
 
 
-def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False) -> list:
+def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False,
+                                 reuse: dict | None = None) -> list:
     """Forward-mode Jacobians: ``[input][float output]`` matrices ``(input.numel, output.numel)``,
-    one JVP per input element (the other inputs carry zero tangents)."""
-    zero_tangents = [be.zeros_like(args[p]) for p in checked]
+    one JVP per input element (the other inputs carry zero tangents). ``reuse``, when
+    given, holds whole Jacobians of some inputs (``{input index: [float output]
+    matrices}``), taken as they are."""
     jacobians = []
     for i, pos in enumerate(checked):
-        x = args[pos]
-        n = be.numel(x)
-        blocks = None
-        for flat in range(n):
-            tangents = list(zero_tangents)
-            tangents[i] = be.one_hot(x, flat)
-            results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
-            if blocks is None:
-                blocks = [RowBlock(be, n, be.numel(p), p, p.dtype) for p, _ in results]
-            for block, (primal, tangent) in zip(blocks, results):
-                block.add(_flat_tangent(be, primal, tangent))
-        if blocks is None:  # an empty input: evaluate once for the outputs' shapes
-            blocks = [RowBlock(be, 0, be.numel(p), p, p.dtype) for p, _ in be.jvp(fn, args, checked, zero_tangents)]
-        jacobians.append([block.result() for block in blocks])
+        if reuse and i in reuse:
+            jacobians.append(reuse[i])
+            continue
+        rows = analytical_rows_forward(be, fn, args, checked, i, range(be.numel(args[pos])),
+                                       check_grad_dtypes=check_grad_dtypes)
+        if rows is None:  # an empty input: evaluate once for the outputs' shapes
+            zero_tangents = [be.zeros_like(args[p]) for p in checked]
+            rows = [RowBlock(be, 0, be.numel(p), p, p.dtype).result()
+                    for p, _ in be.jvp(fn, args, checked, zero_tangents)]
+        jacobians.append(rows)
     return jacobians
+
+
+def analytical_rows_forward(be, fn, args, checked: Sequence[int], i: int, elements, *,
+                            check_grad_dtypes=False) -> list | None:
+    """Rows ``elements`` (flat indices) of input ``checked[i]``'s forward-mode Jacobians,
+    per floating output a ``(len(elements), output.numel)`` matrix: one JVP per element,
+    a one-hot tangent for it and zero tangents for the other inputs, as
+    :func:`analytical_jacobians_forward` computes every row. ``None`` for no element."""
+    zero_tangents = [be.zeros_like(args[p]) for p in checked]
+    x = args[checked[i]]
+    elements = list(elements)
+    blocks = None
+    for flat in elements:
+        tangents = list(zero_tangents)
+        tangents[i] = be.one_hot(x, flat)
+        results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
+        if blocks is None:
+            blocks = [RowBlock(be, len(elements), be.numel(p), p, p.dtype) for p, _ in results]
+        for block, (primal, tangent) in zip(blocks, results):
+            block.add(_flat_tangent(be, primal, tangent))
+    return None if blocks is None else [block.result() for block in blocks]
 
 
 def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:

@@ -620,10 +620,28 @@ def compare_slow_forward(run, piece) -> Outcome:
     except EngineFallback as reason:
         exact = None
         if p is not None and str(reason) == MISMATCH:
+            if isinstance(reason, _JvpRowsKept):
+                try:
+                    decided = failure.decide_forward(p, piece.diff, reason.analytical, reason.kept, reason.where)
+                except EngineFallback:
+                    decided = None
+                if decided is not None:
+                    return decided
             _finish_rows(p)
             exact = p.exact_numerical()
         return undecided(str(reason), exact)
     return PASSED
+
+
+class _JvpRowsKept(EngineFallback):
+    """A forward-mode mismatch seen with every numerical row and every JVP row at hand,
+    for :func:`failure.decide_forward`; ``analytical`` is ``{input index: [(start, stop,
+    [rows per floating output])]}``, ``where`` the differing row block ``(input position,
+    output position, start, stop)``."""
+
+    def __init__(self, analytical, kept, where):
+        super().__init__(MISMATCH)
+        self.analytical, self.kept, self.where = analytical, kept, where
 
 
 def _forward(run, p, diff) -> None:
@@ -640,6 +658,10 @@ def _forward(run, p, diff) -> None:
         if compressed.try_compressed_forward(p, checked, diff, jvp_signed):
             run.progress.advance(n_in_total(be, args, checked))
             return
+    # every row computed is kept where a failure can be decided from them: the first row
+    # block that differs ends the comparison, not the rows
+    kept = failure.KeptRows(p) if failure.may_decide(p) else None
+    jvp_rows, differs = {}, None
     for j, q in enumerate(checked):
         probe = None
         if not p.batched_ok(q) and be.numel(args[q]):
@@ -657,10 +679,24 @@ def _forward(run, p, diff) -> None:
             for a, k in zip(analytical, p.floats):
                 if opts.check_grad_dtypes and be.is_complex(a) != be.is_complex(p.outputs[k]):
                     raise EngineFallback("forward gradient dtype differs from its output's")
+            if kept is not None:
+                kept.add(q, s, e, rows)
+                jvp_rows.setdefault(j, []).append((s, e, analytical))
+            if differs is not None:
+                continue
             for i, k in enumerate(diff):
                 a = analytical[i]  # torch pairs the i-th differentiable output with the i-th floating one
                 if a is None:
                     a = be.zeros(tuple(rows[k].shape), like=rows[k])
                 n_rows = be.to_device_of(rows[k], a)
-                if tuple(a.shape) != tuple(n_rows.shape) or not be.allclose(a, n_rows, opts.rtol, opts.atol):
-                    raise EngineFallback(MISMATCH)
+                if tuple(a.shape) != tuple(n_rows.shape):
+                    raise EngineFallback(MISMATCH)  # the reference engine reports it as torch does
+                if not be.allclose(a, n_rows, opts.rtol, opts.atol):
+                    if kept is None:
+                        raise EngineFallback(MISMATCH)
+                    differs = (q, k, s, e)
+                    break
+        if differs is None and kept is not None:
+            kept.passed.add(q)
+    if differs is not None:
+        raise _JvpRowsKept(jvp_rows, kept, differs)

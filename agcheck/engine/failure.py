@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from agcheck.core import jacobian as jac
 from agcheck.engine.compressed import allclose_like_torch
 from agcheck.engine.outcome import EngineEvent, Outcome, undecided
 
-__all__ = ["KeptRows", "may_decide", "decide"]
+__all__ = ["KeptRows", "may_decide", "decide", "decide_forward"]
 
 
 def may_decide(p) -> bool:
@@ -139,6 +140,106 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
     columns = {kk: ([(0, be.numel(p.outputs[kk]))], [block.by_output for block in analytical[kk]]) for kk in diff}
     inexact = not (all(e.all() for e in exact_rows.values()) and all(e.all() for e in exact_cols.values()))
     return undecided("Jacobian mismatch", blocks, columns, whole=True, inexact=inexact)
+
+
+def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
+    """:func:`decide` for a forward-mode check: the undecided outcome that hands the
+    reference engine whole Jacobians (numerical rows, and JVP rows as
+    ``{input index: [per floating output matrix]}``) leading it to its own verdict and
+    message, or ``None`` when the mismatch is not confirmed so.
+
+    In forward mode both sides are computed by rows (an input element moved, one JVP
+    along it), so the entries the message prints are exact once the printed rows (and
+    the worst entry's) are computed as the reference engine computes them, on both sides.
+    ``jvp_rows`` is ``{input index: [(start, stop, [JVP rows per floating output, or
+    None])]}``, as batched; ``where`` the row block seen to differ."""
+    be, run, opts = p.be, p.run, p.run.opts
+    numerical = kept.arrays()
+    analytical = _whole_jvp_rows(p, jvp_rows)
+    if numerical is None or analytical is None:
+        return _unconfirmed(run, "rows missing")
+    exact_rows = {q: np.zeros(be.numel(p.args[q]), dtype=bool) for q in p.checked}
+    for q, blocks in (p.exact_numerical() or {}).items():
+        for start, stop, rows in blocks:
+            for k in p.floats:
+                numerical[q][k][start:stop] = be.to_numpy(rows[k])
+            exact_rows[q][start:stop] = True
+    exact_jvps = {j: np.zeros(be.numel(p.args[q]), dtype=bool) for j, q in enumerate(p.checked)}
+
+    failing = _first_failing_forward(p, diff, analytical, numerical, kept.passed, where)
+    if failing is None:
+        return _unconfirmed(run, "rows missing")
+    i, j = failing
+    k, q = diff[i], p.checked[j]
+    a, n = analytical[j][i], numerical[q][k]
+    start = where[2] if (q, k) == where[:2] else 0
+    stop = where[3] if (q, k) == where[:2] else a.shape[0]
+    r, _ = _worst_entry(a[start:stop], n[start:stop], opts.rtol, opts.atol)
+    rows = sorted(set(_printed(a.shape[0], be.summarized_edge_items(a.size))) | {r + start})
+
+    for s, e in _runs([x for x in rows if not exact_rows[q][x]]):
+        for s2, e2, computed in p.rows_element_by_element(q, s, e):
+            for kk in p.floats:
+                numerical[q][kk][s2:e2] = be.to_numpy(computed[kk])
+            exact_rows[q][s2:e2] = True
+    for s, e in _runs(rows):
+        exact = run.user_errors.call(jac.analytical_rows_forward, be, p.fn, p.args, p.checked, j, range(s, e),
+                                     check_grad_dtypes=opts.check_grad_dtypes)
+        if exact is None or len(exact) != len(p.floats):
+            return _unconfirmed(run, "outputs changed")
+        for ii, block in enumerate(exact):
+            analytical[j][ii][s:e] = be.to_numpy(block).reshape(e - s, -1)
+        exact_jvps[j][s:e] = True
+
+    for before in range(i):  # the rows replaced also belong to earlier outputs' blocks of this input
+        if not allclose_like_torch(analytical[j][before][rows], numerical[q][diff[before]][rows],
+                                   opts.rtol, opts.atol):
+            return _unconfirmed(run, "the exact rows move the first failing block")
+    both = np.flatnonzero(exact_rows[q] & exact_jvps[j])
+    if _allclose(be, analytical[j][i][both], numerical[q][k][both], p.args[q], opts):
+        return _unconfirmed(run, "no entry computed exactly fails")
+    run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
+        "exact_rows": int(len(both)), "exact_columns": 0}))
+    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], p.outputs[kk]) for kk in p.floats})]
+              for x in p.checked}
+    whole = {jj: [be.array_like(m, p.outputs[kk]) for m, kk in zip(analytical[jj], p.floats)] for jj in analytical}
+    inexact = not all(exact_rows[x].all() for x in p.checked) or not all(e.all() for e in exact_jvps.values())
+    return undecided("Jacobian mismatch", blocks, whole, whole=True, inexact=inexact)
+
+
+def _whole_jvp_rows(p, jvp_rows) -> dict | None:
+    """``{input index: [per floating output (n, m) NumPy matrix]}`` from the kept JVP row
+    blocks (undefined tangents as zeros), or ``None`` unless every row was kept."""
+    be, whole = p.be, {}
+    for j, q in enumerate(p.checked):
+        n, done = be.numel(p.args[q]), 0
+        parts = [[] for _ in p.floats]
+        for start, stop, rows in sorted(jvp_rows.get(j, []), key=lambda block: block[0]):
+            if start != done:
+                return None
+            for ii, (r, k) in enumerate(zip(rows, p.floats)):
+                m = be.numel(p.outputs[k])
+                parts[ii].append(np.zeros((stop - start, m)) if r is None else be.to_numpy(r).reshape(stop - start, m))
+            done = stop
+        if done != n:
+            return None
+        whole[j] = [np.concatenate(part, axis=0) if part else np.zeros((0, be.numel(p.outputs[k])))
+                    for part, k in zip(parts, p.floats)]
+    return whole
+
+
+def _first_failing_forward(p, diff, analytical, numerical, passed, where) -> tuple[int, int] | None:
+    """:func:`_first_failing` for forward mode's pairing: the i-th differentiable output
+    with the i-th floating one's JVP rows, as torch pairs them."""
+    opts = p.run.opts
+    for i, k in enumerate(diff):
+        for j, q in enumerate(p.checked):
+            if q in passed:
+                continue
+            if (q, k) == where[:2] or not allclose_like_torch(analytical[j][i], numerical[q][k],
+                                                              opts.rtol, opts.atol):
+                return i, j
+    return None
 
 
 def _unconfirmed(run, why: str) -> None:
