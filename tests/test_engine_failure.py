@@ -320,3 +320,53 @@ def test_batched_jvp_rows_alone_never_fail_a_forward_check(wrong, monkeypatch):
     if not wrong:
         assert [d for d, _, _ in _failure_events(r)] == ["unconfirmed"]
         assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"]
+
+
+# -- complex inputs: rows move an element along both axes, columns are one VJP each -------
+
+_M = torch.randn(40, 40, dtype=torch.complex128, generator=_gen) / 9
+
+
+def _complex_dense(factor):
+    """``exp(M z) * conj(z)`` (complex in, complex out: checked as its real and its
+    imaginary part) as a custom Function whose backward is autograd's times ``factor``."""
+
+    def f(z):
+        return (_M @ z).exp() * z.conj()
+
+    class ComplexDense(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, z):
+            ctx.save_for_backward(z)
+            return f(z)
+
+        @staticmethod
+        def backward(ctx, g):
+            (z,) = ctx.saved_tensors
+            with torch.enable_grad():
+                z_ = z.detach().requires_grad_()
+                (gz,) = torch.autograd.grad(f(z_), z_, g)
+            return factor * gz
+
+    return ComplexDense.apply
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_a_failure_with_a_complex_input_is_decided_from_the_engines_rows(factor, monkeypatch):
+    from agcheck.engine import cost
+
+    # the input cannot be batched (a custom Function without a vmap rule): the engine's
+    # path however cheap the VJPs
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    fn = _complex_dense(factor)
+    z = torch.randn(40, dtype=torch.complex128, generator=torch.Generator().manual_seed(18)).requires_grad_()
+    r = run(fn, (z,))
+    assert r.verdict is torch.autograd.gradcheck(fn, (z,), raise_exception=False) is (factor == 1.0)
+    if factor == 1.0:
+        assert not r.engine_fallbacks and not _failure_events(r)
+        return
+    assert ("confirmed", 0, "output 0") in _failure_events(r)
+    message = first_paragraph(agcheck.gradcheck, fn, (z,))
+    assert message.startswith("While considering the imaginary part of complex outputs only, Jacobian mismatch")
+    assert message == torch_message(fn, (z,))
+    assert message == first_paragraph(agcheck.gradcheck, fn, (z,), engine="reference")

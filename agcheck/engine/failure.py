@@ -30,11 +30,18 @@ __all__ = ["KeptRows", "may_decide", "decide", "decide_forward"]
 
 def may_decide(p) -> bool:
     """Whether a mismatch of this problem can be decided here: whole numerical Jacobians
-    fit the memory budget (:attr:`Problem.keep_rows`) and every checked input and
-    floating output is real (a complex one's message splits it in parts)."""
-    be = p.be
-    arrays = [p.args[q] for q in p.checked] + [p.outputs[k] for k in p.floats]
-    return p.keep_rows and not any(be.is_complex(a) for a in arrays)
+    fit the memory budget (:attr:`Problem.keep_rows`) and every floating output is real
+    (the check's pieces are: a complex output's message splits it in parts). Complex
+    inputs are decided as real ones: a row moves an element along both axes, a column is
+    one VJP, each computed as the reference engine computes it."""
+    return p.keep_rows and not any(p.be.is_complex(p.outputs[k]) for k in p.floats)
+
+
+def _like(p, q, k):
+    """What a row block of input ``q`` and output ``k`` is stored like: the output, or a
+    complex input (its rows are complex), as the reference engine stores them."""
+    x = p.args[q]
+    return x if p.be.is_complex(x) else p.outputs[k]
 
 
 class KeptRows:
@@ -135,7 +142,7 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
         return _unconfirmed(run, "no entry computed exactly fails")
     run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
         "exact_rows": int(exact_rows[q].sum()), "exact_columns": int(exact_cols[k].sum())}))
-    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], p.outputs[kk]) for kk in p.floats})]
+    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], _like(p, x, kk)) for kk in p.floats})]
               for x in p.checked}
     columns = {kk: ([(0, be.numel(p.outputs[kk]))], [block.by_output for block in analytical[kk]]) for kk in diff}
     inexact = not (all(e.all() for e in exact_rows.values()) and all(e.all() for e in exact_cols.values()))
@@ -200,7 +207,7 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
         return _unconfirmed(run, "no entry computed exactly fails")
     run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
         "exact_rows": int(len(both)), "exact_columns": 0}))
-    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], p.outputs[kk]) for kk in p.floats})]
+    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], _like(p, x, kk)) for kk in p.floats})]
               for x in p.checked}
     whole = {jj: [be.array_like(m, p.outputs[kk]) for m, kk in zip(analytical[jj], p.floats)] for jj in analytical}
     inexact = not all(exact_rows[x].all() for x in p.checked) or not all(e.all() for e in exact_jvps.values())
