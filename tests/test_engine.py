@@ -805,24 +805,6 @@ def test_a_backward_that_is_not_reentrant_is_not_reused(monkeypatch):
         torch.autograd.gradcheck(_DenseVmappable.apply, (x,))
 
 
-class _CountedSin(torch.autograd.Function):
-    """``sin`` without a vmap rule, its backward calls counted and scaled by ``factor``."""
-
-    calls = 0
-    factor = 1.0
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, g):
-        _CountedSin.calls += 1
-        (x,) = ctx.saved_tensors
-        return g * x.cos() * _CountedSin.factor
-
-
 @pytest.mark.parametrize("setup", [0.0, 1e6])
 @pytest.mark.parametrize("factor", [1.0, 1.1])
 def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, factor, monkeypatch):
@@ -835,17 +817,17 @@ def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, fac
 
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's path, however cheap
     monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self: setup)
-    monkeypatch.setattr(_CountedSin, "factor", factor)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
     w = torch.randn(20, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
-    fn = lambda x: _CountedSin.apply(w @ x)  # noqa: E731
+    fn = lambda x: ScaledSin.apply(w @ x)  # noqa: E731
     x = make(10, seed=13)
-    _CountedSin.calls = 0
+    ScaledSin.calls = 0
     torch_verdict = torch.autograd.gradcheck(fn, (x,), raise_exception=False)
-    torch_calls, _CountedSin.calls = _CountedSin.calls, 0
+    torch_calls, ScaledSin.calls = ScaledSin.calls, 0
     r = run(fn, (x,))
     assert r.verdict is torch_verdict is (factor == 1.0)
     if factor == 1.0:
-        assert _CountedSin.calls <= torch_calls, (_CountedSin.calls, torch_calls)
+        assert ScaledSin.calls <= torch_calls, (ScaledSin.calls, torch_calls)
     if setup:
         assert [e.detail for e in r.engine_log if e.path == "vjp"] == ["batching setup not worth it"]
 
@@ -854,14 +836,14 @@ def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, fac
 def test_a_check_no_input_of_which_can_be_batched_and_whose_vjps_are_cheap_tries_no_batched_vjp(factor, monkeypatch):
     # 9 elements of a cheap function: the VJP passes cost about a millisecond, below what
     # a first batched VJP (and vmap's code pages) may lose; the reference engine decides
-    monkeypatch.setattr(_CountedSin, "factor", factor)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
     from agcheck.backends import torch_backend
 
     batched = []
     original = torch_backend.TorchTrace.vjp_batched
     monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched",
                         lambda self, *a, **kw: batched.append(1) or original(self, *a, **kw))
-    fn = lambda t: _CountedSin.apply(t.flip(0) * t.sum())  # noqa: E731
+    fn = lambda t: ScaledSin.apply(t.flip(0) * t.sum())  # noqa: E731
     x = make(3, 3, seed=14)
     r = run(fn, (x,))
     assert not batched
@@ -887,9 +869,9 @@ def test_the_reentrancy_pass_computes_each_block_as_the_first_pass_did(factor, m
         return [None if g is None else g * (1 + 2.0 ** -52) for g in batched_vjp(self, k, stacked)]
 
     monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", rounding_differently)
-    monkeypatch.setattr(_CountedSin, "factor", factor)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
     w = torch.randn(12, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(15))
-    fn = lambda x: _CountedSin.apply(w @ x)  # noqa: E731
+    fn = lambda x: ScaledSin.apply(w @ x)  # noqa: E731
     x = make(30, seed=16)
     r = run(fn, (x,), engine="batched")
     assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False) is (factor == 1.0)

@@ -94,13 +94,7 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
     numerical = kept.arrays()
     if numerical is None:
         return _unconfirmed(run, "rows missing")
-    # what the engine computed as the reference engine does, as it computed it
-    exact_rows = {q: np.zeros(be.numel(p.args[q]), dtype=bool) for q in p.checked}
-    for q, blocks in (p.exact_numerical() or {}).items():
-        for start, stop, rows in blocks:
-            for k in p.floats:
-                numerical[q][k][start:stop] = be.to_numpy(rows[k])
-            exact_rows[q][start:stop] = True
+    exact_rows = _overlay_exact_rows(p, numerical)
     exact_cols = {k: np.zeros(be.numel(p.outputs[k]), dtype=bool) for k in diff}
     for k, (ranges, rows) in (p.exact_analytical() or {}).items():
         if k in exact_cols:
@@ -165,12 +159,7 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
     analytical = _whole_jvp_rows(p, jvp_rows)
     if numerical is None or analytical is None:
         return _unconfirmed(run, "rows missing")
-    exact_rows = {q: np.zeros(be.numel(p.args[q]), dtype=bool) for q in p.checked}
-    for q, blocks in (p.exact_numerical() or {}).items():
-        for start, stop, rows in blocks:
-            for k in p.floats:
-                numerical[q][k][start:stop] = be.to_numpy(rows[k])
-            exact_rows[q][start:stop] = True
+    exact_rows = _overlay_exact_rows(p, numerical)
     exact_jvps = {j: np.zeros(be.numel(p.args[q]), dtype=bool) for j, q in enumerate(p.checked)}
 
     failing = _first_failing_forward(p, diff, analytical, numerical, kept.passed, where)
@@ -212,6 +201,19 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
     whole = {jj: [be.array_like(m, p.outputs[kk]) for m, kk in zip(analytical[jj], p.floats)] for jj in analytical}
     inexact = not all(exact_rows[x].all() for x in p.checked) or not all(e.all() for e in exact_jvps.values())
     return undecided("Jacobian mismatch", blocks, whole, whole=True, inexact=inexact)
+
+
+def _overlay_exact_rows(p, numerical) -> dict:
+    """Lays the rows the engine computed as the reference engine does over the kept
+    ``numerical`` rows (in place); per input, which rows are so exact."""
+    be = p.be
+    exact_rows = {q: np.zeros(be.numel(p.args[q]), dtype=bool) for q in p.checked}
+    for q, blocks in (p.exact_numerical() or {}).items():
+        for start, stop, rows in blocks:
+            for k in p.floats:
+                numerical[q][k][start:stop] = be.to_numpy(rows[k])
+            exact_rows[q][start:stop] = True
+    return exact_rows
 
 
 def _whole_jvp_rows(p, jvp_rows) -> dict | None:
