@@ -149,9 +149,13 @@ class JacobianBlock:
             self.max_rel_diff = float(rel[r, c])
             self.max_rel_entry = self._entry(r, c, diff)
         k = min(top_k, ranked.size)
-        order = np.argpartition(-ranked.ravel(), k - 1)[:k]
-        order = order[np.argsort(-ranked.ravel()[order], kind="stable")]
-        self.worst = [self._entry(*divmod(int(f), n.shape[1]), diff) for f in order if ranked.ravel()[f] > 0]
+        flat = ranked.ravel()
+        # the k largest: the entries at or above the k-th largest value (one partitioned
+        # copy of the values, not an index array of the whole block), ties by position
+        kth = np.partition(flat, flat.size - k)[flat.size - k]
+        order = np.flatnonzero(flat >= kth)
+        order = order[np.argsort(-flat[order], kind="stable")][:k]
+        self.worst = [self._entry(*divmod(int(f), n.shape[1]), diff) for f in order if flat[f] > 0]
 
     @property
     def has_arrays(self) -> bool:

@@ -176,7 +176,8 @@ class WrongEntries:
         block = facts.block
         with np.errstate(invalid="ignore"):
             bad = (facts.diff > block.atol + block.rtol * np.abs(facts.N)) & (facts.diff > facts.floor)
-        return cls(bad, int(np.count_nonzero(bad)), np.unique(np.nonzero(bad)[0]), np.unique(np.nonzero(bad)[1]))
+        # the rows and columns holding a wrong entry, without the index arrays of every entry
+        return cls(bad, int(np.count_nonzero(bad)), np.flatnonzero(bad.any(axis=1)), np.flatnonzero(bad.any(axis=0)))
 
 
 def _few_lines(wrong: np.ndarray, total: int, count: int) -> bool:
