@@ -370,3 +370,24 @@ def test_a_failure_with_a_complex_input_is_decided_from_the_engines_rows(factor,
     assert message.startswith("While considering the imaginary part of complex outputs only, Jacobian mismatch")
     assert message == torch_message(fn, (z,))
     assert message == first_paragraph(agcheck.gradcheck, fn, (z,), engine="reference")
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_kept_rows_are_written_into_one_block_in_order_and_a_gap_is_seen(in_place, monkeypatch):
+    from agcheck.engine.failure import RowStore
+
+    be = agcheck.get_backend("torch")
+    if not in_place:  # a backend whose arrays are immutable keeps the rows as computed
+        monkeypatch.setattr(type(be), "row_block", lambda self, *a: None)
+    rows = torch.arange(12, dtype=torch.float64).reshape(6, 2)
+    store = RowStore(be)
+    store.add("a", 0, rows[:4], 6)
+    assert store.whole("a", 6) is None  # not all kept yet
+    store.add("a", 4, rows[4:], 6)
+    assert (store.whole("a", 6) == rows.numpy()).all()
+    store.add("b", 0, rows[:2], 6)
+    store.add("b", 4, rows[4:], 6)  # rows 2:4 missing
+    assert store.whole("b", 6) is None and store.has("b")
+    store.add("b", 0, rows[:3], 6)  # computed again from the start
+    store.add("b", 3, rows[3:], 6)
+    assert (store.whole("b", 6) == rows.numpy()).all()

@@ -661,7 +661,7 @@ def _forward(run, p, diff) -> None:
     # every row computed is kept where a failure can be decided from them: the first row
     # block that differs ends the comparison, not the rows
     kept = failure.KeptRows(p) if failure.may_decide(p) else None
-    jvp_rows, differs = {}, None
+    jvp_rows, differs = failure.RowStore(be), None
     for j, q in enumerate(checked):
         probe = None
         if not p.batched_ok(q) and be.numel(args[q]):
@@ -681,7 +681,9 @@ def _forward(run, p, diff) -> None:
                     raise EngineFallback("forward gradient dtype differs from its output's")
             if kept is not None:
                 kept.add(q, s, e, rows)
-                jvp_rows.setdefault(j, []).append((s, e, analytical))
+                for i, (a, k) in enumerate(zip(analytical, p.floats)):
+                    a = be.zeros((e - s, be.numel(p.outputs[k])), like=p.outputs[k]) if a is None else a
+                    jvp_rows.add((j, i), s, be.reshape(a, (e - s, -1)), be.numel(args[q]))
             if differs is not None:
                 continue
             for i, k in enumerate(diff):

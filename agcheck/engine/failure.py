@@ -25,7 +25,7 @@ from agcheck.core import jacobian as jac
 from agcheck.engine.compressed import allclose_like_torch
 from agcheck.engine.outcome import EngineEvent, Outcome, undecided
 
-__all__ = ["KeptRows", "may_decide", "decide", "decide_forward"]
+__all__ = ["RowStore", "KeptRows", "may_decide", "decide", "decide_forward"]
 
 
 def may_decide(p) -> bool:
@@ -44,40 +44,80 @@ def _like(p, q, k):
     return x if p.be.is_complex(x) else p.outputs[k]
 
 
+class RowStore:
+    """Row blocks kept for a failure's decision, each key's rows written, in order, into one
+    array allocated at its first block (:meth:`Backend.row_block`, on the rows' device).
+    Kept as the separate arrays they were computed in, between a batch's large
+    temporaries, they would fragment the C allocator (:mod:`agcheck.core.row_block`: a
+    passing forward-mode check of 2,000 inputs peaked at 275-342 MB so, against 155 MB
+    written into blocks); where arrays are immutable they are kept as computed."""
+
+    def __init__(self, be):
+        self.be = be
+        self._blocks = {}  # key -> array written in place, or None (rows kept as computed)
+        self._parts = {}  # key -> [rows] where there is no block
+        self._filled = {}  # key -> rows written in order from row 0 (None after a gap)
+
+    def add(self, key, start: int, rows, n_rows: int) -> None:
+        """Rows ``start:start + len(rows)`` of ``key`` (an ``(len, m)`` array); a block
+        starting at row 0 starts the key afresh (its rows computed again)."""
+        be = self.be
+        if start == 0:
+            self._filled[key] = 0
+            self._parts[key] = []
+            self._blocks[key] = be.row_block(n_rows, int(rows.shape[1]), rows, rows.dtype)
+        if self._filled.get(key) != start:
+            self._filled[key] = None  # a gap: the key's rows are not all kept
+            return
+        if self._blocks[key] is not None:
+            be.write_rows(self._blocks[key], start, rows)
+        else:
+            self._parts[key].append(rows)
+        self._filled[key] = start + int(rows.shape[0])
+
+    def has(self, key) -> bool:
+        return key in self._filled
+
+    def whole(self, key, n_rows: int) -> np.ndarray | None:
+        """``key``'s ``(n_rows, m)`` rows as NumPy (the kept block itself where it is
+        one), or ``None`` unless all of them were kept."""
+        if self._filled.get(key) != n_rows:
+            return None
+        block = self._blocks[key]
+        if block is not None:
+            return self.be.to_numpy(block)
+        return np.concatenate([self.be.to_numpy(r) for r in self._parts[key]], axis=0)
+
+
 class KeptRows:
-    """Every numerical row block the engine computes, per checked input, as computed
-    (no copy until a failure is decided)."""
+    """Every numerical row block the engine computes, per checked input and floating
+    output, written into one block each (:class:`RowStore`)."""
 
     def __init__(self, p):
         self.p = p
-        self.blocks = {}  # input position -> [(start, stop, {output position: rows})]
+        self._store = RowStore(p.be)
         #: inputs whose kept rows were all compared, and agreed, with every output's
         self.passed = set()
 
     def add(self, q, start, stop, rows) -> None:
         if start == 0:  # the input's rows computed again (after a path that gave way)
-            self.blocks[q] = []
             self.passed.discard(q)
-        self.blocks.setdefault(q, []).append((start, stop, rows))
+        n = self.p.be.numel(self.p.args[q])
+        for k in self.p.floats:
+            self._store.add((q, k), start, rows[k], n)
 
     def has(self, q) -> bool:
-        return q in self.blocks
+        return any(self._store.has((q, k)) for k in self.p.floats)
 
     def arrays(self) -> dict | None:
         """``{input position: {output position: (n, m) NumPy rows}}``, or ``None`` unless
         every checked input's rows were all kept."""
         p, whole = self.p, {}
         for q in p.checked:
-            blocks = sorted(self.blocks.get(q, []), key=lambda block: block[0])
-            done = 0
-            for start, stop, _ in blocks:
-                if start != done:
-                    return None
-                done = stop
-            if done != p.be.numel(p.args[q]) or not blocks:
+            n = p.be.numel(p.args[q])
+            whole[q] = {k: self._store.whole((q, k), n) for k in p.floats}
+            if not n or any(rows is None for rows in whole[q].values()):
                 return None
-            whole[q] = {k: np.concatenate([p.be.to_numpy(rows[k]) for _, _, rows in blocks], axis=0)
-                        for k in p.floats}
         return whole
 
 
@@ -152,8 +192,8 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
     In forward mode both sides are computed by rows (an input element moved, one JVP
     along it), so the entries the message prints are exact once the printed rows (and
     the worst entry's) are computed as the reference engine computes them, on both sides.
-    ``jvp_rows`` is ``{input index: [(start, stop, [JVP rows per floating output, or
-    None])]}``, as batched; ``where`` the row block seen to differ."""
+    ``jvp_rows`` is a :class:`RowStore` of the JVP rows keyed ``(input index, floating
+    output index)``, as batched; ``where`` the row block seen to differ."""
     be, run, opts = p.be, p.run, p.run.opts
     numerical = kept.arrays()
     analytical = _whole_jvp_rows(p, jvp_rows)
@@ -216,24 +256,15 @@ def _overlay_exact_rows(p, numerical) -> dict:
     return exact_rows
 
 
-def _whole_jvp_rows(p, jvp_rows) -> dict | None:
-    """``{input index: [per floating output (n, m) NumPy matrix]}`` from the kept JVP row
-    blocks (undefined tangents as zeros), or ``None`` unless every row was kept."""
-    be, whole = p.be, {}
+def _whole_jvp_rows(p, jvp_rows: RowStore) -> dict | None:
+    """``{input index: [per floating output (n, m) NumPy matrix]}`` from the kept JVP
+    rows, or ``None`` unless every row was kept."""
+    whole = {}
     for j, q in enumerate(p.checked):
-        n, done = be.numel(p.args[q]), 0
-        parts = [[] for _ in p.floats]
-        for start, stop, rows in sorted(jvp_rows.get(j, []), key=lambda block: block[0]):
-            if start != done:
-                return None
-            for ii, (r, k) in enumerate(zip(rows, p.floats)):
-                m = be.numel(p.outputs[k])
-                parts[ii].append(np.zeros((stop - start, m)) if r is None else be.to_numpy(r).reshape(stop - start, m))
-            done = stop
-        if done != n:
+        n = p.be.numel(p.args[q])
+        whole[j] = [jvp_rows.whole((j, i), n) for i in range(len(p.floats))]
+        if not n or any(rows is None for rows in whole[j]):
             return None
-        whole[j] = [np.concatenate(part, axis=0) if part else np.zeros((0, be.numel(p.outputs[k])))
-                    for part, k in zip(parts, p.floats)]
     return whole
 
 
