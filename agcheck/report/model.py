@@ -148,14 +148,7 @@ class JacobianBlock:
             r, c = divmod(flat, n.shape[1])
             self.max_rel_diff = float(rel[r, c])
             self.max_rel_entry = self._entry(r, c, diff)
-        k = min(top_k, ranked.size)
-        flat = ranked.ravel()
-        # the k largest: the entries at or above the k-th largest value (one partitioned
-        # copy of the values, not an index array of the whole block), ties by position
-        kth = np.partition(flat, flat.size - k)[flat.size - k]
-        order = np.flatnonzero(flat >= kth)
-        order = order[np.argsort(-flat[order], kind="stable")][:k]
-        self.worst = [self._entry(*divmod(int(f), n.shape[1]), diff) for f in order if flat[f] > 0]
+        self.worst = [self._entry(*divmod(int(f), n.shape[1]), diff) for f in _largest(ranked.ravel(), top_k)]
 
     @property
     def has_arrays(self) -> bool:
@@ -449,3 +442,28 @@ class FailureReport:
 def _option_default(name):
     return getattr(GradcheckOptions, name, None)
 
+
+
+def _largest(flat: np.ndarray, k: int) -> np.ndarray:
+    """Flat indices of the ``k`` largest positive entries of ``flat``, largest first (ties
+    by position): one negated copy of the values, partitioned in place from the front
+    (NumPy's selection is fast there on blocks that are mostly zeros, and slow from the
+    back), instead of an index array of the whole block."""
+    k = min(k, flat.size)
+    if not k:
+        return np.zeros(0, dtype=np.int64)
+    negated = np.negative(flat)
+    negated.partition(k - 1)
+    kth = -negated[k - 1]
+    del negated
+    if not kth > 0:  # fewer than k positive entries
+        chosen = np.flatnonzero(flat > 0)
+    else:
+        chosen = np.flatnonzero(flat > kth)  # fewer than k
+        ties, need, step = [], k - chosen.size, 1 << 20
+        for start in range(0, flat.size, step):  # the first ties by position, a chunk at a time
+            ties.extend((np.flatnonzero(flat[start:start + step] == kth)[:need - len(ties)] + start).tolist())
+            if len(ties) >= need:
+                break
+        chosen = np.concatenate([chosen, np.asarray(ties, dtype=np.int64)])
+    return chosen[np.lexsort((chosen, -flat[chosen]))][:k]
