@@ -136,7 +136,10 @@ MISMATCH = "Jacobian mismatch"
 
 class _RowsKept(EngineFallback):
     """A mismatch seen with every numerical row and the whole analytical Jacobians at
-    hand, for :func:`failure.decide`; ``where`` as :attr:`coloured.RowsDiffer.where`."""
+    hand: for :func:`failure.decide` (reverse mode: ``{output position: [DenseBlock per
+    input]}``) or :func:`failure.decide_forward` (forward mode: a :class:`failure.RowStore`
+    of JVP rows); ``where`` the row block seen to differ, as
+    :attr:`coloured.RowsDiffer.where`."""
 
     def __init__(self, analytical, kept, where):
         super().__init__(MISMATCH)
@@ -289,14 +292,8 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
     """:func:`_analytical_columns`, and whether they were computed one VJP per column
     (as the reference engine computes them, bit for bit). ``cotangents(c0, c1)``, when
     given, stacks the cotangents of columns ``c0:c1`` in place of one-hots."""
-    if _loop_untimed(p) and c1 - c0 <= _TIMED_COLUMNS:
+    if _loop_untimed(p):  # the first block (_column_blocks makes it small): it prices the loop
         return _timed_columns(p, k, c0, c1, inputs, cotangents), True
-    if p._vjp_batched is None:
-        if p._vjp_column_cost is None:
-            p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
-        p._vjp_batched = not _vjp_setup_outweighs_saving(p)
-        if not p._vjp_batched:
-            p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
     if p._vjp_batched is False:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
@@ -308,9 +305,6 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
     cols = call.result
     if call.added_peak is not None and not setup_pending:
         p._column_bytes = max(p._column_bytes, call.added_peak // (c1 - c0))
-    if p._vjp_column_cost is None:
-        # the best of two: a first plain call may pay one-time costs
-        p._vjp_column_cost = min(cost.seconds_of(_looped_columns, p, k, c0, c0 + 1, inputs) for _ in range(2))
     if c1 - c0 < p._vjp_size and c1 - c0 < cost.RAMP[0]:
         return cols, False  # a short last block says little
     p._vjp_per_col[c1 - c0] = seconds / (c1 - c0)
@@ -620,7 +614,7 @@ def compare_slow_forward(run, piece) -> Outcome:
     except EngineFallback as reason:
         exact = None
         if p is not None and str(reason) == MISMATCH:
-            if isinstance(reason, _JvpRowsKept):
+            if isinstance(reason, _RowsKept):
                 try:
                     decided = failure.decide_forward(p, piece.diff, reason.analytical, reason.kept, reason.where)
                 except EngineFallback:
@@ -631,17 +625,6 @@ def compare_slow_forward(run, piece) -> Outcome:
             exact = p.exact_numerical()
         return undecided(str(reason), exact)
     return PASSED
-
-
-class _JvpRowsKept(EngineFallback):
-    """A forward-mode mismatch seen with every numerical row and every JVP row at hand,
-    for :func:`failure.decide_forward`; ``analytical`` is ``{input index: [(start, stop,
-    [rows per floating output])]}``, ``where`` the differing row block ``(input position,
-    output position, start, stop)``."""
-
-    def __init__(self, analytical, kept, where):
-        super().__init__(MISMATCH)
-        self.analytical, self.kept, self.where = analytical, kept, where
 
 
 def _forward(run, p, diff) -> None:
@@ -701,4 +684,4 @@ def _forward(run, p, diff) -> None:
         if differs is None and kept is not None:
             kept.passed.add(q)
     if differs is not None:
-        raise _JvpRowsKept(jvp_rows, kept, differs)
+        raise _RowsKept(jvp_rows, kept, differs)

@@ -11,9 +11,7 @@ batch size that made rows dearer is not grown further.
 """
 from __future__ import annotations
 
-import time
-
-__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "seconds_of", "batching_loses",
+__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "batching_loses",
            "batching_saves_nothing", "next_batch_size", "slope_per_row", "setup_worth_paying", "spent_instead_of_setup"]
 
 #: one batched call may take at most this fraction of the memory budget
@@ -60,13 +58,6 @@ def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int) -> int:
     """How many rows (at least one, at most ``n_rows``) one batched call may hold within
     ``allowance`` bytes."""
     return max(1, min(n_rows, allowance // max(bytes_per_row, 1)))
-
-
-def seconds_of(call, *args) -> float:
-    """Wall seconds of ``call(*args)``."""
-    began = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - began
 
 
 def batching_loses(per_batched: float, per_looped: float, size: int, seconds: float) -> bool:
