@@ -477,6 +477,12 @@ class Backend:
         rows are then stacked; see :mod:`agcheck.core.row_block`)."""
         return None
 
+    def owned_rows(self, rows):
+        """``rows`` itself, to be kept as a whole block instead of a copy, where it is a
+        compact array that holds its memory alone (no larger array kept alive through
+        it) and may be written in place; else ``None``."""
+        return None
+
     def write_rows(self, block, start: int, rows: Sequence) -> None:
         """Copy the flat ``rows`` into ``block[start:start + len(rows)]`` (converted to the
         block's dtype)."""

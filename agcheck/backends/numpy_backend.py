@@ -525,6 +525,13 @@ class NumpyBackend(Backend):
         xp = self.xp(like)
         return xp.zeros(tuple(shape), dtype=dtype or like.dtype, device=array_api_compat.device(like))
 
+    def owned_rows(self, rows):
+        # NumPy itself: an array that owns its data; other namespaces' arrays are copied
+        if isinstance(rows, np.ndarray) and rows.base is None and rows.flags.c_contiguous \
+                and rows.flags.writeable:
+            return rows
+        return None
+
     def one_hot(self, like, flat):
         xp = self.xp(like)
         z = xp.zeros((self.numel(like),), dtype=like.dtype, device=array_api_compat.device(like))

@@ -481,6 +481,12 @@ class TorchBackend(Backend):
             return None
         return torch.empty((n_rows, n_cols), dtype=dtype, device=like.device)
 
+    def owned_rows(self, rows):
+        if rows.layout != torch.strided or not rows.is_contiguous() or rows.is_conj() or rows.is_neg() \
+                or rows.untyped_storage().nbytes() != rows.numel() * rows.element_size():
+            return None
+        return rows.detach()
+
     def write_rows(self, block, start, rows):
         rows = [(r if r.dtype == block.dtype else r.to(block.dtype)).detach() for r in rows]
         torch.stack(rows, out=block[start:start + len(rows)])

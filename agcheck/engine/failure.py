@@ -50,7 +50,9 @@ class RowStore:
     Kept as the separate arrays they were computed in, between a batch's large
     temporaries, they would fragment the C allocator (:mod:`agcheck.core.row_block`: a
     passing forward-mode check of 2,000 inputs peaked at 275-342 MB so, against 155 MB
-    written into blocks); where arrays are immutable they are kept as computed."""
+    written into blocks); where arrays are immutable they are kept as computed, and a key's
+    rows computed in one array that holds its memory alone are kept as that array
+    (:meth:`Backend.owned_rows`)."""
 
     def __init__(self, be):
         self.be = be
@@ -65,6 +67,12 @@ class RowStore:
         if start == 0:
             self._filled[key] = 0
             self._parts[key] = []
+            # rows computed in one block are that block: a copy would hold them twice
+            whole = be.owned_rows(rows) if int(rows.shape[0]) == n_rows else None
+            if whole is not None:
+                self._blocks[key] = whole
+                self._filled[key] = n_rows
+                return
             self._blocks[key] = be.row_block(n_rows, int(rows.shape[1]), rows, rows.dtype)
         if self._filled.get(key) != start:
             self._filled[key] = None  # a gap: the key's rows are not all kept
@@ -77,6 +85,11 @@ class RowStore:
 
     def has(self, key) -> bool:
         return key in self._filled
+
+    def block(self, key, n_rows: int):
+        """``key``'s ``(n_rows, m)`` block as the backend's array, or ``None`` unless all
+        its rows were kept in one."""
+        return self._blocks.get(key) if self._filled.get(key) == n_rows else None
 
     def whole(self, key, n_rows: int) -> np.ndarray | None:
         """``key``'s ``(n_rows, m)`` rows as NumPy (the kept block itself where it is
