@@ -446,6 +446,43 @@ def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkey
     assert broken.verdict is False
 
 
+def test_the_batched_vjp_that_pays_the_one_time_setup_is_not_taken_for_its_speed(monkeypatch):
+    # the first batched backward of a process pays the setup (torch: importing sympy);
+    # priced as a column cost it made batching look slower than the loop and stop, once
+    # the setup was paid. Here the setup lasts 0.2 s, in the first batch.
+    import agcheck.engine.batched as engine
+    from agcheck.backends.torch_backend import TorchBackend
+    from agcheck.engine import cost
+
+    pending = [True]
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 1e-3 if pending[0] else 0.0)
+    original_columns, original_size = engine._batched_columns, cost.next_batch_size
+    judged = []
+
+    def first_pays_the_setup(*args, **kwargs):
+        if pending[0]:
+            pending[0] = False
+            end = time.perf_counter() + 0.2
+            while time.perf_counter() < end:
+                pass
+        return original_columns(*args, **kwargs)
+
+    def recording(per_row_of, looped, chunk, seconds=None, **kwargs):
+        judged.append(seconds)
+        return original_size(per_row_of, looped, chunk, seconds=seconds, **kwargs)
+
+    monkeypatch.setattr(engine, "_batched_columns", first_pays_the_setup)
+    monkeypatch.setattr(cost, "next_batch_size", recording)
+    fn = lambda a, b: torch.tanh(a @ b)
+    r = run(fn, (make(24, 24), make(24, 24, seed=1)), engine="batched")
+    assert r.verdict and not r.engine_fallbacks
+    assert not pending[0] and judged and max(judged) < 0.2, judged  # the setup's block was not judged
+    pending[0] = True
+    monkeypatch.setattr(ScaledSin, "factor", 1.1)
+    broken = run(lambda a, b: ScaledSin.apply(a @ b), (make(24, 24), make(24, 24, seed=1)), engine="batched")
+    assert broken.verdict is False
+
+
 def test_batching_that_saves_no_time_stops_after_the_ramp():
     from agcheck.engine.cost import batching_saves_nothing as _batching_saves_nothing
 

@@ -296,14 +296,18 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         return _timed_columns(p, k, c0, c1, inputs, cotangents), True
     if p._vjp_batched is False:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
-    setup_pending = p.be.batched_vjp_setup_cost() > 0  # then the call's memory is mostly the setup's
+    setup_pending = p.be.batched_vjp_setup_cost() > 0
     began = time.perf_counter()
     call = _unless_batching_fails(p, memory.measured, _batched_columns, p, k, c0, c1, inputs, cotangents)
     if call is None:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     seconds = time.perf_counter() - began
     cols = call.result
-    if call.added_peak is not None and not setup_pending:
+    if setup_pending:
+        # the block's time and memory are mostly the one-time setup's, already weighed
+        # (:func:`_vjp_setup_outweighs_saving`): the next block is the first one timed
+        return cols, False
+    if call.added_peak is not None:
         p._column_bytes = max(p._column_bytes, call.added_peak // (c1 - c0))
     if c1 - c0 < p._vjp_size and c1 - c0 < cost.RAMP[0]:
         return cols, False  # a short last block says little
