@@ -8,6 +8,7 @@ from typing import Callable
 from agcheck.checks import batched, grad_output_scaling, jacobian, undefined_grads
 from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
+from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import resolve_problem
 from agcheck.core.stencil import auto_eps, get_stencil
@@ -163,6 +164,9 @@ class _Run:
         self.user_errors = UserErrors()
         self.stencil = get_stencil(opts.stencil)
         self.progress = Progress(enabled=opts.progress)
+        #: the reverse-mode pass's numerical Jacobians, for the forward-mode pass that follows
+        self.numerical_memo = NumericalMemo(
+            wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
 
     def eps_for(self, x) -> float:
         """The finite-difference step for input ``x``."""
@@ -185,6 +189,7 @@ class _Run:
         try:
             self._all_checks()
         finally:
+            self.numerical_memo.clear()  # not kept alive by a raised error's traceback
             self.progress.close()
 
     def _all_checks(self) -> None:
@@ -206,6 +211,7 @@ class _Run:
             self._reverse_mode(top)
         if opts.check_forward_ad:
             self._forward_mode(top)
+        self.numerical_memo.clear()
         if opts.check_batched_forward_grad:
             batched.check_forward(self, top)
         if not opts.check_backward_ad:

@@ -8,6 +8,7 @@ import numpy as np
 
 from agcheck.checks import no_differentiable_outputs
 from agcheck.core import jacobian as jac
+from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
 from agcheck.engine import cost
@@ -103,7 +104,7 @@ def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytic
     be, opts = run.be, run.opts
     moved = run.numerical_args(piece.args)
     reuse = reuse or {}
-    numerical = [_numerical_jacobians(run, piece, moved, p, reuse.get(p)) for p in piece.checked]
+    numerical = [_remembered_or_computed(run, piece, moved, p, reuse.get(p)) for p in piece.checked]
     pair = _analytical_pairs(run, piece, reuse_analytical or {})
     for i, k in enumerate(piece.diff):
         pair.compute(i, checks=True)
@@ -113,6 +114,22 @@ def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytic
             except GradcheckError as error:
                 _report_other_blocks(run, piece, error, pair, numerical, (i, j))
                 raise
+
+
+def _remembered_or_computed(run, piece: Piece, moved, p, blocks) -> dict:
+    """:func:`_numerical_jacobians` of input ``p``; the forward-mode pass takes those the
+    reverse-mode pass computed the same way (:mod:`agcheck.core.numerical_memo`), and the
+    reverse-mode pass leaves its own there."""
+    memo, be = run.numerical_memo, run.be
+    if piece.forward:
+        remembered = memo.take(piece.fn, piece.args, p, exact_only=True)
+        if remembered is not None:
+            run.progress.advance(be.numel(piece.args[p]))
+            return remembered.rows
+        return _numerical_jacobians(run, piece, moved, p, blocks)
+    rows = _numerical_jacobians(run, piece, moved, p, blocks)
+    memo.put(piece.fn, piece.args, p, MemoRows(rows, [(0, be.numel(piece.args[p]))], exact=True))
+    return rows
 
 
 def _numerical_jacobians(run, piece: Piece, moved, p, blocks) -> dict:

@@ -172,6 +172,7 @@ def _reverse(run, p, diff) -> None:
             try:
                 if coloured.try_from_analytical(p, checked, diff, analytical, kept):
                     run.progress.advance(n_in)
+                    _remember_rows(kept, checked)
                     return
             except coloured.RowsDiffer as differs:
                 if kept is None:
@@ -202,6 +203,7 @@ def _reverse(run, p, diff) -> None:
                 kept.passed.add(q)
         if differs is not None:
             raise _RowsKept(analytical, kept, differs)
+        _remember_rows(kept, checked)
         return
     if not any(batchable):
         raise EngineFallback("no input can be moved in batches")
@@ -214,6 +216,14 @@ def _reverse(run, p, diff) -> None:
                          for q in checked}
             for c0, c1 in _column_blocks(p, b1 - b0, n_in):
                 _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
+
+
+def _remember_rows(kept, checked) -> None:
+    """After a passing reverse-mode pass: every input's rows that were all kept, for the
+    forward-mode pass of the same check."""
+    if kept is not None:
+        for q in checked:
+            kept.remember(q)
 
 
 def _columns_may_batch(p, diff) -> bool:
@@ -651,7 +661,10 @@ def _forward(run, p, diff) -> None:
     jvp_rows, differs = failure.RowStore(be), None
     for j, q in enumerate(checked):
         probe = None
-        if not p.batched_ok(q) and be.numel(args[q]):
+        remembered = p.remembered(q)  # the reverse-mode pass's rows
+        if remembered is not None and kept is not None:
+            kept.add(q, 0, be.numel(args[q]), remembered.rows)
+        if remembered is None and not p.batched_ok(q) and be.numel(args[q]):
             # a batched JVP first: if it fails (random ops or ops without a batching rule
             # under vmap), it fails before a looped numerical side that the reference
             # engine would compute again
@@ -667,7 +680,8 @@ def _forward(run, p, diff) -> None:
                 if opts.check_grad_dtypes and be.is_complex(a) != be.is_complex(p.outputs[k]):
                     raise EngineFallback("forward gradient dtype differs from its output's")
             if kept is not None:
-                kept.add(q, s, e, rows)
+                if remembered is None:
+                    kept.add(q, s, e, rows)
                 for i, (a, k) in enumerate(zip(analytical, p.floats)):
                     a = be.zeros((e - s, be.numel(p.outputs[k])), like=p.outputs[k]) if a is None else a
                     jvp_rows.add((j, i), s, be.reshape(a, (e - s, -1)), be.numel(args[q]))

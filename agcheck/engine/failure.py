@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from agcheck.core import jacobian as jac
+from agcheck.core.numerical_memo import MemoRows
 from agcheck.engine.compressed import allclose_like_torch
 from agcheck.engine.outcome import EngineEvent, Outcome, undecided
 
@@ -111,13 +112,25 @@ class KeptRows:
         self._store = RowStore(p.be)
         #: inputs whose kept rows were all compared, and agreed, with every output's
         self.passed = set()
+        self._bounds = {}  # per input, the row blocks kept, in order
 
     def add(self, q, start, stop, rows) -> None:
         if start == 0:  # the input's rows computed again (after a path that gave way)
             self.passed.discard(q)
+            self._bounds[q] = []
+        self._bounds.setdefault(q, []).append((start, stop))
         n = self.p.be.numel(self.p.args[q])
         for k in self.p.floats:
             self._store.add((q, k), start, rows[k], n)
+
+    def remember(self, q) -> None:
+        """Leave input ``q``'s rows, if all were kept in blocks, for the forward-mode pass
+        of the same check (:mod:`agcheck.core.numerical_memo`)."""
+        p = self.p
+        n = p.be.numel(p.args[q])
+        blocks = {k: self._store.block((q, k), n) for k in p.floats}
+        if n and all(b is not None for b in blocks.values()):
+            p.run.numerical_memo.put(p.fn, p.args, q, MemoRows(blocks, list(self._bounds[q]), p.all_rows_exact(q)))
 
     def has(self, q) -> bool:
         return any(self._store.has((q, k)) for k in self.p.floats)

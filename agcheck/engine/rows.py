@@ -90,6 +90,8 @@ class Problem:
         #: per input, how many independent samples its first dimension holds (None: not
         #: found independent), as :meth:`samples` found it
         self._samples = {}
+        #: per input, rows another pass of the same check computed (see :meth:`remembered`)
+        self._remembered = {}
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -331,9 +333,37 @@ class Problem:
         if self.keep_rows and chunk[1] > chunk[0]:
             self._exact_blocks.setdefault(pos, {})[chunk[0]] = chunk
 
+    def remembered(self, pos):
+        """The rows of ``args[pos]`` that the reverse-mode pass of the same check left
+        (:mod:`agcheck.core.numerical_memo`; a :class:`MemoRows`, taken from the run's
+        memo), or ``None``. Once taken, :meth:`numerical_row_chunks` yields them, in the
+        blocks they were computed in. Only a forward-mode pass asks."""
+        if pos not in self._remembered:
+            self._remembered[pos] = self.run.numerical_memo.take(self.fn, self.args, pos)
+        return self._remembered[pos]
+
+    def all_rows_exact(self, pos) -> bool:
+        """Whether every row of ``args[pos]`` so far was computed element by element."""
+        if pos in self._exact_rows:
+            return True
+        done = 0
+        for start in sorted(self._exact_blocks.get(pos, {})):
+            if start > done:
+                return False
+            done = max(done, self._exact_blocks[pos][start][1])
+        return done >= self.be.numel(self.args[pos])
+
     def _row_chunks(self, pos):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
+        remembered = self._remembered.get(pos)
+        if remembered is not None:
+            for start, stop in remembered.bounds:
+                chunk = (start, stop, {k: rows[start:stop] for k, rows in remembered.rows.items()})
+                if remembered.exact:
+                    self._note(pos, chunk)
+                yield chunk
+            return
         if pos in self._exact_rows:
             yield from self._exact_rows[pos]
             return
