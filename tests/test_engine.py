@@ -554,6 +554,31 @@ def test_a_fn_that_mixes_its_samples_is_not_stacked(broken):
     assert r.verdict is torch.autograd.gradcheck(fn, (make(6, 10),), raise_exception=False)
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_vector_input_is_vmapped_before_its_copies_are_laid_end_to_end(broken, monkeypatch):
+    # W16 @ x on 16 elements: copies laid end to end make a 32-vector that W16 cannot
+    # multiply (the op would raise); vmap batches it, and is tried first on a vector
+    from agcheck.backends.torch_backend import TorchBackend
+
+    stacked = []
+    original = TorchBackend.evaluate_stacked
+    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
+                        lambda self, *a, **kw: (stacked.append(1), original(self, *a, **kw))[1])
+    inner = OneEntryOff.apply if broken else torch.sin
+    fn = lambda x: inner(W16 @ x)  # noqa: E731
+    r = run(fn, (make(16),), engine="batched")
+    assert _via(r) == {"vmap"} and not stacked
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(16),), raise_exception=False)
+
+
+def test_a_vector_input_that_vmap_cannot_batch_is_still_stacked():
+    # ScaledSin has no vmap rule; elementwise, its copies laid end to end are its batch
+    fn = lambda x: ScaledSin.apply(x) * 2  # noqa: E731
+    r = run(fn, (make(40),), engine="batched")
+    assert _via(r) == {"stacked"} and r.verdict
+
+
 W44 = torch.randn(44, 44, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
 
 

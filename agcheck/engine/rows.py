@@ -119,7 +119,7 @@ class Problem:
         batched form: ``stacked`` (one plain call, the copies laid along fn's own first
         dimension, and the other arguments that share that dimension repeated beside them
         where the copies alone do not fit) where fn gives each copy its own result, else
-        ``vmap``."""
+        ``vmap`` (for a vector input: ``vmap`` first, then ``stacked``)."""
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
@@ -144,11 +144,16 @@ class Problem:
         moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
         forms = [("vmap", (), be.evaluate_batch)]
         if be.supports(Capability.STACKED_EVALUATION):
-            forms[:0] = [("stacked", tiled, be.evaluate_stacked) for tiled in ((), self._sharing_first_dimension(pos))
-                         if tiled is not None]
+            stacked = [("stacked", tiled, be.evaluate_stacked) for tiled in ((), self._sharing_first_dimension(pos))
+                       if tiled is not None]
+            # a vector's copies laid end to end are one longer vector, which only an
+            # elementwise fn accepts; its products and reductions raise, and a process's
+            # first raising op maps megabytes of C++ unwinding tables: vmap, which
+            # batches elementwise fns as well, goes first there
+            forms = forms + stacked if len(x.shape) == 1 else stacked + forms
         for via, tiled, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
-                return False
+                continue
             if tiled:
                 evaluate = functools.partial(evaluate, tiled=tiled)
             seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps,
