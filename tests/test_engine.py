@@ -572,6 +572,27 @@ def test_a_vector_input_is_vmapped_before_its_copies_are_laid_end_to_end(broken,
     assert r.verdict is torch.autograd.gradcheck(fn, (make(16),), raise_exception=False)
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_weight_is_vmapped_first_and_a_batch_is_stacked_first(broken, monkeypatch):
+    # x (4 samples) carries its first dimension to the output (4 x 16): its copies are
+    # stacked; w's first dimension (16) is no output's, its copies would not fit x
+    from agcheck.backends.torch_backend import TorchBackend
+
+    stacked = []
+    original = TorchBackend.evaluate_stacked
+    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
+                        lambda self, fn, args, pos, *a, **kw: (stacked.append(pos),
+                                                               original(self, fn, args, pos, *a, **kw))[1])
+    inner = OneEntryOff.apply if broken else torch.sin
+    fn = lambda x, w: inner(x @ w.T)  # noqa: E731
+    inputs = (make(4, 8), make(16, 8, seed=1))
+    r = run(fn, inputs, engine="batched")
+    via = {e.subject: e.via for e in r.engine_log if e.path == "numerical" and e.decision == "batched"}
+    assert via == {0: "stacked", 1: "vmap"} and 1 not in stacked
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, inputs, raise_exception=False)
+
+
 def test_a_vector_input_that_vmap_cannot_batch_is_still_stacked():
     # ScaledSin has no vmap rule; elementwise, its copies laid end to end are its batch
     fn = lambda x: ScaledSin.apply(x) * 2  # noqa: E731

@@ -119,7 +119,8 @@ class Problem:
         batched form: ``stacked`` (one plain call, the copies laid along fn's own first
         dimension, and the other arguments that share that dimension repeated beside them
         where the copies alone do not fit) where fn gives each copy its own result, else
-        ``vmap`` (for a vector input: ``vmap`` first, then ``stacked``)."""
+        ``vmap`` (``vmap`` first where the input's first dimension is not a batch:
+        :meth:`_batch_first`)."""
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
@@ -146,11 +147,7 @@ class Problem:
         if be.supports(Capability.STACKED_EVALUATION):
             stacked = [("stacked", tiled, be.evaluate_stacked) for tiled in ((), self._sharing_first_dimension(pos))
                        if tiled is not None]
-            # a vector's copies laid end to end are one longer vector, which only an
-            # elementwise fn accepts; its products and reductions raise, and a process's
-            # first raising op maps megabytes of C++ unwinding tables: vmap, which
-            # batches elementwise fns as well, goes first there
-            forms = forms + stacked if len(x.shape) == 1 else stacked + forms
+            forms = stacked + forms if self._batch_first(pos) else forms + stacked
         for via, tiled, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
                 continue
@@ -166,6 +163,18 @@ class Problem:
                     figures["tiled"] = len(tiled)
                 return True
         return False
+
+    def _batch_first(self, pos) -> bool:
+        """Whether ``args[pos]``'s first dimension looks like a batch that ``fn`` carries
+        to its outputs (some output shares it, and it is not a vector's only dimension),
+        so that its copies laid end to end along it are tried before ``vmap``. Elsewhere
+        (a vector, a weight matrix) stacked copies rarely fit: products and broadcasts
+        with the other arguments raise, and a process's first raising op maps megabytes
+        of C++ unwinding tables, while ``vmap`` batches those functions too."""
+        x = self.args[pos]
+        if len(x.shape) < 2:
+            return False
+        return any(len(self.outputs[k].shape) >= 1 and self.outputs[k].shape[0] == x.shape[0] for k in self.floats)
 
     def _sharing_first_dimension(self, pos) -> tuple | None:
         """The positions of the other dense arrays among ``fn``'s arguments whose first
