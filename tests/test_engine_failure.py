@@ -391,3 +391,46 @@ def test_kept_rows_are_written_into_one_block_in_order_and_a_gap_is_seen(in_plac
     store.add("b", 0, rows[:3], 6)  # computed again from the start
     store.add("b", 3, rows[3:], 6)
     assert (store.whole("b", 6) == rows.numpy()).all()
+
+
+class _LoopedForward(torch.autograd.Function):
+    """``tanh(W x)`` with its own JVP (scaled by ``factor``) and no vmap rule: no batched
+    form of fn, so every numerical row is computed element by element, in one block."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.tanh(_A @ x)
+        ctx.save_for_forward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        raise NotImplementedError  # a forward-mode check only
+
+    @staticmethod
+    def jvp(ctx, t):
+        (y,) = ctx.saved_tensors
+        return _LoopedForward.factor * (1 - y * y) * (_A @ t)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_rows_computed_in_one_block_are_compared_in_jvp_blocks_within_the_budget(factor, monkeypatch):
+    # a JVP of all 50 rows at once would hold every tangent and its intermediates; the
+    # budget here allows about 16 rows per batched JVP
+    monkeypatch.setattr(_LoopedForward, "factor", factor)
+    be_type = type(agcheck.get_backend("torch"))
+    sizes, original = [], be_type.jvp_rows
+    monkeypatch.setattr(be_type, "jvp_rows", lambda self, fn, args, checked, j, flat:
+                        (sizes.append(len(flat)), original(self, fn, args, checked, j, flat))[1])
+    x = make(50, seed=18)
+    r = run(_LoopedForward.apply, (x,), engine="batched", memory_budget=1 << 20, **_FORWARD)
+    assert ("numerical", "looped") in {(e.path, e.decision) for e in r.engine_log}
+    assert sizes and 1 < max(sizes) < 50, sizes
+    assert r.verdict is (factor == 1.0)
+    if factor != 1.0:
+        with pytest.raises(RuntimeError) as info:
+            torch.autograd.gradcheck(_LoopedForward.apply, (x,), **_FORWARD)
+        assert first_paragraph(agcheck.gradcheck, _LoopedForward.apply, (x,), engine="batched",
+                               memory_budget=1 << 20, **_FORWARD) == str(info.value).rstrip("\n")

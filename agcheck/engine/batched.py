@@ -57,6 +57,23 @@ class EngineFallback(Exception):
     entry points turn it into an undecided :class:`Outcome`."""
 
 
+def _jvp_blocks(p, q, chunks, kept):
+    """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
+    not ``None``), cut into the blocks one batched JVP computes within the batch memory
+    (:attr:`Problem.batch_bytes`): rows computed one element at a time come in one
+    block of any size, and a JVP of them all at once would hold every tangent and its
+    intermediates."""
+    be = p.be
+    n = be.numel(p.args[q])
+    size = cost.rows_per_chunk((n + p.out_numel) * p.itemsize * INTERMEDIATES * 2, p.batch_bytes, n)
+    for s, e, rows in chunks:
+        if kept is not None:
+            kept.add(q, s, e, rows)
+        for a in range(s, e, size):
+            b = min(e, a + size)
+            yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
+
+
 def _require_dense(be, args) -> None:
     """Sparse and opaque layouts (torch's sparse and MKL-DNN tensors) are left to the
     reference engine: it moves stored elements, and densifies unmasked inputs."""
@@ -669,7 +686,7 @@ def _forward(run, p, diff) -> None:
             # under vmap), it fails before a looped numerical side that the reference
             # engine would compute again
             probe = be.jvp_rows(fn, args, checked, j, [0])
-        for s, e, rows in p.numerical_row_chunks(q):
+        for s, e, rows in _jvp_blocks(p, q, p.numerical_row_chunks(q), kept if remembered is None else None):
             # a one-element input's rows are the probe's: its jvp runs once, as in torch
             analytical = probe if probe is not None and (s, e) == (0, 1) else \
                 be.jvp_rows(fn, args, checked, j, list(range(s, e)))
@@ -680,8 +697,6 @@ def _forward(run, p, diff) -> None:
                 if opts.check_grad_dtypes and be.is_complex(a) != be.is_complex(p.outputs[k]):
                     raise EngineFallback("forward gradient dtype differs from its output's")
             if kept is not None:
-                if remembered is None:
-                    kept.add(q, s, e, rows)
                 for i, (a, k) in enumerate(zip(analytical, p.floats)):
                     a = be.zeros((e - s, be.numel(p.outputs[k])), like=p.outputs[k]) if a is None else a
                     jvp_rows.add((j, i), s, be.reshape(a, (e - s, -1)), be.numel(args[q]))
