@@ -434,3 +434,30 @@ def test_rows_computed_in_one_block_are_compared_in_jvp_blocks_within_the_budget
             torch.autograd.gradcheck(_LoopedForward.apply, (x,), **_FORWARD)
         assert first_paragraph(agcheck.gradcheck, _LoopedForward.apply, (x,), engine="batched",
                                memory_budget=1 << 20, **_FORWARD) == str(info.value).rstrip("\n")
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_jvp_blocks_follow_the_memory_a_jvp_row_took_as_measured(factor, monkeypatch):
+    # the first JVP block is sized from the estimate; the next ones from what a row of it
+    # took, made here 64 kB (a quarter of the 256 kB a batched call may take: 4 rows)
+    from agcheck.engine import memory
+
+    monkeypatch.setattr(_LoopedForward, "factor", factor)
+    be_type = type(agcheck.get_backend("torch"))
+    sizes, original_jvp, original_measured = [], be_type.jvp_rows, memory.measured
+    monkeypatch.setattr(be_type, "jvp_rows", lambda self, fn, args, checked, j, flat:
+                        (sizes.append(len(flat)), original_jvp(self, fn, args, checked, j, flat))[1])
+    monkeypatch.setattr(be_type, "jvp_setup_cost", lambda self: 0.0)
+
+    def measured(call, *args):
+        result = original_measured(call, *args)
+        if getattr(call, "__name__", "") == "<lambda>":  # the recording jvp_rows above
+            return memory.MeasuredCall(result.result, (64 << 10) * len(args[-1]))
+        return result
+
+    monkeypatch.setattr(memory, "measured", measured)
+    x = make(50, seed=19)
+    r = run(_LoopedForward.apply, (x,), engine="batched", memory_budget=1 << 20, **_FORWARD)
+    # a one-row JVP probes first (fn cannot be batched), then the blocks
+    assert sizes[0] == 1 and sizes[1] > 4 and len(sizes) > 3 and max(sizes[2:]) <= 4, sizes
+    assert r.verdict is (factor == 1.0)

@@ -60,18 +60,31 @@ class EngineFallback(Exception):
 def _jvp_blocks(p, q, chunks, kept):
     """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
     not ``None``), cut into the blocks one batched JVP computes within the batch memory
-    (:attr:`Problem.batch_bytes`): rows computed one element at a time come in one
-    block of any size, and a JVP of them all at once would hold every tangent and its
-    intermediates."""
+    (:attr:`Problem.batch_bytes`), at the larger of the estimated and the measured
+    memory of a row (:func:`_measured_jvp_rows`): rows computed one element at a time
+    come in one block of any size, and a JVP of them all at once would hold every
+    tangent and its intermediates."""
     be = p.be
     n = be.numel(p.args[q])
-    size = cost.rows_per_chunk((n + p.out_numel) * p.itemsize * INTERMEDIATES * 2, p.batch_bytes, n)
+    estimate = (n + p.out_numel) * p.itemsize * INTERMEDIATES * 2
     for s, e, rows in chunks:
         if kept is not None:
             kept.add(q, s, e, rows)
-        for a in range(s, e, size):
-            b = min(e, a + size)
+        a = s
+        while a < e:
+            b = min(e, a + cost.rows_per_chunk(max(estimate, p.jvp_row_bytes), p.batch_bytes, n))
             yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
+            a = b
+
+
+def _measured_jvp_rows(p, j, s, e):
+    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP); the
+    memory a row took, as measured, sizes the next JVP blocks (:func:`_jvp_blocks`)."""
+    setup_pending = p.be.jvp_setup_cost() > 0  # then the call's memory is mostly the setup's
+    call = memory.measured(p.be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
+    if call.added_peak is not None and not setup_pending:
+        p.jvp_row_bytes = max(p.jvp_row_bytes, call.added_peak // (e - s))
+    return call.result
 
 
 def _require_dense(be, args) -> None:
@@ -688,8 +701,7 @@ def _forward(run, p, diff) -> None:
             probe = be.jvp_rows(fn, args, checked, j, [0])
         for s, e, rows in _jvp_blocks(p, q, p.numerical_row_chunks(q), kept if remembered is None else None):
             # a one-element input's rows are the probe's: its jvp runs once, as in torch
-            analytical = probe if probe is not None and (s, e) == (0, 1) else \
-                be.jvp_rows(fn, args, checked, j, list(range(s, e)))
+            analytical = probe if probe is not None and (s, e) == (0, 1) else _measured_jvp_rows(p, j, s, e)
             probe = None
             if len(analytical) != len(p.floats):
                 raise EngineFallback("outputs changed")

@@ -74,6 +74,8 @@ class Problem:
         self._row_bytes = {}  # per batched input: bytes a row's evaluation took, as measured
         self._copy_bytes = {}  # per probed input: bytes one moved copy took in the probe, as measured
         self._column_bytes = 0  # bytes one batched VJP column took, as measured
+        #: bytes one row of a batched JVP took, as measured (forward mode)
+        self.jvp_row_bytes = 0
         #: per input, its rows computed element by element (as the reference engine
         #: computes them) when all of them were: reused instead of being computed again
         self._exact_rows = {}
