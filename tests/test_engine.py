@@ -111,7 +111,9 @@ class OneEntryOff(torch.autograd.Function):
 
 def test_a_batched_mismatch_is_judged_and_reported_by_the_reference():
     r = run(OneEntryOff.apply, (make(40),))
-    assert paths(r) == {"batched"}
+    # vmapped (a vector input): after the first batches the timings may send the rest of
+    # the rows to the loop, which is as exact
+    assert "batched" in paths(r)
     assert r.verdict is False and r.engine_fallbacks
     with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
         agcheck.gradcheck(OneEntryOff.apply, (make(40),))
