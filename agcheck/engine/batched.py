@@ -57,36 +57,6 @@ class EngineFallback(Exception):
     entry points turn it into an undecided :class:`Outcome`."""
 
 
-def _jvp_blocks(p, q, chunks, kept):
-    """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
-    not ``None``), cut into the blocks one batched JVP computes within the batch memory
-    (:attr:`Problem.batch_bytes`), at the larger of the estimated and the measured
-    memory of a row (:func:`_measured_jvp_rows`): rows computed one element at a time
-    come in one block of any size, and a JVP of them all at once would hold every
-    tangent and its intermediates."""
-    be = p.be
-    n = be.numel(p.args[q])
-    estimate = (n + p.out_numel) * p.itemsize * INTERMEDIATES * 2
-    for s, e, rows in chunks:
-        if kept is not None:
-            kept.add(q, s, e, rows)
-        a = s
-        while a < e:
-            b = min(e, a + cost.rows_per_chunk(max(estimate, p.jvp_row_bytes), p.batch_bytes, n))
-            yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
-            a = b
-
-
-def _measured_jvp_rows(p, j, s, e):
-    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP); the
-    memory a row took, as measured, sizes the next JVP blocks (:func:`_jvp_blocks`)."""
-    setup_pending = p.be.jvp_setup_cost() > 0  # then the call's memory is mostly the setup's
-    call = memory.measured(p.be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
-    if call.added_peak is not None and not setup_pending:
-        p.jvp_row_bytes = max(p.jvp_row_bytes, call.added_peak // (e - s))
-    return call.result
-
-
 def _require_dense(be, args) -> None:
     """Sparse and opaque layouts (torch's sparse and MKL-DNN tensors) are left to the
     reference engine: it moves stored elements, and densifies unmasked inputs."""
@@ -730,3 +700,33 @@ def _forward(run, p, diff) -> None:
             kept.passed.add(q)
     if differs is not None:
         raise _RowsKept(jvp_rows, kept, differs)
+
+
+def _jvp_blocks(p, q, chunks, kept):
+    """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
+    not ``None``), cut into the blocks one batched JVP computes within the batch memory
+    (:attr:`Problem.batch_bytes`), at the larger of the estimated and the measured
+    memory of a row (:func:`_measured_jvp_rows`): rows computed one element at a time
+    come in one block of any size, and a JVP of them all at once would hold every
+    tangent and its intermediates."""
+    be = p.be
+    n = be.numel(p.args[q])
+    estimate = (n + p.out_numel) * p.itemsize * INTERMEDIATES * 2
+    for s, e, rows in chunks:
+        if kept is not None:
+            kept.add(q, s, e, rows)
+        a = s
+        while a < e:
+            b = min(e, a + cost.rows_per_chunk(max(estimate, p.jvp_row_bytes), p.batch_bytes, n))
+            yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
+            a = b
+
+
+def _measured_jvp_rows(p, j, s, e):
+    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP); the
+    memory a row took, as measured, sizes the next JVP blocks (:func:`_jvp_blocks`)."""
+    setup_pending = p.be.jvp_setup_cost() > 0  # then the call's memory is mostly the setup's
+    call = memory.measured(p.be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
+    if call.added_peak is not None and not setup_pending:
+        p.jvp_row_bytes = max(p.jvp_row_bytes, call.added_peak // (e - s))
+    return call.result
