@@ -359,15 +359,9 @@ class Problem:
         return self._remembered[pos]
 
     def all_rows_exact(self, pos) -> bool:
-        """Whether every row of ``args[pos]`` so far was computed element by element."""
-        if pos in self._exact_rows:
-            return True
-        done = 0
-        for start in sorted(self._exact_blocks.get(pos, {})):
-            if start > done:
-                return False
-            done = max(done, self._exact_blocks[pos][start][1])
-        return done >= self.be.numel(self.args[pos])
+        """Whether the rows of ``args[pos]`` were all computed element by element, in one
+        pass (the rows :meth:`numerical_row_chunks` yields are then those)."""
+        return pos in self._exact_rows
 
     def _row_chunks(self, pos):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
