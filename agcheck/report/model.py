@@ -443,7 +443,6 @@ def _option_default(name):
     return getattr(GradcheckOptions, name, None)
 
 
-
 def _largest(flat: np.ndarray, k: int) -> np.ndarray:
     """Flat indices of the ``k`` largest positive entries of ``flat``, largest first (ties
     by position): one negated copy of the values, partitioned in place from the front
