@@ -249,11 +249,18 @@ def _keep_columns(be, chunks, k, b0, b1):
     return [(s, e, {k: be.clone(rows[k][:, b0:b1])}) for s, e, rows in chunks]
 
 
+def _derivative_row_bytes(p, n_in: int) -> int:
+    """The estimated memory of one row of a batched VJP or JVP (a cotangent or tangent of
+    ``n_in`` input elements and the outputs, with fn's intermediates, for the evaluation
+    and its derivative), before any is measured."""
+    return (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
+
+
 def _column_blocks(p, m, n_in):
     """``[0, m)`` in blocks of the batch size the VJP timings chose so far (small first),
     within the memory budget; read as the blocks are consumed, so that each block's
     timing decides the next block's size."""
-    estimate = (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
+    estimate = _derivative_row_bytes(p, n_in)
     c0 = 0
     while c0 < m:
         chunk = cost.rows_per_chunk(max(estimate, p._column_bytes), p.batch_bytes, m)
@@ -711,7 +718,7 @@ def _jvp_blocks(p, q, chunks, kept):
     tangent and its intermediates."""
     be = p.be
     n = be.numel(p.args[q])
-    estimate = (n + p.out_numel) * p.itemsize * INTERMEDIATES * 2
+    estimate = _derivative_row_bytes(p, n)
     for s, e, rows in chunks:
         if kept is not None:
             kept.add(q, s, e, rows)
