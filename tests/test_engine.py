@@ -602,6 +602,48 @@ def test_a_vector_input_that_vmap_cannot_batch_is_still_stacked():
     assert _via(r) == {"stacked"} and r.verdict
 
 
+def _counted(fn):
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return fn(*args)
+
+    return counted, calls
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_a_scalar_loss_that_vmap_cannot_batch_costs_no_probe_call(factor, monkeypatch):
+    # a loss (one number) through a custom Function without a vmap rule: stacked copies
+    # have no output dimension to come back on, vmap would raise on the Function; the
+    # trace shows both, so fn is called for the loop only (torch's checker: one more)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    fn, calls = _counted(lambda x: ScaledSin.apply(x).square().sum())
+    r = run(fn, (make(5, 8),))
+    assert len(calls) == 1 + 2 * 40
+    looped = next(e for e in r.engine_log if e.path == "numerical")
+    assert looped.decision == "looped" and "ScaledSin" in looped.detail and "no first dimension" in looped.detail
+    assert r.verdict is (factor == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_scalar_loss_is_still_vmapped_where_nothing_stands_in_the_way(broken, monkeypatch):
+    # the same shape of loss through ops (and a Function) vmap batches: vmapped, never stacked
+    from agcheck.backends.torch_backend import TorchBackend
+
+    stacked = []
+    original = TorchBackend.evaluate_stacked
+    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
+                        lambda self, *a, **kw: (stacked.append(1), original(self, *a, **kw))[1])
+    inner = OneEntryOff.apply if broken else torch.sin
+    fn = lambda x: inner(x).square().sum()  # noqa: E731
+    r = run(fn, (make(5, 8),), engine="batched")
+    assert _via(r) == {"vmap"} and not stacked
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
+
+
 W44 = torch.randn(44, 44, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
 
 

@@ -142,6 +142,13 @@ class Trace:
         Capability :attr:`Capability.BATCHED_GRAD`."""
         raise UnsupportedError("vjp_batched")
 
+    def batching_obstacle(self) -> str | None:
+        """Why ``fn`` certainly cannot be evaluated in batched form
+        (:meth:`Backend.evaluate_batch`), as this evaluation shows it (e.g. an operation
+        without a batching rule), or ``None`` when nothing shows. The engine then skips
+        that form without calling ``fn``; ``None`` promises nothing."""
+        return None
+
 
 class Perturber:
     """Moves one input in place and evaluates ``fn``; the input is restored bitwise.

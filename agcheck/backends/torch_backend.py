@@ -13,7 +13,7 @@ import torch.autograd.forward_ad as fwAD
 
 from agcheck.backends.base import Backend, Trace, summary_edges
 
-from agcheck.backends import torch_engine, torch_errors, torch_sparse
+from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -88,6 +88,9 @@ class TorchTrace(Trace):
                 self.outputs[output_position], self.inputs, stacked_cotangents,
                 retain_graph=True, allow_unused=True, is_grads_batched=True,
             ))
+
+    def batching_obstacle(self) -> str | None:
+        return torch_graph.vmap_obstacle(self.outputs)
 
 
 class TorchPerturber(torch_sparse._InPlacePerturber):

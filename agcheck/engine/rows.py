@@ -59,6 +59,7 @@ class Problem:
         self._element_cost = {}  # seconds one element's rows take one at a time
         self._via = {}  # per batched input: "stacked" or "vmap"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
+        self._unbatchable = {}  # per input: why no batched form was probed
         self._figures = {}  # per probed input: the timings its decision was taken on
         self._vjp_batched = None  # True: being timed; False: found not to pay
         self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
@@ -105,7 +106,7 @@ class Problem:
             if self._batched[pos]:
                 event = EngineEvent("numerical", "batched", pos, via=self._via[pos], figures=figures)
             else:
-                event = EngineEvent("numerical", "looped", pos, figures=figures)
+                event = EngineEvent("numerical", "looped", pos, self._unbatchable.get(pos, ""), figures=figures)
             self.run.engine_log.append(event)
         return self._batched[pos]
 
@@ -126,6 +127,9 @@ class Problem:
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
+        forms = self._batched_forms(pos)
+        if not forms:
+            return False  # before any call: no batched form can apply
         gen = be.generator(x, PROBE_SEED)
         u = be.uniform_unit_vector(x, gen, real=True)
         eps = self.run.eps_for(x)
@@ -145,11 +149,6 @@ class Problem:
         figures = self._figures[pos] = {"loop_row": loop_row}
         step = be.reshape(u, x.shape) * eps
         moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
-        forms = [("vmap", (), be.evaluate_batch)]
-        if be.supports(Capability.STACKED_EVALUATION):
-            stacked = [("stacked", tiled, be.evaluate_stacked) for tiled in ((), self._sharing_first_dimension(pos))
-                       if tiled is not None]
-            forms = stacked + forms if self._batch_first(pos) else forms + stacked
         for via, tiled, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
                 continue
@@ -165,6 +164,28 @@ class Problem:
                     figures["tiled"] = len(tiled)
                 return True
         return False
+
+    def _batched_forms(self, pos) -> list:
+        """The batched forms worth a probe, in the order they are tried: ``(via, tiled,
+        evaluate)``. Left out without a call of ``fn`` (the reason noted for the engine's
+        log): ``stacked`` where an output has no first dimension to carry the copies end to
+        end, ``vmap`` where the traced evaluation shows an obstacle
+        (:meth:`Trace.batching_obstacle`)."""
+        be, reasons = self.be, []
+        obstacle = self.trace.batching_obstacle()
+        forms = [] if obstacle else [("vmap", (), be.evaluate_batch)]
+        if obstacle:
+            reasons.append(f"vmap: {obstacle}")
+        if be.supports(Capability.STACKED_EVALUATION):
+            if all(be.is_array(o) and len(o.shape) >= 1 for o in self.outputs):
+                stacked = [("stacked", tiled, be.evaluate_stacked)
+                           for tiled in ((), self._sharing_first_dimension(pos)) if tiled is not None]
+                forms = stacked + forms if self._batch_first(pos) else forms + stacked
+            else:
+                reasons.append("stacked: an output has no first dimension")
+        if not forms:
+            self._unbatchable[pos] = "; ".join(reasons)
+        return forms
 
     def _batch_first(self, pos) -> bool:
         """Whether ``args[pos]``'s first dimension looks like a batch that ``fn`` carries

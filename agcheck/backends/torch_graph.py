@@ -1,0 +1,60 @@
+"""What an autograd graph shows about batching ``fn`` with ``torch.vmap``, before any
+batched call is made.
+
+A custom ``torch.autograd.Function`` that functorch cannot transform makes every
+``vmap`` of a function that applies it raise: ``vmap`` needs the Function to override
+``setup_context`` and to have one vmap rule (its own ``vmap`` staticmethod, or
+``generate_vmap_rule = True``, not both). Such a Function leaves a node on the graph of
+the evaluation the check traced, so the graph tells, for free, that a batched evaluation
+would cost a call of ``fn`` and end in that error.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["vmap_obstacle"]
+
+#: nodes visited at most: a graph larger than this is not searched to its end
+MAX_NODES = 100_000
+
+
+def _nodes(outputs):
+    pending = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    seen = set()
+    while pending and len(seen) < MAX_NODES:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        yield node
+        pending.extend(child for child, _ in node.next_functions if child is not None)
+
+
+def vmap_obstacle(outputs) -> str | None:
+    """The reason ``torch.vmap`` cannot batch the function that computed ``outputs``, as
+    their autograd graph shows it (a custom Function functorch cannot transform), or
+    ``None`` when the graph shows none.
+
+    Parameters
+    ----------
+    outputs : tuple
+        Everything the function returned; tensors without a graph are skipped.
+    """
+    for node in _nodes(outputs):
+        reason = _function_obstacle(getattr(node, "_forward_cls", None))
+        if reason is not None:
+            return reason
+    return None
+
+
+def _function_obstacle(cls) -> str | None:
+    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        return None
+    base = torch.autograd.Function
+    name = cls.__qualname__
+    if cls.setup_context is base.setup_context:
+        return f"custom Function {name} does not override setup_context"
+    own_rule = cls.vmap is not base.vmap
+    if cls.generate_vmap_rule == own_rule:
+        return f"custom Function {name} has {'two vmap rules' if own_rule else 'no vmap rule'}"
+    return None
