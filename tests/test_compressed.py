@@ -144,7 +144,7 @@ def test_compressed_vjps_are_plain_while_batching_them_would_cost_a_setup(monkey
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.7 if setup_pending else 0.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.7 if setup_pending else 0.0)
     batched = []
     original = TorchTrace.vjp_batched
     monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
@@ -161,7 +161,7 @@ def test_plain_vjps_stop_once_they_have_cost_the_setup(monkeypatch):
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.02)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.02)
     batched = []
     original = TorchTrace.vjp_batched
     monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
@@ -753,7 +753,7 @@ def test_coloured_second_pass_batches_follow_the_memory_budget(monkeypatch):
     # what is tested is the memory limit: batched VJPs are used (their one-time setup as
     # once paid) and grow as far as memory allows, whatever the timings say
     importlib.import_module("torch.fx.experimental.symbolic_shapes")  # the setup, paid
-    monkeypatch.setattr(torch_backend.TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(torch_backend.TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
     monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
     batches = []
     original = torch_backend.TorchTrace.vjp_batched

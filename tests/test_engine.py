@@ -223,7 +223,7 @@ def _slowed(monkeypatch, name, owner=None):
 def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monkeypatch):
     from agcheck.backends.torch_backend import TorchBackend
 
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)  # as once it is paid
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)  # as once it is paid
     calls = _slowed(monkeypatch, "_batched_columns")
     fn = lambda a, b: torch.tanh(a @ b)
     r = run(fn, (make(24, 24), make(24, 24, seed=1)))
@@ -356,7 +356,7 @@ def test_a_backward_that_cannot_be_batched_is_looped_and_the_engine_still_decide
     # is coloured)
     from agcheck.backends.torch_backend import TorchBackend
 
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
     monkeypatch.setattr(_TanhMatmulThroughLists, "scale", scale)
     args = (make(20, 20), make(20, 20, seed=1))
     r = run(_TanhMatmulThroughLists.apply, args)
@@ -411,7 +411,7 @@ def test_forward_mode_projections_loop_a_backward_that_cannot_be_batched(scale, 
     # failure, and the Jacobian then cost one looped VJP per output element (1,600 here)
     from agcheck.backends.torch_backend import TorchBackend
 
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
     monkeypatch.setattr(TorchBackend, "jvp_setup_cost", lambda self: 0.0)
     monkeypatch.setattr(_OuterSinThroughLists, "scale", scale)
     monkeypatch.setattr(_OuterSinThroughLists, "backwards", 0)
@@ -438,7 +438,7 @@ def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkey
     # torch's first batched backward imports sympy (~0.7 s): a small check loops instead
     from agcheck.backends.torch_backend import TorchBackend
 
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: setup_seconds)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: setup_seconds)
     fn = lambda a, b: torch.tanh(a @ b)
     r = run(fn, (make(24, 24), make(24, 24, seed=1)), engine="batched")
     skipped = EngineEvent("vjp", "looped", None, "batching setup not worth it") in r.engine_log
@@ -457,7 +457,7 @@ def test_the_batched_vjp_that_pays_the_one_time_setup_is_not_taken_for_its_speed
     from agcheck.engine import cost
 
     pending = [True]
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 1e-3 if pending[0] else 0.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 1e-3 if pending[0] else 0.0)
     original_columns, original_size = engine._batched_columns, cost.next_batch_size
     judged = []
 
@@ -943,7 +943,7 @@ def test_the_vjps_timed_to_price_the_loop_are_columns_of_the_jacobian(setup, fac
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's path, however cheap
-    monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self: setup)
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self, trace=None: setup)
     monkeypatch.setattr(ScaledSin, "factor", factor)
     w = torch.randn(20, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
     fn = lambda x: ScaledSin.apply(w @ x)  # noqa: E731
@@ -989,7 +989,7 @@ def test_the_reentrancy_pass_computes_each_block_as_the_first_pass_did(factor, m
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
-    monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self: 0.0)
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
     batched_vjp = torch_backend.TorchTrace.vjp_batched
 
     def rounding_differently(self, k, stacked):

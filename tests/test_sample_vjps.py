@@ -56,7 +56,7 @@ class _PerSample(torch.autograd.Function):
 def _looped_vjps(monkeypatch):
     # VJPs one call each (batching would wait for its one-time setup), so that the
     # backward's calls count the VJPs; the engine runs however small the check
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self: 100.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 100.0)
     monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
     monkeypatch.setattr(_PerSample, "calls", 0)
 

@@ -402,9 +402,10 @@ class Backend:
         of ``fn`` would pay; the engine batches only when the loop costs more."""
         return 0.0
 
-    def batched_vjp_setup_cost(self) -> float:
+    def batched_vjp_setup_cost(self, trace: Trace | None = None) -> float:
         """Seconds of one-time setup that the first :meth:`Trace.vjp_batched` of the
-        process would pay; the engine batches VJPs only when the loop costs more."""
+        process (of ``trace``'s, when given) would pay; the engine batches VJPs only when
+        the loop costs more."""
         return 0.0
 
     def jvp_setup_cost(self) -> float:

@@ -60,6 +60,7 @@ class TorchTrace(Trace):
     def __init__(self, outputs: tuple, inputs):
         super().__init__(outputs)
         self.inputs = tuple(inputs)
+        self._imports_dynamo = None
 
     def vjp(self, output_positions, cotangents) -> list:
         outs = tuple(self.outputs[p] for p in output_positions)
@@ -91,6 +92,13 @@ class TorchTrace(Trace):
 
     def batching_obstacle(self) -> str | None:
         return torch_graph.vmap_obstacle(self.outputs)
+
+    def batched_backward_imports_dynamo(self) -> bool:
+        """Whether the first batched VJP from these outputs imports torch._dynamo
+        (:func:`torch_graph.batched_backward_imports_dynamo`; the graph is searched once)."""
+        if self._imports_dynamo is None:
+            self._imports_dynamo = torch_graph.batched_backward_imports_dynamo(self.outputs)
+        return self._imports_dynamo
 
 
 class TorchPerturber(torch_sparse._InPlacePerturber):
@@ -439,9 +447,13 @@ class TorchBackend(Backend):
 
         return _DifferentiableVjp(vjp_of_fn)
 
-    def batched_vjp_setup_cost(self) -> float:
-        # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy)
-        return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
+    def batched_vjp_setup_cost(self, trace=None) -> float:
+        # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy),
+        # and through some nodes torch._dynamo
+        seconds = 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
+        if trace is not None and "torch._dynamo" not in sys.modules and trace.batched_backward_imports_dynamo():
+            seconds += FUNC_VJP_IMPORT_SECONDS
+        return seconds
 
     def jvp_setup_cost(self) -> float:
         # forward mode's first use imports torch's JVP decompositions; some of them (a

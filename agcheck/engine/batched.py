@@ -29,6 +29,7 @@ closure would not see the move) and loops over that input if not.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -313,16 +314,18 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         return _timed_columns(p, k, c0, c1, inputs, cotangents), True
     if p._vjp_batched is False:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
-    setup_pending = p.be.batched_vjp_setup_cost() > 0
+    setup_pending = p.be.batched_vjp_setup_cost(p.trace) > 0
+    modules = len(sys.modules)
     began = time.perf_counter()
     call = _unless_batching_fails(p, memory.measured, _batched_columns, p, k, c0, c1, inputs, cotangents)
     if call is None:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     seconds = time.perf_counter() - began
     cols = call.result
-    if setup_pending:
-        # the block's time and memory are mostly the one-time setup's, already weighed
-        # (:func:`_vjp_setup_outweighs_saving`): the next block is the first one timed
+    if setup_pending or len(sys.modules) > modules:
+        # the block's time and memory are mostly a one-time setup's (weighed beforehand
+        # where the backend foresaw it: :func:`_vjp_setup_outweighs_saving`; a module
+        # imported during the block shows one it did not): the next block is the first one timed
         return cols, False
     if call.added_peak is not None:
         p._column_bytes = max(p._column_bytes, call.added_peak // (c1 - c0))
@@ -347,7 +350,7 @@ def _vjp_setup_outweighs_saving(p) -> bool:
     """Batched VJPs that first cost a one-time setup (torch: an import) are used only when
     the VJPs they would replace, one at a time (``p._vjp_column_cost`` each), would take
     longer than the setup."""
-    setup = p.be.batched_vjp_setup_cost()
+    setup = p.be.batched_vjp_setup_cost(p.trace)
     if not setup:
         return False
     # every column of every differentiable output, twice (the reentrancy pass)
@@ -573,7 +576,7 @@ def _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1
 def _projection_vjps(p):
     """``vjps(k, stacked, count)`` for the forward-mode path's few cotangents: batched,
     unless batching was found not to pay or would first cost its one-time setup."""
-    setup_pending = bool(p.be.batched_vjp_setup_cost())
+    setup_pending = bool(p.be.batched_vjp_setup_cost(p.trace))
     return lambda k, stacked, count: _vjps_of(p, k, stacked, count,
                                               batched=p._vjp_batched is not False and not setup_pending)
 

@@ -225,7 +225,7 @@ class CompressedSides:
                              (n_rounds * n_colours, *out.shape))
         # a few dozen VJPs: batched, unless the first batched one would pay a one-time
         # setup (torch: importing sympy, 0.3-0.7 s) that plain VJPs have not yet cost
-        batched = cost.setup_worth_paying(be.batched_vjp_setup_cost())
+        batched = cost.setup_worth_paying(be.batched_vjp_setup_cost(self.p.trace))
         began = time.perf_counter()
         try:
             grads = self.p.vjps(k, stacked, n_rounds * n_colours, batched=batched)
