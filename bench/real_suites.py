@@ -82,6 +82,30 @@ SUITES = {
         "source": "github rtqichen/torchdiffeq at commit 657943a (0.2.5 and later): git archive of "
                   "tests/ and the torchdiffeq/ package they import, from the same tree",
     },
+    "xitorch": {
+        "framework": "torch",
+        "dir": "xitorch-0.5.1",
+        # the five files that call gradcheck / gradgradcheck: Jacobian operators, 1-D
+        # interpolation, quadrature and ODE solvers, linear-operator functions (solve,
+        # symeig, svd) and root finders / minimizers, most through implicit derivatives
+        "paths": ["xitorch/_tests/test_jac.py", "xitorch/_tests/test_interp.py",
+                  "xitorch/_tests/test_integrate.py", "xitorch/_tests/test_linop_fcns.py",
+                  "xitorch/_tests/test_optimize.py"],
+        "args": [],
+        "env": {},
+        "source": "xitorch 0.5.1 sdist (pip download --no-deps --no-binary :all: xitorch==0.5.1); "
+                  "its tests ship inside the package",
+    },
+    "entmax": {
+        "framework": "torch",
+        "dir": "entmax-1.0",
+        # sparsemax / entmax by bisection and by sorting, their losses, top-k variants
+        "paths": ["entmax/test_root_finding.py", "entmax/test_losses.py", "entmax/test_topk.py"],
+        "args": [],
+        "env": {},
+        "source": "entmax 1.0 sdist (pip download --no-deps --no-binary :all: entmax==1.0); "
+                  "its tests ship inside the package",
+    },
     "e3nn-jax": {
         "framework": "jax",
         "dir": "e3nn_jax-0.21.0",
