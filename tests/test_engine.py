@@ -448,6 +448,55 @@ def test_batched_vjps_wait_until_their_one_time_setup_pays(setup_seconds, monkey
     assert broken.verdict is False
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_batched_vjps_pay_their_setup_once_the_loops_run_instead_have_cost_as_much(factor, monkeypatch):
+    # a setup dearer than one check's VJP loop is not paid by that check, but the loops
+    # run instead are counted, and once they add up to the setup the next check pays it
+    # (rent until the rent reaches the price): a suite of small checks is not looped for ever
+    from agcheck.backends.torch_backend import TorchBackend, TorchTrace
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.05)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    batched = []
+    original = TorchTrace.vjp_batched
+    monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
+    fn = lambda a, b: ScaledSin.apply(torch.tanh(a @ b))  # noqa: E731
+    inputs = (make(12, 12), make(12, 12, seed=1))
+    looped = 0
+    for _ in range(200):
+        r = run(fn, inputs, engine="batched")
+        assert r.verdict is (factor == 1.0)
+        if batched:
+            break
+        assert EngineEvent("vjp", "looped", None, "batching setup not worth it") in r.engine_log
+        looped += 1
+    assert batched and looped >= 1 and cost._spent_instead_of_setup >= 0.05
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_batched_evaluations_pay_their_setup_once_the_loops_run_instead_have_cost_as_much(broken, monkeypatch):
+    # the same rent for a batched form of fn that costs a setup (torch: vmapping a VJP
+    # imports torch._dynamo): looped while one check's loop costs less, batched once the
+    # loops have added up to it
+    from agcheck.backends.torch_backend import TorchBackend
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(TorchBackend, "batch_setup_cost", lambda self, fn: 0.05)
+    inner = OneEntryOff.apply if broken else torch.sin
+    fn = lambda x: inner(W16 @ x)  # noqa: E731
+    declined = EngineEvent("numerical", "looped", 0, "batching setup not worth it")
+    logs = []
+    for _ in range(200):
+        r = run(fn, (make(16),), engine="batched")
+        assert r.verdict is (not broken)
+        logs.append(r.engine_log)
+        if _via(r) == {"vmap"}:
+            break
+    assert _via(r) == {"vmap"} and len(logs) >= 2 and all(declined in log for log in logs[:-1])
+    assert cost._spent_instead_of_setup >= 0.05
+
+
 def test_the_batched_vjp_that_pays_the_one_time_setup_is_not_taken_for_its_speed(monkeypatch):
     # the first batched backward of a process pays the setup (torch: importing sympy);
     # priced as a column cost it made batching look slower than the loop and stop, once

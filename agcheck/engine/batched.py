@@ -349,12 +349,15 @@ _NO_LIMIT = 1 << 62
 def _vjp_setup_outweighs_saving(p) -> bool:
     """Batched VJPs that first cost a one-time setup (torch: an import) are used only when
     the VJPs they would replace, one at a time (``p._vjp_column_cost`` each), would take
-    longer than the setup."""
+    longer than the setup, or once the loops run instead have cost the process as much
+    (:func:`cost.setup_worth_paying`)."""
     setup = p.be.batched_vjp_setup_cost(p.trace)
-    if not setup:
-        return False
     # every column of every differentiable output, twice (the reentrancy pass)
-    return 2 * p.out_numel * p._vjp_column_cost < setup
+    loop = 2 * p.out_numel * p._vjp_column_cost
+    if not setup or loop >= setup or cost.setup_worth_paying(setup):
+        return False
+    cost.spent_instead_of_setup(loop)
+    return True
 
 
 def _batched_columns(p, k, c0, c1, inputs, cotangents=None):

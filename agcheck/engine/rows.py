@@ -252,13 +252,16 @@ class Problem:
 
     def _setup_outweighs_saving(self, pos) -> bool:
         """A batched form of fn that costs a one-time setup (e.g. an import) is used only
-        when the element-by-element loop it replaces would take longer than the setup."""
+        when the element-by-element loop it replaces would take longer than the setup, or
+        once the loops run instead have cost the process as much
+        (:func:`cost.setup_worth_paying`)."""
         setup = self.be.batch_setup_cost(self.run.fn)
         loop = _LOOP_EVALUATIONS * self._element_cost[pos] * self.be.numel(self.args[pos])
-        if setup and loop < setup:
-            self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batching setup not worth it"))
-            return True
-        return False
+        if not setup or loop >= setup or cost.setup_worth_paying(setup):
+            return False
+        cost.spent_instead_of_setup(loop)
+        self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batching setup not worth it"))
+        return True
 
     def vjps(self, k, stacked, count, batched: bool) -> list:
         """Per checked input, the VJPs of output ``k`` with each of the ``count`` stacked
