@@ -495,7 +495,7 @@ def main(argv=None):
 
 def _versions(framework):
     code = ("import importlib.metadata as m, json; out = {}\n"
-            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro'):\n"
+            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro','xitorch','entmax'):\n"
             "    try: out[n] = m.version(n)\n"
             "    except m.PackageNotFoundError: pass\n"
             "print(json.dumps(out))")
