@@ -201,6 +201,17 @@ def _build_gradgrad(quick, opts):
     return _gradgrad_fn, (_randn((n,), g=_gen()),), {}
 
 
+def _build_gradgrad_abs(quick, opts):
+    import torch
+
+    n = 40 if quick else 100
+    gen = _gen()
+    w = torch.randn(n, n, dtype=torch.float64, generator=gen) / n ** 0.5
+    # abs's backward multiplies by sgn, so the VJP's graph holds SgnBackward0, whose
+    # batched backward imports torch._dynamo on its first use (torch 2.13)
+    return (lambda x: torch.tanh(w @ x).abs() * x), (_randn((n,), g=gen),), {}
+
+
 def _build_fast(quick, opts):
     n = 10**5 if quick else 10**6
     return _sin2, (_randn((n,), g=_gen()),), {"fast_mode": True}
@@ -537,6 +548,8 @@ CASES: dict[str, Case] = {
              lambda q, o: f"z*conj(z)+exp(z), c128 n={200 if q else 600}, slow"),
         Case("gradgrad", "gradgradcheck", _build_gradgrad,
              lambda q, o: f"gradgradcheck sin(t)*t, n={100 if q else 300}, slow"),
+        Case("gradgrad_abs", "gradgradcheck", _build_gradgrad_abs,
+             lambda q, o: f"gradgradcheck |tanh(W x)| * x, n={40 if q else 100}, slow"),
         Case("fast_1m", "gradcheck", _build_fast,
              lambda q, o: f"sin(t)*2, n={10**5 if q else 10**6}, fast_mode"),
         Case("keynet_like", "gradcheck", _build_keynet_like,
