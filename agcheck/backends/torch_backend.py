@@ -54,6 +54,10 @@ def _fresh(t):
 _FEWER_PASSES_NUMEL = 4096
 
 
+#: a graph property not yet looked up (``None`` is an answer)
+_UNSEARCHED = object()
+
+
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated by its engine (``torch_engine``)."""
 
@@ -61,6 +65,7 @@ class TorchTrace(Trace):
         super().__init__(outputs)
         self.inputs = tuple(inputs)
         self._imports_dynamo = None
+        self._obstacle = _UNSEARCHED
 
     def vjp(self, output_positions, cotangents) -> list:
         outs = tuple(self.outputs[p] for p in output_positions)
@@ -91,7 +96,9 @@ class TorchTrace(Trace):
             ))
 
     def batching_obstacle(self) -> str | None:
-        return torch_graph.vmap_obstacle(self.outputs)
+        if self._obstacle is _UNSEARCHED:  # the graph is searched once
+            self._obstacle = torch_graph.vmap_obstacle(self.outputs)
+        return self._obstacle
 
     def batched_backward_imports_dynamo(self) -> bool:
         """Whether the first batched VJP from these outputs imports torch._dynamo
