@@ -4,7 +4,8 @@ batched call is made.
 - ``torch.vmap`` of ``fn`` raises on a custom ``torch.autograd.Function`` that functorch
   cannot transform: it needs the Function to override ``setup_context`` and to have one
   vmap rule (its own ``vmap`` staticmethod, or ``generate_vmap_rule = True``). Such a
-  Function leaves a node on the graph.
+  Function leaves a node on the graph. (The Function torch.library generates for a custom
+  op's autograd is not one: vmap batches the op through the dispatcher.)
 - A batched backward (``torch.autograd.grad(..., is_grads_batched=True)``) through ``sgn``
   (the backward of ``abs`` and of the norms uses it) adds a gradient of one batch element
   to the others' through ``torch._refs.add``, whose first call imports ``torch._dynamo``
@@ -60,6 +61,8 @@ def batched_backward_imports_dynamo(outputs) -> bool:
 def _function_obstacle(cls) -> str | None:
     if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
         return None
+    if cls.__module__.startswith("torch._library"):
+        return None  # the autograd of a torch.library custom op: vmap reaches the op, not this class
     base = torch.autograd.Function
     name = cls.__qualname__
     if cls.setup_context is base.setup_context:
