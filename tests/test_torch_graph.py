@@ -1,6 +1,8 @@
-"""What the autograd graph of a traced evaluation tells about vmapping fn
-(agcheck.backends.torch_graph): every Function it flags makes torch.vmap raise, and
-every one it lets pass is batched by torch.vmap."""
+"""What the autograd graph of a traced evaluation tells about batching
+(agcheck.backends.torch_graph), checked against torch itself: every Function it flags
+makes torch.vmap raise and every one it lets pass is batched by torch.vmap; the graphs
+whose batched backward it says imports torch._dynamo do, in a fresh process, and the
+others do not."""
 import warnings
 
 import pytest
