@@ -575,6 +575,18 @@ def _via(r):
     return {e.via for e in r.engine_log if e.path == "numerical" and e.decision == "batched"}
 
 
+def _stacked_positions(monkeypatch) -> list:
+    """The input positions of every stacked evaluation from now on, in call order."""
+    from agcheck.backends.torch_backend import TorchBackend
+
+    stacked = []
+    original = TorchBackend.evaluate_stacked
+    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
+                        lambda self, fn, args, pos, *a, **kw: (stacked.append(pos),
+                                                               original(self, fn, args, pos, *a, **kw))[1])
+    return stacked
+
+
 W16 = torch.randn(16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
 
 
@@ -609,12 +621,7 @@ def test_a_fn_that_mixes_its_samples_is_not_stacked(broken):
 def test_a_vector_input_is_vmapped_before_its_copies_are_laid_end_to_end(broken, monkeypatch):
     # W16 @ x on 16 elements: copies laid end to end make a 32-vector that W16 cannot
     # multiply (the op would raise); vmap batches it, and is tried first on a vector
-    from agcheck.backends.torch_backend import TorchBackend
-
-    stacked = []
-    original = TorchBackend.evaluate_stacked
-    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
-                        lambda self, *a, **kw: (stacked.append(1), original(self, *a, **kw))[1])
+    stacked = _stacked_positions(monkeypatch)
     inner = OneEntryOff.apply if broken else torch.sin
     fn = lambda x: inner(W16 @ x)  # noqa: E731
     r = run(fn, (make(16),), engine="batched")
@@ -627,13 +634,7 @@ def test_a_vector_input_is_vmapped_before_its_copies_are_laid_end_to_end(broken,
 def test_a_weight_is_vmapped_first_and_a_batch_is_stacked_first(broken, monkeypatch):
     # x (4 samples) carries its first dimension to the output (4 x 16): its copies are
     # stacked; w's first dimension (16) is no output's, its copies would not fit x
-    from agcheck.backends.torch_backend import TorchBackend
-
-    stacked = []
-    original = TorchBackend.evaluate_stacked
-    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
-                        lambda self, fn, args, pos, *a, **kw: (stacked.append(pos),
-                                                               original(self, fn, args, pos, *a, **kw))[1])
+    stacked = _stacked_positions(monkeypatch)
     inner = OneEntryOff.apply if broken else torch.sin
     fn = lambda x, w: inner(x @ w.T)  # noqa: E731
     inputs = (make(4, 8), make(16, 8, seed=1))
@@ -679,12 +680,7 @@ def test_a_scalar_loss_that_vmap_cannot_batch_costs_no_probe_call(factor, monkey
 @pytest.mark.parametrize("broken", [False, True])
 def test_a_scalar_loss_is_still_vmapped_where_nothing_stands_in_the_way(broken, monkeypatch):
     # the same shape of loss through ops (and a Function) vmap batches: vmapped, never stacked
-    from agcheck.backends.torch_backend import TorchBackend
-
-    stacked = []
-    original = TorchBackend.evaluate_stacked
-    monkeypatch.setattr(TorchBackend, "evaluate_stacked",
-                        lambda self, *a, **kw: (stacked.append(1), original(self, *a, **kw))[1])
+    stacked = _stacked_positions(monkeypatch)
     inner = OneEntryOff.apply if broken else torch.sin
     fn = lambda x: inner(x).square().sum()  # noqa: E731
     r = run(fn, (make(5, 8),), engine="batched")
