@@ -11,9 +11,11 @@ from agcheck.core.piece import Piece
 from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import resolve_problem
+from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.stencil import auto_eps, get_stencil
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
+from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET
 from agcheck.options import GradcheckOptions, gradcheck_options
 from agcheck.progress import Progress
 from agcheck.report.collect import complete_report
@@ -291,11 +293,22 @@ class _Run:
             jacobian.check(self, top)
             return
         complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
-        for part in ("imag", "real"):
-            fn = output_part(be, self.fn, part)
-            trace = be.trace(fn, self.args, self.checked)
-            jacobian.check(self, Piece.of(be, fn, self.args, self.checked, trace,
-                                          complex_indices=complex_outputs, test_imag=part == "imag"))
+        # torch's order, imaginary parts first; the real parts' pass takes the first
+        # pass's evaluations at the same moves instead of calling fn again
+        shared = SharedEvaluations(be, self.args, self.checked, first="imag",
+                                   budget_bytes=(self.opts.memory_budget or DEFAULT_MEMORY_BUDGET) // 4)
+        try:
+            for part in ("imag", "real"):
+                fn = output_part(be, self.fn, part, shared)
+                trace = be.trace(fn, self.args, self.checked)
+                jacobian.check(self, Piece.of(be, fn, self.args, self.checked, trace,
+                                              complex_indices=complex_outputs, test_imag=part == "imag"))
+        finally:
+            shared.close()
+        if shared.served:
+            self.engine_log.append(EngineEvent("numerical", "shared", None, "the real parts' pass took the "
+                                               "imaginary parts' evaluations",
+                                               figures={"served": shared.served}))
 
     def _forward_mode(self, top: Piece) -> None:
         be = self.be

@@ -73,11 +73,22 @@ class OutputPart:
     fn: Callable
     part: str
     backend: Any
+    #: the evaluations this pass shares with the other part's
+    #: (:class:`agcheck.core.shared_evaluations.SharedEvaluations`), or ``None``
+    shared: Any = None
 
     def __call__(self, *args):
+        shared = self.shared
+        if shared is not None and shared.active:
+            return shared.evaluate(self, args)
+        return self.taken(self.fn(*args))
+
+    def taken(self, outputs, part: str | None = None) -> tuple:
+        """``part`` (by default this function's) of each complex array among ``fn``'s
+        ``outputs``; the other outputs as they are."""
         be = self.backend
-        take = be.real if self.part == "real" else be.imag
-        return tuple(take(o) if be.is_array(o) and be.is_complex(o) else o for o in be.as_tuple(self.fn(*args)))
+        take = be.real if (part or self.part) == "real" else be.imag
+        return tuple(take(o) if be.is_array(o) and be.is_complex(o) else o for o in be.as_tuple(outputs))
 
 
 @dataclass(frozen=True, eq=False)
@@ -568,6 +579,12 @@ class Backend:
 
     def to_device_of(self, x, like):
         return x
+
+    def content_digest(self, x):
+        """A hashable digest of ``x``'s shape, dtype and values (equal digests: equal
+        arrays, bit for bit), or ``None`` where it cannot be had cheaply (then evaluations
+        are not shared between the passes over a function with complex outputs)."""
+        return None
 
     def snapshot(self, x):
         """A copy of ``x`` to tell later whether ``x`` was modified (see :meth:`unchanged`)."""

@@ -26,6 +26,7 @@ written in JAX's convention and maps it (``torch_vjp(v) == conj(jax_vjp(conj(v))
 """
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
@@ -562,6 +563,12 @@ class NumpyBackend(Backend):
 
     def same_device(self, a, b) -> bool:
         return array_api_compat.device(a) == array_api_compat.device(b)
+
+    def content_digest(self, x):
+        if type(x) is not np.ndarray:  # other array-API namespaces: values may live off the host
+            return None
+        values = hashlib.blake2b(np.ascontiguousarray(x).view(np.uint8), digest_size=16).digest()
+        return x.shape, x.dtype.str, values
 
     def to_device_of(self, x, like):
         target = array_api_compat.device(like)

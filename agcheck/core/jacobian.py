@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from agcheck.report.errors import GradcheckError, not_reentrant_message
 from agcheck.core.row_block import RowBlock
+from agcheck.core.shared_evaluations import sharing
 from agcheck.core.stencil import STENCILS
 
 __all__ = [
@@ -108,7 +109,7 @@ def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position
     (:mod:`agcheck.report.collect`).
     """
     moves = _element_moves(stencil, eps, be.is_complex(args[position]))
-    with be.perturber(args, position) as perturber:
+    with be.perturber(args, position) as perturber, sharing(fn):
         return [_columns_for_element(be, perturber, fn, int(flat), eps, moves, stencil)[output_position]
                 for flat in elements]
 
@@ -136,7 +137,7 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     x = args[position]
     moves = _element_moves(stencil, eps, be.is_complex(x))
     float_positions = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
-    with be.perturber(args, position) as perturber:
+    with be.perturber(args, position) as perturber, sharing(fn):
         flats = range(perturber.numel) if elements is None else elements
         if not hasattr(flats, "__len__"):
             flats = list(flats)
@@ -187,7 +188,7 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
     derivative is then ``J_x u_re + i J_y u_im``).
     """
     x = args[position]
-    with be.perturber(args, position) as perturber:
+    with be.perturber(args, position) as perturber, sharing(fn):
         def along(step):
             values = _evaluations(stencil, lambda s, sign: perturber.evaluate_direction(fn, s, sign), step)
             return stencil_difference(be, values, eps, stencil)

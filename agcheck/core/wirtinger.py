@@ -15,9 +15,11 @@ from agcheck.backends.base import InputPart, OutputPart
 __all__ = ["output_part", "input_part", "split_inputs"]
 
 
-def output_part(be, fn: Callable, part: str) -> Callable:
-    """``fn`` with ``real`` or ``imag`` applied to each of its complex array outputs."""
-    return OutputPart(fn, part, be)
+def output_part(be, fn: Callable, part: str, shared=None) -> Callable:
+    """``fn`` with ``real`` or ``imag`` applied to each of its complex array outputs;
+    ``shared``: the :class:`~agcheck.core.shared_evaluations.SharedEvaluations` of the
+    two passes."""
+    return OutputPart(fn, part, be, shared)
 
 
 def input_part(be, fn: Callable, complex_positions: Sequence[int], originals: tuple, part: str) -> Callable:

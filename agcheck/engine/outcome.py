@@ -24,7 +24,9 @@ class EngineEvent:
         computed), ``"compressed"`` or ``"coloured"`` (the compressed-difference paths),
         ``"failure"`` (a mismatch decided from the engine's rows).
     decision : str
-        ``"batched"`` / ``"looped"`` (numerical, vjp), ``"coloured"`` / ``"column by
+        ``"batched"`` / ``"looped"`` (numerical, vjp), ``"shared"`` (numerical: the
+        real parts' pass over complex outputs took the imaginary parts' evaluations,
+        ``figures["served"]`` of them), ``"coloured"`` / ``"column by
         column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` / ``"disagreement"``
         (compressed, coloured), ``"confirmed"`` / ``"unconfirmed"`` (failure).
     subject : int or None

@@ -17,6 +17,7 @@ import numpy as np
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
 from agcheck.core.row_block import RowBlock
+from agcheck.core.shared_evaluations import sharing
 from agcheck.engine import cost, memory
 from agcheck.engine.outcome import EngineEvent
 
@@ -293,7 +294,7 @@ class Problem:
         perturber (closures see the move; the input is restored bitwise)."""
         be, x = self.be, self.args[pos]
         parts = {k: [] for k in outputs}
-        with be.perturber(self.args, pos) as perturber:
+        with be.perturber(self.args, pos) as perturber, sharing(self.fn):
             for delta in deltas:
                 step = be.reshape(be.array_like(delta, x), tuple(x.shape))
                 outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, 1)
@@ -513,7 +514,7 @@ class Problem:
         eps = self.run.eps_for(x)
         signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
         try:
-            with be.perturber(self.args, pos) as perturber:
+            with be.perturber(self.args, pos) as perturber, sharing(self.fn):
                 base = self._moved_outputs(pos, perturber, np.zeros(n))
                 for s in range(b):
                     delta = np.zeros(n)
@@ -564,7 +565,7 @@ class Problem:
         moves = [_sample_delta(m, eps) for m in stencil.offsets]
         per_row = max(n + self.out_numel, 1) * self.itemsize * 2 * b
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, per_sample)
-        with be.perturber(self.args, pos) as perturber:
+        with be.perturber(self.args, pos) as perturber, sharing(self.fn):
             # the entries of the samples an element does not reach: the stencil applied to
             # unmoved outputs, as torch computes them (0 for central differences of finite
             # outputs; rounding for the five-point stencil; NaN where an output is infinite)

@@ -1,0 +1,143 @@
+"""Evaluations shared by the two passes over a function with complex outputs.
+
+Reverse mode checks a function with complex outputs twice, as torch does: on the
+imaginary parts of its outputs, then on their real parts (:mod:`agcheck.core.wirtinger`).
+Both passes move the same inputs by the same steps, so every plain evaluation of the
+first pass also holds what the second pass needs. The first pass keeps the other part of
+its outputs, keyed by the values of the inputs that move; the second pass takes them
+instead of calling ``fn`` again. Only numerical evaluations are shared
+(:func:`sharing`): traced calls, whose graphs the analytical side differentiates, always
+call ``fn``.
+
+A key is a digest of each moving input's values (:meth:`Backend.content_digest`) with
+every other argument the very object the check was given, so a kept evaluation is served
+only for the same arguments. Sharing stops when digests cost more than a good part of the
+evaluations they would save (:data:`DIGEST_SHARE_LIMIT`), and kept outputs stay within
+a memory budget.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Callable, Sequence
+
+__all__ = ["SharedEvaluations", "sharing"]
+
+#: sharing stops once the digests of a first pass cost this fraction of its evaluations
+#: (each move is digested in both passes, and saves one evaluation: below one half,
+#: sharing saves time)
+DIGEST_SHARE_LIMIT = 0.4
+#: evaluations timed before that rule applies
+DIGEST_TIMED_CALLS = 4
+
+
+class SharedEvaluations:
+    """The evaluations the ``first`` part's pass keeps for the other part's pass.
+
+    Parameters
+    ----------
+    be : Backend
+        The check's backend.
+    args : tuple
+        The check's arguments.
+    moving : sequence of int
+        The positions of the arguments the numerical side moves.
+    first : str
+        The part whose pass runs first (``"imag"``, torch's order).
+    budget_bytes : int
+        At most this many bytes of outputs are kept.
+    """
+
+    def __init__(self, be, args: tuple, moving: Sequence[int], first: str, budget_bytes: int):
+        self.be, self.args, self.first = be, tuple(args), first
+        self.moving = frozenset(moving)
+        self.budget_bytes = budget_bytes
+        self.active = 0  # > 0 inside numerical evaluations (:func:`sharing`)
+        self.enabled = True
+        self.full = False  # the budget is spent: the first pass keeps nothing more
+        self.kept_bytes = 0
+        self.kept_calls = 0
+        self.served = 0
+        self._kept = {}
+        self._digest_seconds = 0.0
+        self._evaluation_seconds = 0.0
+
+    def evaluate(self, part_fn, args: tuple) -> tuple:
+        """``part_fn(*args)`` (an :class:`OutputPart` whose ``shared`` is this object):
+        kept for the other part in the first pass, taken from what was kept in the
+        second."""
+        keeping = part_fn.part == self.first
+        if not self.enabled or (keeping and self.full) or (not keeping and not self._kept):
+            return part_fn.taken(part_fn.fn(*args))
+        began = time.perf_counter()
+        key = self._key(args)
+        digested = time.perf_counter()
+        if key is None:
+            return part_fn.taken(part_fn.fn(*args))
+        if not keeping:
+            kept = self._kept.pop(key, None)
+            if kept is None:
+                return part_fn.taken(part_fn.fn(*args))
+            self.kept_bytes -= kept[1]
+            self.served += 1
+            return kept[0]
+        outputs = self.be.as_tuple(part_fn.fn(*args))
+        self._evaluation_seconds += time.perf_counter() - digested
+        self._digest_seconds += digested - began
+        self._keep(key, part_fn.taken(outputs, "real" if self.first == "imag" else "imag"))
+        return part_fn.taken(outputs)
+
+    def _key(self, args: tuple):
+        be, given = self.be, self.args
+        if len(args) != len(given):
+            return None
+        key = []
+        for p, (a, g) in enumerate(zip(args, given)):
+            if p in self.moving and be.is_array(a):
+                digest = be.content_digest(a)
+                if digest is None:
+                    return None
+                key.append(digest)
+            elif a is not g:
+                return None
+        return tuple(key)
+
+    def _keep(self, key, outputs: tuple) -> None:
+        be = self.be
+        self.kept_calls += 1
+        if self.kept_calls >= DIGEST_TIMED_CALLS and \
+                self._digest_seconds > DIGEST_SHARE_LIMIT * self._evaluation_seconds:
+            self.close()  # digests cost more than the evaluations they would save
+            return
+        size = sum(be.numel(o) * be.itemsize(o) for o in outputs if be.is_array(o))
+        if self.kept_bytes + size > self.budget_bytes:
+            self.full = True
+            return
+        kept = tuple(be.snapshot(o) if be.is_array(o) else o for o in outputs)
+        previous = self._kept.get(key)
+        if previous is not None:
+            self.kept_bytes -= previous[1]
+        self._kept[key] = (kept, size)
+        self.kept_bytes += size
+
+    def close(self) -> None:
+        """Stop sharing and drop what was kept."""
+        self.enabled = False
+        self._kept.clear()
+        self.kept_bytes = 0
+
+
+@contextmanager
+def sharing(fn: Callable):
+    """Evaluations of ``fn`` inside this block are numerical ones: shared between the two
+    passes when ``fn`` is an output part with :class:`SharedEvaluations` (otherwise
+    nothing changes)."""
+    shared = getattr(fn, "shared", None)
+    if shared is None:
+        yield
+        return
+    shared.active += 1
+    try:
+        yield
+    finally:
+        shared.active -= 1
