@@ -153,6 +153,10 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **
     return True
 
 
+#: evaluations of the engine's probes the first pass over complex outputs may also keep
+SHARED_PROBE_EVALUATIONS = 8
+
+
 class _Run:
     """One gradcheck: the function, its inputs, the backend and the options."""
 
@@ -295,8 +299,7 @@ class _Run:
         complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
         # torch's order, imaginary parts first; the real parts' pass takes the first
         # pass's evaluations at the same moves instead of calling fn again
-        shared = SharedEvaluations(be, self.args, self.checked, first="imag",
-                                   budget_bytes=(self.opts.memory_budget or DEFAULT_MEMORY_BUDGET) // 4)
+        shared = SharedEvaluations(be, self.args, self.checked, first="imag", budget_bytes=self._shared_bytes(top))
         try:
             for part in ("imag", "real"):
                 fn = output_part(be, self.fn, part, shared)
@@ -309,6 +312,20 @@ class _Run:
             self.engine_log.append(EngineEvent("numerical", "shared", None, "the real parts' pass took the "
                                                "imaginary parts' evaluations",
                                                figures={"served": shared.served}))
+
+    def _shared_bytes(self, top: Piece) -> int:
+        """What the first pass over complex outputs may keep for the second: one
+        evaluation per move of its numerical Jacobians (twice the bytes of those Jacobians;
+        torch's checker holds them and two analytical Jacobians per pass) and a few for
+        the engine's probes, within a quarter of the memory budget."""
+        be = self.be
+        per_evaluation = sum(be.numel(top.outputs[k]) * be.itemsize(top.outputs[k])
+                             // (2 if be.is_complex(top.outputs[k]) else 1) for k in top.diff)
+        points = len(self.stencil.offsets)
+        moves = sum(be.numel(self.args[p]) * points * (2 if be.is_complex(self.args[p]) else 1)
+                    for p in self.checked)
+        budget = self.opts.memory_budget or DEFAULT_MEMORY_BUDGET
+        return min(budget // 4, per_evaluation * (moves + SHARED_PROBE_EVALUATIONS))
 
     def _forward_mode(self, top: Piece) -> None:
         be = self.be

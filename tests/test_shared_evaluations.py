@@ -218,3 +218,21 @@ def test_the_digest_tells_values_shapes_and_signed_zeros_apart():
     z = torch.randn(3, dtype=torch.complex128)
     assert be.content_digest(z.conj()) == be.content_digest(z.conj().resolve_conj())
     assert be.content_digest(z.conj()) != be.content_digest(z)
+
+
+def test_the_first_pass_keeps_at_most_one_evaluation_per_move(monkeypatch):
+    peaks = []
+    keep = SharedEvaluations._keep
+
+    def recording(self, key, outputs):
+        keep(self, key, outputs)
+        peaks.append((self.kept_bytes, self.budget_bytes))
+
+    monkeypatch.setattr(SharedEvaluations, "_keep", recording)
+    r = run(_Phase.apply, (make(12, seed=3),), engine="reference")
+    served = [e.figures["served"] for e in r.engine_log if e.decision == "shared"]
+    per_evaluation = 12 * 8  # the real part of 12 complex numbers
+    moves = 2 * 12  # central differences of 12 real elements
+    assert r.verdict and served == [moves]
+    assert max(kept for kept, _ in peaks) == moves * per_evaluation
+    assert {budget for _, budget in peaks} == {(moves + 8) * per_evaluation}

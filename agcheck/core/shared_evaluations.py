@@ -13,7 +13,7 @@ A key is a digest of each moving input's values (:meth:`Backend.content_digest`)
 every other argument the very object the check was given, so a kept evaluation is served
 only for the same arguments. Sharing stops when digests cost more than a good part of the
 evaluations they would save (:data:`DIGEST_SHARE_LIMIT`), and kept outputs stay within
-a memory budget.
+a budget (the caller's: about one evaluation per move); each is dropped once taken.
 """
 from __future__ import annotations
 
