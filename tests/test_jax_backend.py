@@ -685,3 +685,35 @@ def test_a_dense_failure_decided_from_batched_rows_gives_the_reference_engines_m
             agcheck.gradcheck(f, (x,), backend="jax", engine=engine)
         messages.append(str(info.value).split("\n\n")[0])
     assert messages[0] == messages[1] and "..." in messages[0]
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_complex_outputs_share_the_first_passs_evaluations(scale, monkeypatch):
+    """The real parts' pass takes the imaginary parts' evaluations (JAX arrays on the CPU
+    have a content digest); a VJP 1% off in the real parts' pass only still fails there,
+    on those numbers."""
+    from agcheck.core import shared_evaluations
+    from agcheck.gradcheck import _Run
+    from agcheck.options import GradcheckOptions
+
+    monkeypatch.setattr(shared_evaluations, "DIGEST_SHARE_LIMIT", float("inf"))  # not timing-dependent
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.exp(1j * x) * x
+
+    def bwd(x, g):  # JAX's convention: the cotangent pulled back through a real input
+        d = 1j * jnp.exp(1j * x) * x + jnp.exp(1j * x)
+        in_real_pass = jnp.any(jnp.real(g) != 0)  # the imaginary parts' cotangents are imaginary
+        return (jnp.real(g * d) * jnp.where(in_real_pass, scale, 1.0),)
+
+    f.defvjp(lambda x: (f(x), x), bwd)
+    x = rand(6, seed=2)
+    run = _Run(f, (x,), agcheck.get_backend("jax"), GradcheckOptions(engine="reference"))
+    if scale == 1.0:
+        run.all_checks()
+        served = [e.figures["served"] for e in run.engine_log if e.decision == "shared"]
+        assert served == [2 * 6]
+    else:
+        with pytest.raises(GradcheckError, match="real part of complex outputs only, Jacobian mismatch"):
+            run.all_checks()
