@@ -84,9 +84,11 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
 
 def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level):
     """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments."""
+    evaluated = None
     if grad_outputs is None:
         with be.preserve_state(args), numpy_rng_preserved():
             outputs = be.as_tuple(fn(*args))
+        evaluated = (tuple(args), outputs)  # the VJP's first call may reuse this forward
         differentiable = [o for o in outputs if be.is_array(o) and be.is_differentiable_output(o)]
         gen = be.generator(differentiable[0] if differentiable else None, GRAD_OUTPUTS_SEED + level)
         cotangents = tuple(be.random_cotangent(o, gen, noncontiguous) for o in differentiable)
@@ -94,5 +96,5 @@ def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level):
         cotangents = be.as_tuple(grad_outputs)
     input_positions = be.checked_positions(args)
     cotangent_positions = be.checked_positions(cotangents)
-    vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions)
+    vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions, evaluated=evaluated)
     return vjp_fn, tuple(args) + tuple(cotangents)

@@ -444,9 +444,11 @@ class Backend:
         raise UnsupportedError("random_cotangent")
 
     def differentiable_vjp(self, fn: Callable, n_inputs: int, input_positions: Sequence[int],
-                           cotangent_positions: Sequence[int]) -> Callable:
+                           cotangent_positions: Sequence[int], evaluated: tuple | None = None) -> Callable:
         """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)`` that can itself
         be differentiated (returns the gradients of the inputs at ``input_positions``).
+        ``evaluated``: ``(inputs, outputs)`` of a call of ``fn`` the caller already made,
+        which a backend may reuse instead of calling ``fn`` again at the same inputs.
         Capability :attr:`Capability.SECOND_ORDER`."""
         raise UnsupportedError("differentiable_vjp")
 

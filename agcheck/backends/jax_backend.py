@@ -530,7 +530,7 @@ class JaxBackend(TakesWrt, Backend):
             values = generator.random(shape) * 2 - 1
         return self._from_numpy(values, like, dtype)
 
-    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions):
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None):
         """The VJP of ``fn`` (torch's convention) as a JAX function of
         ``(*inputs, *cotangents)``, differentiable again by JAX."""
         ordered = sorted(set(input_positions))

@@ -15,6 +15,7 @@ import torch.autograd.forward_ad as fwAD
 from agcheck.backends.base import Backend, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
+from agcheck.backends.torch_forward_memo import RetainedForward
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -416,12 +417,17 @@ class TorchBackend(Backend):
             values = values[..., ::2]
         return values.requires_grad_(True)
 
-    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions):
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None):
         """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)``, built with
-        ``create_graph=True`` so that it can be differentiated again."""
+        ``create_graph=True`` so that it can be differentiated again. Where consecutive
+        calls move only the cotangents, ``fn``'s forward (and the one ``evaluated`` holds)
+        is reused (:mod:`agcheck.backends.torch_forward_memo`)."""
         inputs_set, cotangents_set = set(input_positions), set(cotangent_positions)
         ordered = sorted(inputs_set)
         densify_grads = self.sparse_vjp == "dense"
+        forward = RetainedForward(self, fn)
+        if evaluated is not None:
+            forward.seed(*evaluated)
 
         def batched_vjp_of_fn(args):
             # under vmap (the batched engine's numerical side): the same VJP through
@@ -443,17 +449,20 @@ class TorchBackend(Backend):
             primals = tuple(
                 x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs])
             )
-            outputs = [o for o in self.as_tuple(fn(*primals)) if isinstance(o, torch.Tensor) and o.requires_grad]
             cotangents = tuple(
                 c.requires_grad_() if k in cotangents_set else c for k, c in enumerate(args[n_inputs:])
             )
-            grads = torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
-                                     create_graph=True)
-            if densify_grads:  # sparse / MKL-DNN gradients as dense outputs (beyond torch)
-                grads = tuple(g if g is None or g.layout == torch.strided else g.to_dense() for g in grads)
-            return tuple(g for g in grads if g is not None)
 
-        return _DifferentiableVjp(vjp_of_fn)
+            def backward(outputs):
+                grads = torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
+                                         create_graph=True)
+                if densify_grads:  # sparse / MKL-DNN gradients as dense outputs (beyond torch)
+                    grads = tuple(g if g is None or g.layout == torch.strided else g.to_dense() for g in grads)
+                return tuple(g for g in grads if g is not None)
+
+            return forward.vjp(primals, backward)
+
+        return _DifferentiableVjp(vjp_of_fn, forward)
 
     def batched_vjp_setup_cost(self, trace=None) -> float:
         # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy),
@@ -715,8 +724,10 @@ class _DifferentiableVjp:
     """The function :meth:`TorchBackend.differentiable_vjp` returns (a type of its own, so
     that :meth:`TorchBackend.batch_setup_cost` recognises it)."""
 
-    def __init__(self, vjp_of_fn):
+    def __init__(self, vjp_of_fn, forward):
         self._vjp_of_fn = vjp_of_fn
+        #: fn's forward, reused while only the cotangents move
+        self.forward = forward
 
     def __call__(self, *args):
         return self._vjp_of_fn(*args)

@@ -1,0 +1,179 @@
+"""gradgradcheck's VJP function reuses ``fn``'s forward while only the cotangents move
+(agcheck.backends.torch_forward_memo): fewer calls of ``fn`` than torch's checker makes,
+the same verdicts, and no reuse of a graph that does not take a second backward."""
+import pytest
+import torch
+
+import agcheck
+from agcheck.backends import torch_forward_memo
+
+from .helpers import make
+
+
+class _Square(torch.autograd.Function):
+    """``x * x``, its backward scaled by ``_Square.factor``."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 2 * x * _Square.factor
+
+
+class _Cube(torch.autograd.Function):
+    """``x ** 3``, forwards counted in ``_Cube.calls``; its right backward goes through
+    :class:`_Square`, so its second derivative is as right as ``_Square``'s backward."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        _Cube.calls += 1
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * _Square.apply(x)
+
+
+@pytest.fixture(autouse=True)
+def _right_backward_and_cheap_digests(monkeypatch):
+    """A right double backward unless a test breaks it; and the memo is not stopped by
+    how long digests take against these small forwards on a loaded machine (that rule is
+    tested on its own)."""
+    monkeypatch.setattr(_Square, "factor", 1.0)
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", float("inf"))
+
+
+def _calls(check, fn, x, **options):
+    _Cube.calls = 0
+    verdict = check(fn, (x,), **options)
+    return verdict, _Cube.calls
+
+
+@pytest.mark.parametrize("engine", ["reference", "auto"])
+def test_the_forward_is_reused_while_only_the_cotangents_move(engine):
+    x = make(8, seed=1)
+    torch_verdict, torch_calls = _calls(torch.autograd.gradgradcheck, _Cube.apply, x)
+    verdict, calls = _calls(agcheck.gradgradcheck, _Cube.apply, x, engine=engine)
+    assert torch_verdict and verdict
+    # torch: 2 x 16 moves + 2; agcheck: the cotangent's 16 moves share forwards
+    assert calls <= torch_calls - 12
+
+
+def test_a_wrong_second_derivative_still_fails():
+    _Square.factor = 1.01
+    x = make(8, seed=1)
+    with pytest.raises(RuntimeError, match="Jacobian mismatch"):
+        torch.autograd.gradgradcheck(_Cube.apply, (x,))
+    with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
+        agcheck.gradgradcheck(_Cube.apply, (x,), engine="reference")
+
+
+def test_the_call_that_drew_the_cotangents_serves_the_first_evaluation():
+    class _RaisingBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            _Cube.calls += 1
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ArithmeticError("the backward fails")
+
+    x = make(4)
+    for check, forwards in ((torch.autograd.gradgradcheck, 2), (agcheck.gradgradcheck, 1)):
+        _Cube.calls = 0
+        with pytest.raises(ArithmeticError, match="the backward fails"):
+            check(_RaisingBackward.apply, (x,))
+        assert _Cube.calls == forwards
+
+
+def _partly_constant(x, factor):
+    """``x`` in value; its derivative ``factor`` (1.0 is right: a factor below makes the
+    second derivative of a backward using it wrong, and leaves the first right)."""
+    return x * factor + x.detach() * (1 - factor)
+
+
+class _Forgetful(torch.autograd.Function):
+    """``x ** 3`` whose backward drops what it kept: a second backward on the same graph
+    raises, which torch's checker never runs. ``factor``: see :func:`_partly_constant`."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.kept = x  # the input itself: its double backward flows through it
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        x, ctx.kept = ctx.kept, None
+        return g * 3 * x * _partly_constant(x, _Forgetful.factor)
+
+
+class _Counting(torch.autograd.Function):
+    """``x ** 3`` whose backward is right the first time it runs on a graph and twice as
+    large the next: only a reused forward sees the difference. ``factor``: see
+    :func:`_partly_constant`."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        ctx.runs = 0
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        ctx.runs += 1
+        return g * 3 * x * _partly_constant(x, _Counting.factor) * ctx.runs
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.99])
+@pytest.mark.parametrize("function", [_Forgetful, _Counting])
+def test_a_backward_that_does_not_repeat_stops_the_reuse_and_the_verdict_is_torchs(function, factor, monkeypatch):
+    monkeypatch.setattr(function, "factor", factor)
+    x = make(6, seed=2)
+    if factor == 1.0:
+        assert torch.autograd.gradgradcheck(function.apply, (x,))
+        assert agcheck.gradgradcheck(function.apply, (x,), engine="reference")
+    else:
+        with pytest.raises(RuntimeError, match="Jacobian mismatch"):
+            torch.autograd.gradgradcheck(function.apply, (x,))
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
+            agcheck.gradgradcheck(function.apply, (x,), engine="reference")
+    be = agcheck.get_backend("torch")
+    vjp_fn = be.differentiable_vjp(function.apply, 1, [0], [0])
+    assert agcheck.gradcheck(vjp_fn, (x, make(6, seed=3)), engine="reference", raise_exception=False) == \
+        (factor == 1.0)
+    assert not vjp_fn.forward.enabled  # the repeated backward was seen, and reuse stopped
+
+
+def test_the_memo_stops_where_digests_cost_more_than_the_forwards(monkeypatch):
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", 0.0)  # any digest costs too much
+    x = make(8, seed=1)
+    verdict, calls = _calls(agcheck.gradgradcheck, _Cube.apply, x, engine="reference")
+    assert verdict and calls >= 2 * 16
+    _Square.factor = 1.01
+    with pytest.raises(agcheck.GradcheckError):
+        agcheck.gradgradcheck(_Cube.apply, (x,), engine="reference")
+
+
+def test_a_mutable_argument_is_never_keyed():
+    be = agcheck.get_backend("torch")
+    memo = torch_forward_memo.RetainedForward(be, lambda x, options: x * options[0])
+    x = make(3)
+    assert memo._key((x, [2.0])) is None
+    assert memo._key((x, 2.0)) is not None
+    assert memo._key((x, 2.0)) != memo._key((x + 1, 2.0))
