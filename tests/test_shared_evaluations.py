@@ -218,6 +218,8 @@ def test_the_digest_tells_values_shapes_and_signed_zeros_apart():
     z = torch.randn(3, dtype=torch.complex128)
     assert be.content_digest(z.conj()) == be.content_digest(z.conj().resolve_conj())
     assert be.content_digest(z.conj()) != be.content_digest(z)
+    with torch.autograd.forward_ad.dual_level():  # a dual tensor's values alone do not make it
+        assert be.content_digest(torch.autograd.forward_ad.make_dual(x.detach(), torch.ones_like(x))) is None
 
 
 def test_the_first_pass_keeps_at_most_one_evaluation_per_move(monkeypatch):

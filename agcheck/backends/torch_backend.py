@@ -622,6 +622,8 @@ class TorchBackend(Backend):
             return None
         if x.layout != torch.strided or x.device.type != "cpu" or torch._C._functorch.is_functorch_wrapped_tensor(x):
             return None
+        if fwAD._current_level >= 0 and fwAD.unpack_dual(x).tangent is not None:
+            return None  # a dual tensor: its values alone do not make it
         data = x.detach()
         if data.is_conj() or data.is_neg():
             data = data.resolve_conj().resolve_neg()
