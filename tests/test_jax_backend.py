@@ -717,3 +717,32 @@ def test_complex_outputs_share_the_first_passs_evaluations(scale, monkeypatch):
     else:
         with pytest.raises(GradcheckError, match="real part of complex outputs only, Jacobian mismatch"):
             run.all_checks()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_gradgradcheck_reuses_the_forward_while_only_the_cotangents_move(scale):
+    """Concrete evaluations of the VJP with the inputs' values unchanged reuse the last
+    forward and its pullback (fewer calls of fn); a second derivative 1% off still fails."""
+    calls = []
+
+    @jax.custom_vjp
+    def cube(x):
+        return x ** 3
+
+    def bwd(x, g):  # right first derivative; the second is ``scale`` times 6 x g
+        return (g * 3 * x * (scale * x + (1 - scale) * jax.lax.stop_gradient(x)),)
+
+    cube.defvjp(lambda x: (cube(x), x), bwd)
+
+    def fn(x):
+        calls.append(1)
+        return cube(x)
+
+    x = rand(5, seed=3)
+    if scale == 1.0:
+        assert agcheck.gradgradcheck(fn, (x,), backend="jax", engine="reference")
+        # 2 x 5 moves of x, each a forward; the cotangent's 10 moves reuse one
+        assert len(calls) < 2 * 10
+    else:
+        with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+            agcheck.gradgradcheck(fn, (x,), backend="jax", engine="reference")
