@@ -105,6 +105,8 @@ class RetainedForward:
         return entry
 
     def _key(self, inputs: tuple):
+        if not all(isinstance(a, (torch.Tensor, *_IMMUTABLE)) for a in inputs):
+            return None  # a mutable object: its content could change under the same identity
         key = [torch.is_grad_enabled()]
         for a in inputs:
             if isinstance(a, torch.Tensor):
@@ -112,10 +114,8 @@ class RetainedForward:
                 if digest is None:
                     return None
                 key.append(digest)
-            elif isinstance(a, _IMMUTABLE):
-                key.append(a)
-            else:  # a mutable object: its content could change under the same identity
-                return None
+            else:
+                key.append((type(a), a))
         return tuple(key)
 
 
