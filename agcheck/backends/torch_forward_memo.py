@@ -39,7 +39,7 @@ class RetainedForward:
         self.enabled = True
         self.validated = False  # a repeated backward matched a fresh one, bit for bit
         self.reused = 0
-        self._entry = None  # (key, inputs, outputs, backwards)
+        self._entry = None  # [key, inputs, outputs that require grad, backwards run on them]
         self._digest_seconds = 0.0
         self._forward_seconds = 0.0
         self._forwards = 0
