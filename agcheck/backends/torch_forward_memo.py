@@ -70,7 +70,7 @@ class RetainedForward:
         if self.validated:
             return reused
         fresh = backward(_requiring_grad(self.fn(*inputs)))
-        if _bitwise_equal(reused, fresh):
+        if self._bitwise_equal(reused, fresh):
             self.validated = True
         else:
             self.close()
@@ -104,6 +104,19 @@ class RetainedForward:
             self._entry = entry if key is not None else None
         return entry
 
+    def _bitwise_equal(self, a: tuple, b: tuple) -> bool:
+        """Whether two tuples of gradients (or ``None``) hold the same bits."""
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b):
+            if x is None or y is None:
+                if x is not y:
+                    return False
+            elif x.shape != y.shape or x.dtype != y.dtype or x.layout != y.layout or \
+                    not self.backend.unchanged(x, y.detach()):
+                return False
+        return True
+
     def _key(self, inputs: tuple):
         if not all(isinstance(a, (torch.Tensor, *_IMMUTABLE)) for a in inputs):
             return None  # a mutable object: its content could change under the same identity
@@ -123,29 +136,3 @@ def _requiring_grad(outputs) -> list:
     if not isinstance(outputs, (tuple, list)):
         outputs = (outputs,)
     return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
-
-
-def _bitwise_equal(a: tuple, b: tuple) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x is None or y is None:
-            if x is not y:
-                return False
-            continue
-        if x.shape != y.shape or x.dtype != y.dtype or x.layout != y.layout or x.layout != torch.strided:
-            return False
-        if not torch.equal(_bits(x), _bits(y)):
-            return False
-    return True
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    if t.is_complex():
-        t = torch.view_as_real(t.resolve_conj())
-    if t.is_floating_point():
-        width = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
-        if width is not None:
-            return t.contiguous().view(width)
-    return t
