@@ -74,6 +74,41 @@ class ScaledSin(torch.autograd.Function):
         return grad * x.cos() * ScaledSin.factor
 
 
+class Square(torch.autograd.Function):
+    """``z * z`` (real or complex), its backward scaled by ``Square.factor``."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return z * z
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        return g * (2 * z).conj() * Square.factor
+
+
+class Cube(torch.autograd.Function):
+    """``z ** 3`` (real or complex), forwards counted in ``Cube.calls``; its right
+    backward, ``g * conj(3 z^2)``, goes through :class:`Square`, so its second derivative
+    is as right as ``Square``'s backward."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, z):
+        Cube.calls += 1
+        ctx.save_for_backward(z)
+        return z ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        return g * (3 * Square.apply(z)).conj()
+
+
 def run_check(fn, inputs, backend="torch", **options):
     """One gradcheck run kept for inspection: its engine log (``run.engine_log``), the
     undecided outcomes it handed back (``run.engine_fallbacks``) and its verdict

@@ -10,7 +10,7 @@ from agcheck.core import shared_evaluations
 from agcheck.core.shared_evaluations import SharedEvaluations, sharing
 from agcheck.core.wirtinger import output_part
 
-from .helpers import first_paragraph, make, run_check as run, torch_message
+from .helpers import Cube, Square, first_paragraph, make, run_check as run, torch_message
 
 _W = torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) / 4
 
@@ -110,55 +110,24 @@ def test_sharing_stops_where_digests_cost_more_than_the_evaluations_they_save(mo
     assert not run(_Phase.apply, (make(12, seed=3),), engine="reference").verdict
 
 
-class _Square(torch.autograd.Function):
-    """``z * z`` (complex), its backward scaled by ``_Square.factor``."""
-
-    factor = 1.0
-
-    @staticmethod
-    def forward(ctx, z):
-        ctx.save_for_backward(z)
-        return z * z
-
-    @staticmethod
-    def backward(ctx, g):
-        (z,) = ctx.saved_tensors
-        return g * (2 * z).conj() * _Square.factor
-
-
-class _Cube(torch.autograd.Function):
-    """``z ** 3`` with a right backward, ``g * conj(3 z^2)``, computed through
-    :class:`_Square`: its second derivative is as right as ``_Square``'s backward."""
-
-    @staticmethod
-    def forward(ctx, z):
-        ctx.save_for_backward(z)
-        return z ** 3
-
-    @staticmethod
-    def backward(ctx, g):
-        (z,) = ctx.saved_tensors
-        return g * (3 * _Square.apply(z)).conj()
-
-
 @pytest.mark.parametrize("factor", [1.0, 1.01])
 def test_gradgradcheck_of_a_complex_function_shares_its_evaluations(factor, monkeypatch):
-    monkeypatch.setattr(_Square, "factor", factor)
+    monkeypatch.setattr(Square, "factor", factor)
     z = make(5, dtype=torch.complex128, seed=4)
-    assert agcheck.gradcheck(_Cube.apply, (z,))
+    assert agcheck.gradcheck(Cube.apply, (z,))
     if factor == 1.0:
-        assert torch.autograd.gradgradcheck(_Cube.apply, (z,))
-        assert agcheck.gradgradcheck(_Cube.apply, (z,), engine="reference")
+        assert torch.autograd.gradgradcheck(Cube.apply, (z,))
+        assert agcheck.gradgradcheck(Cube.apply, (z,), engine="reference")
     else:
         with pytest.raises(RuntimeError, match="Jacobian mismatch"):
-            torch.autograd.gradgradcheck(_Cube.apply, (z,))
+            torch.autograd.gradgradcheck(Cube.apply, (z,))
         with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
-            agcheck.gradgradcheck(_Cube.apply, (z,), engine="reference")
+            agcheck.gradgradcheck(Cube.apply, (z,), engine="reference")
     # the check of the VJP (complex outputs: the gradients of z) shares its evaluations
     from agcheck.gradgradcheck import _vjp_problem
 
     be = agcheck.get_backend("torch")
-    vjp_fn, args = _vjp_problem(be, _Cube.apply, (z,), None, False, 0)
+    vjp_fn, args = _vjp_problem(be, Cube.apply, (z,), None, False, 0)
     r = run(vjp_fn, args, engine="reference")
     assert r.verdict == (factor == 1.0)
     assert [e for e in r.engine_log if e.decision == "shared"] or not r.verdict

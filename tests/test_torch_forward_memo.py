@@ -7,41 +7,7 @@ import torch
 import agcheck
 from agcheck.backends import torch_forward_memo
 
-from .helpers import make
-
-
-class _Square(torch.autograd.Function):
-    """``x * x``, its backward scaled by ``_Square.factor``."""
-
-    factor = 1.0
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * 2 * x * _Square.factor
-
-
-class _Cube(torch.autograd.Function):
-    """``x ** 3``, forwards counted in ``_Cube.calls``; its right backward goes through
-    :class:`_Square`, so its second derivative is as right as ``_Square``'s backward."""
-
-    calls = 0
-
-    @staticmethod
-    def forward(ctx, x):
-        _Cube.calls += 1
-        ctx.save_for_backward(x)
-        return x ** 3
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * 3 * _Square.apply(x)
+from .helpers import Cube, Square, make
 
 
 @pytest.fixture(autouse=True)
@@ -49,40 +15,40 @@ def _right_backward_and_cheap_digests(monkeypatch):
     """A right double backward unless a test breaks it; and the memo is not stopped by
     how long digests take against these small forwards on a loaded machine (that rule is
     tested on its own)."""
-    monkeypatch.setattr(_Square, "factor", 1.0)
+    monkeypatch.setattr(Square, "factor", 1.0)
     monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", float("inf"))
 
 
 def _calls(check, fn, x, **options):
-    _Cube.calls = 0
+    Cube.calls = 0
     verdict = check(fn, (x,), **options)
-    return verdict, _Cube.calls
+    return verdict, Cube.calls
 
 
 @pytest.mark.parametrize("engine", ["reference", "auto"])
 def test_the_forward_is_reused_while_only_the_cotangents_move(engine):
     x = make(8, seed=1)
-    torch_verdict, torch_calls = _calls(torch.autograd.gradgradcheck, _Cube.apply, x)
-    verdict, calls = _calls(agcheck.gradgradcheck, _Cube.apply, x, engine=engine)
+    torch_verdict, torch_calls = _calls(torch.autograd.gradgradcheck, Cube.apply, x)
+    verdict, calls = _calls(agcheck.gradgradcheck, Cube.apply, x, engine=engine)
     assert torch_verdict and verdict
     # torch: 2 x 16 moves + 2; agcheck: the cotangent's 16 moves share forwards
     assert calls <= torch_calls - 12
 
 
 def test_a_wrong_second_derivative_still_fails():
-    _Square.factor = 1.01
+    Square.factor = 1.01
     x = make(8, seed=1)
     with pytest.raises(RuntimeError, match="Jacobian mismatch"):
-        torch.autograd.gradgradcheck(_Cube.apply, (x,))
+        torch.autograd.gradgradcheck(Cube.apply, (x,))
     with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
-        agcheck.gradgradcheck(_Cube.apply, (x,), engine="reference")
+        agcheck.gradgradcheck(Cube.apply, (x,), engine="reference")
 
 
 def test_the_call_that_drew_the_cotangents_serves_the_first_evaluation():
     class _RaisingBackward(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            _Cube.calls += 1
+            Cube.calls += 1
             return x * 2
 
         @staticmethod
@@ -91,10 +57,10 @@ def test_the_call_that_drew_the_cotangents_serves_the_first_evaluation():
 
     x = make(4)
     for check, forwards in ((torch.autograd.gradgradcheck, 2), (agcheck.gradgradcheck, 1)):
-        _Cube.calls = 0
+        Cube.calls = 0
         with pytest.raises(ArithmeticError, match="the backward fails"):
             check(_RaisingBackward.apply, (x,))
-        assert _Cube.calls == forwards
+        assert Cube.calls == forwards
 
 
 def _partly_constant(x, factor):
@@ -163,11 +129,11 @@ def test_a_backward_that_does_not_repeat_stops_the_reuse_and_the_verdict_is_torc
 def test_the_memo_stops_where_digests_cost_more_than_the_forwards(monkeypatch):
     monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", 0.0)  # any digest costs too much
     x = make(8, seed=1)
-    verdict, calls = _calls(agcheck.gradgradcheck, _Cube.apply, x, engine="reference")
+    verdict, calls = _calls(agcheck.gradgradcheck, Cube.apply, x, engine="reference")
     assert verdict and calls >= 2 * 16
-    _Square.factor = 1.01
+    Square.factor = 1.01
     with pytest.raises(agcheck.GradcheckError):
-        agcheck.gradgradcheck(_Cube.apply, (x,), engine="reference")
+        agcheck.gradgradcheck(Cube.apply, (x,), engine="reference")
 
 
 def test_a_mutable_argument_is_never_keyed():
