@@ -693,6 +693,67 @@ def test_a_scalar_loss_is_still_vmapped_where_nothing_stands_in_the_way(broken, 
     assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
 
 
+def _written_into_zeros(inner):
+    """A loss that writes its pieces into a tensor it creates (as transforms on grids
+    often do): vmap refuses the write of batched values into the unbatched zeros."""
+
+    def fn(x):
+        out = torch.zeros(2, x.shape[-1], dtype=x.dtype)
+        out[0] = inner(x).sum(0)
+        out[1] = (x * x).sum(0)
+        return out.square().sum()
+
+    return fn
+
+
+def _sin_one_percent_off(t):
+    """sin's values with 1.01 * cos as derivative, from plain ops (a custom Function would
+    stop functionalize)."""
+    return t.sin() + 0.01 * (t.sin() - t.sin().detach())
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_loss_that_writes_into_a_tensor_it_creates_is_vmapped_functionalized(broken, monkeypatch):
+    # no first output dimension (stacking is out); plain vmap raises on the in-place write;
+    # through functionalize the writes are out-of-place and the copies batch
+    fn = _written_into_zeros(_sin_one_percent_off if broken else torch.sin)
+    with pytest.raises(RuntimeError, match="vmap"):
+        torch.func.vmap(fn)(make(2, 5, 8))
+    functional = []
+    original = type(agcheck.get_backend("torch")).evaluate_batch_functional
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "evaluate_batch_functional",
+                        lambda self, *a: functional.append(1) or original(self, *a))
+    r = run(fn, (make(5, 8),), engine="batched")
+    assert _via(r) == {"functional"} and len(functional) >= 2  # the probe, then the rows
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
+
+
+def test_the_functionalized_form_is_tried_only_where_vmap_raised(monkeypatch):
+    tried = []
+    original = type(agcheck.get_backend("torch")).evaluate_batch_functional
+    monkeypatch.setattr(type(agcheck.get_backend("torch")), "evaluate_batch_functional",
+                        lambda self, *a: tried.append(1) or original(self, *a))
+    r = run(lambda x: x.sin().square().sum(), (make(5, 8),), engine="batched")
+    assert _via(r) == {"vmap"} and not tried
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_loss_neither_batched_form_can_evaluate_is_looped(broken):
+    # .item() inside: vmap raises, and so does its functionalized form; the loop decides
+    inner = _sin_one_percent_off if broken else torch.sin
+
+    def fn(x):
+        scale = 1.0 if x.sum().item() > -1e9 else 2.0
+        return _written_into_zeros(inner)(x) * scale
+
+    r = run(fn, (make(5, 8),), engine="batched")
+    assert not _via(r)
+    assert [e.decision for e in r.engine_log if e.path == "numerical"] == ["looped"]
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
+
+
 W44 = torch.randn(44, 44, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
 
 

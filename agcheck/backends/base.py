@@ -38,6 +38,7 @@ class Capability:
     BATCHED_EVALUATION = "batched_evaluation"  #: evaluate_batch, element_moves, one_hots (engine)
     BATCHED_JVP = "batched_jvp"  #: jvp_rows, jvp_along (engine, forward mode)
     STACKED_EVALUATION = "stacked_evaluation"  #: evaluate_stacked (engine)
+    FUNCTIONAL_BATCHED_EVALUATION = "functional_batched_evaluation"  #: evaluate_batch_functional (engine)
 
 
 #: the methods every backend implements itself (the others have defaults written against
@@ -56,6 +57,7 @@ CAPABILITY_METHODS = {
     Capability.BATCHED_EVALUATION: ("evaluate_batch", "element_moves", "one_hots"),
     Capability.BATCHED_JVP: ("jvp_rows", "jvp_along"),
     Capability.STACKED_EVALUATION: ("evaluate_stacked",),
+    Capability.FUNCTIONAL_BATCHED_EVALUATION: ("evaluate_batch_functional",),
     Capability.SECOND_ORDER: ("random_cotangent", "differentiable_vjp"),
 }
 
@@ -381,6 +383,14 @@ class Backend:
         leading batch dimension) in one call: per output, the stacked results.
         Capability :attr:`Capability.BATCHED_EVALUATION`."""
         raise UnsupportedError("evaluate_batch")
+
+    def evaluate_batch_functional(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
+        """:meth:`evaluate_batch` with ``fn``'s in-place writes replaced by their
+        out-of-place equivalents first, for functions that write batched values into arrays
+        they create themselves (``out = zeros(...); out[..., 0] = f(x)``), which a batching
+        transform refuses. The engine tries it only where :meth:`evaluate_batch` raised.
+        Capability :attr:`Capability.FUNCTIONAL_BATCHED_EVALUATION`."""
+        raise UnsupportedError("evaluate_batch_functional")
 
     def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked,
                          tiled: Sequence[int] = ()) -> tuple:

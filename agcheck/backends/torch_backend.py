@@ -142,7 +142,8 @@ class TorchBackend(Backend):
 
     name = "torch"
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "sparse", "masked",
-                              "second_order", "batched_evaluation", "batched_jvp", "stacked_evaluation"})
+                              "second_order", "batched_evaluation", "batched_jvp", "stacked_evaluation",
+                              "functional_batched_evaluation"})
     no_checked_inputs_message = (
         "gradcheck expects at least one input tensor to require gradient, "
         "but none of them have requires_grad=True."
@@ -324,14 +325,23 @@ class TorchBackend(Backend):
     # -- batched forms (the batched engine) ---------------------------------------------
     def evaluate_batch(self, fn, args, position, stacked):
         """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (vmapped)."""
+        return self._vmapped(fn, args, position, stacked, functional=False)
 
+    def evaluate_batch_functional(self, fn, args, position, stacked):
+        """:meth:`evaluate_batch` through ``torch.func.functionalize``: writes into tensors
+        fn creates become out-of-place ops, which vmap batches where it refuses the in-place
+        ones ("vmap: inplace arithmetic ... is not possible")."""
+        return self._vmapped(fn, args, position, stacked, functional=True)
+
+    def _vmapped(self, fn, args, position, stacked, functional):
         def at(value):
             moved = list(args)
             moved[position] = value
             return self.as_tuple(fn(*moved))
 
+        batched = torch.func.vmap(torch.func.functionalize(at) if functional else at)
         with _quiet_batching():
-            return tuple(o.detach() for o in torch.func.vmap(at)(stacked))
+            return tuple(o.detach() for o in batched(stacked))
 
     def evaluate_stacked(self, fn, args, position, stacked, tiled=()):
         x = args[position]

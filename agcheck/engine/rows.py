@@ -41,6 +41,8 @@ _EXACT_ROWS_WORTH = 2
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
 _LOOP_EVALUATIONS = 3
+#: what :meth:`Problem._agreeing_seconds` returns when the batched form raised
+_RAISED = object()
 
 
 class Problem:
@@ -58,7 +60,7 @@ class Problem:
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
-        self._via = {}  # per batched input: "stacked" or "vmap"
+        self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
         self._unbatchable = {}  # per input: why no batched form was probed
         self._figures = {}  # per probed input: the timings its decision was taken on
@@ -116,6 +118,8 @@ class Problem:
         batched form the probe chose for that input."""
         if self._via[pos] == "stacked":
             return self.be.evaluate_stacked(self.fn, self.args, pos, stacked, self._tiled.get(pos, ()))
+        if self._via[pos] == "functional":
+            return self.be.evaluate_batch_functional(self.fn, self.args, pos, stacked)
         return self.be.evaluate_batch(self.fn, self.args, pos, stacked)
 
     def _probe(self, pos) -> bool:
@@ -124,7 +128,8 @@ class Problem:
         dimension, and the other arguments that share that dimension repeated beside them
         where the copies alone do not fit) where fn gives each copy its own result, else
         ``vmap`` (``vmap`` first where the input's first dimension is not a batch:
-        :meth:`_batch_first`)."""
+        :meth:`_batch_first`), and ``functional`` (``vmap`` with fn's in-place writes made
+        out-of-place) where ``vmap`` raised."""
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
@@ -150,14 +155,19 @@ class Problem:
         figures = self._figures[pos] = {"loop_row": loop_row}
         step = be.reshape(u, x.shape) * eps
         moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
+        raised = set()
         for via, tiled, evaluate in forms:
             if via == "vmap" and self._setup_outweighs_saving(pos):
+                continue
+            if via == "functional" and "vmap" not in raised:
                 continue
             if tiled:
                 evaluate = functools.partial(evaluate, tiled=tiled)
             seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps,
                                              measure=not self._setup_pending(via))
-            if seconds is not None:
+            if seconds is _RAISED:
+                raised.add(via)
+            elif seconds is not None:
                 figures[f"{via}_probe"] = seconds
                 self._via[pos] = via
                 if tiled:
@@ -170,13 +180,15 @@ class Problem:
         """The batched forms worth a probe, in the order they are tried: ``(via, tiled,
         evaluate)``. Left out without a call of ``fn`` (the reason noted for the engine's
         log): ``stacked`` where an output has no first dimension to carry the copies end to
-        end, ``vmap`` where the traced evaluation shows an obstacle
-        (:meth:`Trace.batching_obstacle`)."""
+        end, ``vmap`` (and ``functional`` after it) where the traced evaluation shows an
+        obstacle (:meth:`Trace.batching_obstacle`)."""
         be, reasons = self.be, []
         obstacle = self.trace.batching_obstacle()
         forms = [] if obstacle else [("vmap", (), be.evaluate_batch)]
         if obstacle:
             reasons.append(f"vmap: {obstacle}")
+        elif be.supports(Capability.FUNCTIONAL_BATCHED_EVALUATION):
+            forms.append(("functional", (), be.evaluate_batch_functional))
         if be.supports(Capability.STACKED_EVALUATION):
             if all(be.is_array(o) and len(o.shape) >= 1 for o in self.outputs):
                 stacked = [("stacked", tiled, be.evaluate_stacked)
@@ -213,10 +225,11 @@ class Problem:
                       and a.shape[0] == x.shape[0])
         return found or None
 
-    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps, measure=True) -> float | None:
-        """Seconds of ``evaluate`` at the two probe moves, or ``None`` when it fails or its
-        difference quotient differs from the plain calls' (fn does not see the batch, or
-        mixes the copies). The memory a copy took is noted (:meth:`copy_bytes`)."""
+    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps, measure=True):
+        """Seconds of ``evaluate`` at the two probe moves; ``_RAISED`` when it raises, or
+        ``None`` when its difference quotient differs from the plain calls' (fn does not
+        see the batch, or mixes the copies). The memory a copy took is noted
+        (:meth:`copy_bytes`)."""
         be = self.be
         try:
             start = time.perf_counter()
@@ -226,7 +239,7 @@ class Problem:
         except Exception as e:
             if e in self.run.user_errors:
                 raise
-            return None
+            return _RAISED
         for k in self.floats:
             if tuple(batched[k].shape) != (2, *self.outputs[k].shape):
                 return None
@@ -244,7 +257,7 @@ class Problem:
     def _setup_pending(self, via) -> bool:
         """Whether a call in batched form ``via`` still pays a one-time setup (then its
         memory is mostly the setup's, and is not taken as a measurement)."""
-        return via == "vmap" and self.be.batch_setup_cost(self.run.fn) > 0
+        return via in ("vmap", "functional") and self.be.batch_setup_cost(self.run.fn) > 0
 
     def copy_bytes(self, pos) -> int:
         """Bytes one evaluation of ``fn`` at a moved copy of ``args[pos]`` took in a
