@@ -47,7 +47,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 #: name -> how to run its gradient checks. ``dir`` is relative to --src; ``paths`` are the
-#: test paths inside it; ``args`` extra pytest arguments; ``env`` extra environment.
+#: test paths inside it; ``args`` extra pytest arguments; ``plugins`` pytest plugins from
+#: bench/ to load; ``env`` extra environment.
 SUITES = {
     "kornia": {
         "framework": "torch",
@@ -105,6 +106,35 @@ SUITES = {
         "env": {},
         "source": "entmax 1.0 sdist (pip download --no-deps --no-binary :all: entmax==1.0); "
                   "its tests ship inside the package",
+    },
+    "torch-harmonics": {
+        "framework": "torch",
+        "dir": "torch_harmonics-0.8.0",
+        # real spherical-harmonic transforms and their inverses on 12x24 and 15x30 grids, three
+        # quadratures, three normalisations; the inverse's check has complex inputs. Only the
+        # tests are staged so that the installed package (with its C++ helpers) is the one imported
+        "paths": ["tests/test_sht.py"],
+        "stage": ["tests"],
+        "args": ["-k", "test_grads"],
+        "env": {},
+        "source": "torch-harmonics 0.8.0 sdist (pip download --no-deps --no-binary :all: torch-harmonics==0.8.0), "
+                  "installed from it (pip install --no-build-isolation --no-deps) and its tests/ run",
+    },
+    "pytorch-wavelets": {
+        "framework": "torch",
+        "dir": "pytorch_wavelets-1.3.0",
+        # 2-D DWT / DTCWT analysis and synthesis filter banks (custom autograd Functions) and
+        # scattering layers on 1x3x16x16 to 1x3x32x32 images. The suite marks every one of these
+        # checks skip ("These tests take a very long time to compute"): -p no:skipping runs them
+        "paths": ["tests/test_dwt_grad.py", "tests/test_dtcwt_grad.py", "tests/test_scatnet_bwd.py"],
+        "stage": ["tests"],
+        "args": ["-p", "no:skipping"],
+        # its test modules set up their globals in a nose-style module setup() (pytest >= 8
+        # no longer calls it)
+        "plugins": ["suites_nose"],
+        "env": {},
+        "source": "pytorch-wavelets 1.3.0 sdist (pip download --no-deps --no-binary :all: pytorch-wavelets==1.3.0), "
+                  "installed from it and its tests/ run",
     },
     "e3nn-jax": {
         "framework": "jax",
@@ -166,6 +196,8 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
            "--suite-select", "--suite-frameworks", spec["framework"],
            "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header", "-rN", "--rootdir", str(root),
            *(spec["paths"] if not any(not a.startswith("-") for a in extra) else []), *spec["args"], *extra]
+    for plugin in spec.get("plugins", ()):
+        cmd += ["-p", plugin]
     if force_slow:
         cmd += ["--suite-force-slow", "--suite-force-slow-max-numel", str(force_slow)]
     if checker != "torch" and via == "dropin":

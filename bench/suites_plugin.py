@@ -464,6 +464,21 @@ def pytest_configure(config):
         install()
 
 
+def _mentions_checker(fn):
+    """Whether the test's source, or the source of the function it wraps, names a checker.
+    parameterized.expand's wrappers keep the original in ``place_as`` (not ``__wrapped__``)."""
+    seen = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        try:
+            if any(w in inspect.getsource(fn) for w in SELECT_WORDS):
+                return True
+        except (OSError, TypeError):
+            return True
+        fn = getattr(fn, "place_as", None) or getattr(fn, "__wrapped__", None)
+    return False
+
+
 def pytest_collection_modifyitems(session, config, items):
     if not config.getoption("suite_select"):
         return
@@ -476,11 +491,7 @@ def pytest_collection_modifyitems(session, config, items):
             continue
         key = id(fn)
         if key not in cache:
-            try:
-                src = inspect.getsource(fn)
-                cache[key] = any(w in src for w in SELECT_WORDS)
-            except (OSError, TypeError):
-                cache[key] = True
+            cache[key] = _mentions_checker(fn)
         (keep if cache[key] else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -136,3 +136,21 @@ def test_the_report_gives_the_median_of_the_repeats_and_the_calls_below_0_8(real
     full_gc = module.analyse(data)["full_gc"]
     assert full_gc["agcheck"] == {"runs": 6, "with_full_gc": 3}
     assert full_gc["torch, interleaved"] == {"runs": 6, "with_full_gc": 0}
+
+
+def test_selection_reads_the_test_a_parameterizing_wrapper_stands_for(plugin):
+    # parameterized.expand's wrapper keeps the test in ``place_as`` (no ``__wrapped__``):
+    # the wrapper's own source names no checker, the test's does
+    def test_body():
+        return torch.autograd.gradcheck
+
+    def wrapper(*a):
+        return test_body(*a)
+
+    def unrelated(*a):
+        return a
+
+    wrapper.place_as = test_body
+    unrelated.place_as = unrelated
+    assert plugin._mentions_checker(wrapper)
+    assert not plugin._mentions_checker(unrelated)

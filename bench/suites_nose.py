@@ -1,0 +1,13 @@
+"""pytest plugin for suites written for nose-style module set-up: calls a test module's
+``setup()`` (or ``setup_module()``, which pytest still calls itself) once before its first
+test, as pytest did before version 8 removed nose support. Loaded by bench/real_suites.py
+for the suites whose spec lists it under ``plugins``."""
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nose_module_setup(request):
+    setup = getattr(request.module, "setup", None)
+    if callable(setup) and getattr(setup, "__module__", None) == request.module.__name__:
+        setup()
+    yield
