@@ -35,11 +35,12 @@ class EngineEvent:
         Why, when the decision needs a reason (for a confirmed failure, the output index).
     via : str
         How a batched input is evaluated: ``"stacked"`` (copies laid end to end along
-        fn's own first dimension, one plain call) or ``"vmap"`` (the framework's
-        vectorising map).
+        fn's own first dimension, one plain call), ``"vmap"`` (the framework's
+        vectorising map) or ``"functional"`` (that map of fn with its in-place writes
+        made out-of-place, where the plain map raised).
     figures : dict
         The measurements the decision was taken on, in seconds: ``"loop_row"`` (one
-        element's rows computed one at a time), ``"stacked_probe"`` or ``"vmap_probe"``
+        element's rows computed one at a time), ``"stacked_probe"``, ``"vmap_probe"`` or ``"functional_probe"``
         (the probe's two-row batch in the form chosen), ``"batched_row"`` (a row of the
         batch that decided), ``"loop_column"`` / ``"batched_column"`` (one VJP, alone or
         in a batch); for a confirmed failure, counts: ``"exact_rows"`` and
