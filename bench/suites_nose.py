@@ -1,7 +1,7 @@
-"""pytest plugin for suites written for nose-style module set-up: calls a test module's
-``setup()`` (or ``setup_module()``, which pytest still calls itself) once before its first
-test, as pytest did before version 8 removed nose support. Loaded by bench/real_suites.py
-for the suites whose spec lists it under ``plugins``."""
+"""pytest plugin for suites written for nose-style module set-up: calls a test module's own
+``setup()`` once before its first test, as pytest did until version 8 removed nose support
+(pytest still calls ``setup_module()`` itself). Loaded by bench/real_suites.py for the
+suites whose spec lists it under ``plugins``."""
 import pytest
 
 

@@ -706,6 +706,16 @@ def _written_into_zeros(inner):
     return fn
 
 
+def _functional_calls(monkeypatch) -> list:
+    """One entry per call of the torch backend's functionalized batched evaluation from now on."""
+    calls = []
+    backend = type(agcheck.get_backend("torch"))
+    original = backend.evaluate_batch_functional
+    monkeypatch.setattr(backend, "evaluate_batch_functional",
+                        lambda self, *a: calls.append(1) or original(self, *a))
+    return calls
+
+
 def _sin_one_percent_off(t):
     """sin's values with 1.01 * cos as derivative, from plain ops (a custom Function would
     stop functionalize)."""
@@ -719,10 +729,7 @@ def test_a_loss_that_writes_into_a_tensor_it_creates_is_vmapped_functionalized(b
     fn = _written_into_zeros(_sin_one_percent_off if broken else torch.sin)
     with pytest.raises(RuntimeError, match="vmap"):
         torch.func.vmap(fn)(make(2, 5, 8))
-    functional = []
-    original = type(agcheck.get_backend("torch")).evaluate_batch_functional
-    monkeypatch.setattr(type(agcheck.get_backend("torch")), "evaluate_batch_functional",
-                        lambda self, *a: functional.append(1) or original(self, *a))
+    functional = _functional_calls(monkeypatch)
     r = run(fn, (make(5, 8),), engine="batched")
     assert _via(r) == {"functional"} and len(functional) >= 2  # the probe, then the rows
     assert r.verdict is (not broken)
@@ -730,16 +737,13 @@ def test_a_loss_that_writes_into_a_tensor_it_creates_is_vmapped_functionalized(b
 
 
 def test_the_functionalized_form_is_tried_only_where_vmap_raised(monkeypatch):
-    tried = []
-    original = type(agcheck.get_backend("torch")).evaluate_batch_functional
-    monkeypatch.setattr(type(agcheck.get_backend("torch")), "evaluate_batch_functional",
-                        lambda self, *a: tried.append(1) or original(self, *a))
+    tried = _functional_calls(monkeypatch)
     r = run(lambda x: x.sin().square().sum(), (make(5, 8),), engine="batched")
-    assert _via(r) == {"vmap"} and not tried
+    assert _via(r) == {"vmap"} and not tried and r.verdict
 
 
 @pytest.mark.parametrize("broken", [False, True])
-def test_a_loss_neither_batched_form_can_evaluate_is_looped(broken):
+def test_a_loss_neither_batched_form_can_evaluate_is_looped(broken, monkeypatch):
     # .item() inside: vmap raises, and so does its functionalized form; the loop decides
     inner = _sin_one_percent_off if broken else torch.sin
 
@@ -747,8 +751,9 @@ def test_a_loss_neither_batched_form_can_evaluate_is_looped(broken):
         scale = 1.0 if x.sum().item() > -1e9 else 2.0
         return _written_into_zeros(inner)(x) * scale
 
+    tried = _functional_calls(monkeypatch)
     r = run(fn, (make(5, 8),), engine="batched")
-    assert not _via(r)
+    assert not _via(r) and len(tried) == 1  # the probe's call, which raised
     assert [e.decision for e in r.engine_log if e.path == "numerical"] == ["looped"]
     assert r.verdict is (not broken)
     assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)

@@ -40,10 +40,11 @@ class EngineEvent:
         made out-of-place, where the plain map raised).
     figures : dict
         The measurements the decision was taken on, in seconds: ``"loop_row"`` (one
-        element's rows computed one at a time), ``"stacked_probe"``, ``"vmap_probe"`` or ``"functional_probe"``
-        (the probe's two-row batch in the form chosen), ``"batched_row"`` (a row of the
-        batch that decided), ``"loop_column"`` / ``"batched_column"`` (one VJP, alone or
-        in a batch); for a confirmed failure, counts: ``"exact_rows"`` and
+        element's rows computed one at a time), ``"stacked_probe"``, ``"vmap_probe"`` or
+        ``"functional_probe"`` (the probe's two-row batch in the form chosen),
+        ``"batched_row"`` (a row of the batch that decided), ``"loop_column"`` /
+        ``"batched_column"`` (one VJP, alone or in a batch); for a confirmed failure,
+        counts: ``"exact_rows"`` and
         ``"exact_columns"`` of the failing block computed as the reference engine does.
     """
 
