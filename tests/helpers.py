@@ -1,4 +1,5 @@
 """Small shared helpers of agcheck's tests: inputs from private generators, snapshots."""
+import pytest
 import torch
 
 
@@ -107,6 +108,21 @@ class Cube(torch.autograd.Function):
     def backward(ctx, g):
         (z,) = ctx.saved_tensors
         return g * (3 * Square.apply(z)).conj()
+
+
+def assert_gradgradcheck_verdicts(fn, inputs, passes: bool):
+    """torch's gradgradcheck and agcheck's reference engine both pass ``fn`` at ``inputs``
+    (``passes``), or both raise a Jacobian mismatch."""
+    import agcheck
+
+    if passes:
+        assert torch.autograd.gradgradcheck(fn, inputs)
+        assert agcheck.gradgradcheck(fn, inputs, engine="reference")
+    else:
+        with pytest.raises(RuntimeError, match="Jacobian mismatch"):
+            torch.autograd.gradgradcheck(fn, inputs)
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch"):
+            agcheck.gradgradcheck(fn, inputs, engine="reference")
 
 
 def run_check(fn, inputs, backend="torch", **options):
