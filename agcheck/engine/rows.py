@@ -180,15 +180,13 @@ class Problem:
         """The batched forms worth a probe, in the order they are tried: ``(via, tiled,
         evaluate)``. Left out without a call of ``fn`` (the reason noted for the engine's
         log): ``stacked`` where an output has no first dimension to carry the copies end to
-        end, ``vmap`` (and ``functional`` after it) where the traced evaluation shows an
-        obstacle (:meth:`Trace.batching_obstacle`)."""
+        end, ``vmap`` (and ``functional``, always tried last) where the traced evaluation
+        shows an obstacle (:meth:`Trace.batching_obstacle`)."""
         be, reasons = self.be, []
         obstacle = self.trace.batching_obstacle()
         forms = [] if obstacle else [("vmap", (), be.evaluate_batch)]
         if obstacle:
             reasons.append(f"vmap: {obstacle}")
-        elif be.supports(Capability.FUNCTIONAL_BATCHED_EVALUATION):
-            forms.append(("functional", (), be.evaluate_batch_functional))
         if be.supports(Capability.STACKED_EVALUATION):
             if all(be.is_array(o) and len(o.shape) >= 1 for o in self.outputs):
                 stacked = [("stacked", tiled, be.evaluate_stacked)
@@ -196,6 +194,9 @@ class Problem:
                 forms = stacked + forms if self._batch_first(pos) else forms + stacked
             else:
                 reasons.append("stacked: an output has no first dimension")
+        if not obstacle and be.supports(Capability.FUNCTIONAL_BATCHED_EVALUATION):
+            # last: its slice writes run through vmap's per-sample fallback
+            forms.append(("functional", (), be.evaluate_batch_functional))
         if not forms:
             self._unbatchable[pos] = "; ".join(reasons)
         return forms
