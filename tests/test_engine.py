@@ -1119,3 +1119,84 @@ def test_the_reentrancy_pass_computes_each_block_as_the_first_pass_did(factor, m
     assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False) is (factor == 1.0)
     if factor == 1.0:
         assert not r.engine_fallbacks
+
+
+def _raising_at_the_last_step(x, raising=True):
+    """``sin(t * t.sum())`` through :class:`ScaledSin`; with ``raising``, it raises where
+    the last element of ``x`` is stepped up, as a solver raises where a perturbed matrix
+    turns singular (xitorch's degenerate eigenvalues). A Python test on the value: vmap
+    cannot batch it, so the numerical side loops."""
+    edge = float(x[-1].detach()) + 0.5e-6
+
+    def fn(t):
+        if raising and float(t[-1].detach()) > edge:
+            raise RuntimeError("singular where the last element steps up")
+        return ScaledSin.apply(t * t.sum())
+
+    return fn
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_an_evaluation_that_raises_on_the_numerical_side_costs_no_reentrancy_pass(factor, monkeypatch):
+    # the analytical side goes first (its pattern may colour the numerical side), but its
+    # reentrancy pass comes after the numerical side, as in torch's checker: where fn
+    # raises at a step, the check raises without paying it (xitorch's raising
+    # gradgradchecks took 4-5x torch's time in their first run)
+    from agcheck.engine import batched, cost
+
+    from agcheck.backends import torch_backend
+
+    def unbatchable(self, *a, **kw):
+        raise RuntimeError("no batched VJPs here")
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the analytical side first
+    # one VJP per column whatever batching this process has paid for: the counts are exact
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", unbatchable)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    passes = []
+    reentrancy_pass = batched._reentrancy_pass
+    monkeypatch.setattr(batched, "_reentrancy_pass", lambda p, k, *a: passes.append(k) or reentrancy_pass(p, k, *a))
+    x = make(40, seed=17)
+    fn = _raising_at_the_last_step(x)
+    moved = x.detach().clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="singular where the last element steps up"):
+        torch.autograd.gradcheck(fn, (moved,))
+    assert not torch.equal(moved, x)  # torch's checker leaves the input at the step that raised
+    kept = x.detach().clone()
+    calls = ScaledSin.calls
+    with pytest.raises(RuntimeError, match="singular where the last element steps up"):
+        agcheck.gradcheck(fn, (x,))
+    assert torch.equal(x, kept)  # agcheck puts it back
+    assert passes == []
+    assert 40 <= ScaledSin.calls - calls < 80  # the first pass's columns (and the trace's) only
+    # the same function without the raise: the pass runs, also before a mismatch is handed on
+    r = run(_raising_at_the_last_step(x, raising=False), (x,))
+    assert passes == [0]
+    assert r.verdict is (factor == 1.0)
+
+
+def test_a_backward_both_wrong_and_not_reentrant_is_reported_as_not_reentrant_first(monkeypatch):
+    # torch's checker runs the reentrancy check before it compares the Jacobians; the
+    # deferred pass runs before a mismatch is reported, so the first error is the same
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    gen = torch.Generator().manual_seed(18)
+
+    class NoisyAndWrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x.cos() * 1.01 * (1 + 1e-9 * torch.rand(g.shape, generator=gen, dtype=g.dtype))
+
+    fn = lambda t: NoisyAndWrong.apply(t * t.sum())  # noqa: E731
+    x = make(40, seed=19)
+    with pytest.raises(RuntimeError, match="Backward is not reentrant"):
+        torch.autograd.gradcheck(fn, (x,))
+    with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
+        agcheck.gradcheck(fn, (x,))

@@ -165,45 +165,25 @@ def _reverse(run, p, diff) -> None:
         # batched); by JVPs where the outputs far outnumber the inputs and the backward is
         # shown to give the same Jacobian, else by VJPs
         analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
+        reentrancy = None
         if analytical is None:
-            analytical = {k: _analytical_full(p, k, inputs) for k in diff}
-        # every row computed is kept where a failure can be decided from them
-        kept = failure.KeptRows(p) if failure.may_decide(p) else None
-        if colourable:
-            try:
-                if coloured.try_from_analytical(p, checked, diff, analytical, kept):
-                    run.progress.advance(n_in)
-                    _remember_rows(kept, checked)
-                    return
-            except coloured.RowsDiffer as differs:
-                if kept is None:
-                    raise EngineFallback(MISMATCH) from None  # decided: no row is computed twice
-                for q in checked:  # the coloured inputs' rows, for the failure's decision
-                    if not kept.has(q):
-                        for s, e, rows in p.numerical_row_chunks(q, report=False):
-                            kept.add(q, s, e, rows)
-                raise _RowsKept(analytical, kept, differs.where) from None
-        # rows already computed exactly are reused, here and by the reference engine; the
-        # first row block that differs ends the comparison, and the pass unless every row
-        # is kept for deciding the failure (failure.decide)
-        differs = None
-        for j, q in enumerate(checked):
-            for s, e, rows in p.numerical_row_chunks(q):
-                if kept is not None:
-                    kept.add(q, s, e, rows)
-                if differs is not None:
-                    continue
-                for k in diff:
-                    if not compressed.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
-                                                          opts.rtol, opts.atol):
-                        if kept is None:
-                            raise EngineFallback(MISMATCH)
-                        differs = (q, k, s, e)
-                        break
-            if differs is None and kept is not None:
-                kept.passed.add(q)
-        if differs is not None:
-            raise _RowsKept(analytical, kept, differs)
+            first = {k: _analytical_first_pass(p, k, inputs) for k in diff}
+            analytical = {k: blocks for k, (blocks, _) in first.items()}
+
+            def reentrancy():
+                for k, (blocks, how) in first.items():
+                    _reentrancy_pass(p, k, inputs, blocks, how)
+        # the reentrancy pass after the numerical side, as torch's checker orders them: an
+        # evaluation of fn that raises does so before it is paid; before a mismatch is
+        # reported, so that a backward that is not reentrant is reported as that first
+        try:
+            kept = _compare_with_analytical(run, p, diff, analytical, colourable)
+        except EngineFallback as reason:
+            if reentrancy is not None and str(reason) == MISMATCH:
+                reentrancy()
+            raise
+        if reentrancy is not None:
+            reentrancy()
         _remember_rows(kept, checked)
         return
     if not any(batchable):
@@ -217,6 +197,53 @@ def _reverse(run, p, diff) -> None:
                          for q in checked}
             for c0, c1 in _column_blocks(p, b1 - b0, n_in):
                 _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
+
+
+def _compare_with_analytical(run, p, diff, analytical, colourable):
+    """The numerical side against the whole analytical Jacobians ``analytical``: coloured
+    by their pattern where ``colourable`` and the pattern allows, else row block by row
+    block. Returns the rows kept (:class:`failure.KeptRows`, or None) when they agree;
+    raises :class:`EngineFallback` (``MISMATCH``, or :class:`_RowsKept` where the failure
+    can be decided from the rows) when they do not."""
+    be, opts, checked = p.be, run.opts, p.checked
+    n_in = n_in_total(be, p.args, checked)
+    # every row computed is kept where a failure can be decided from them
+    kept = failure.KeptRows(p) if failure.may_decide(p) else None
+    if colourable:
+        try:
+            if coloured.try_from_analytical(p, checked, diff, analytical, kept):
+                run.progress.advance(n_in)
+                return kept
+        except coloured.RowsDiffer as differs:
+            if kept is None:
+                raise EngineFallback(MISMATCH) from None  # decided: no row is computed twice
+            for q in checked:  # the coloured inputs' rows, for the failure's decision
+                if not kept.has(q):
+                    for s, e, rows in p.numerical_row_chunks(q, report=False):
+                        kept.add(q, s, e, rows)
+            raise _RowsKept(analytical, kept, differs.where) from None
+    # rows already computed exactly are reused, here and by the reference engine; the
+    # first row block that differs ends the comparison, and the pass unless every row
+    # is kept for deciding the failure (failure.decide)
+    differs = None
+    for j, q in enumerate(checked):
+        for s, e, rows in p.numerical_row_chunks(q):
+            if kept is not None:
+                kept.add(q, s, e, rows)
+            if differs is not None:
+                continue
+            for k in diff:
+                if not compressed.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
+                                                      opts.rtol, opts.atol):
+                    if kept is None:
+                        raise EngineFallback(MISMATCH)
+                    differs = (q, k, s, e)
+                    break
+        if differs is None and kept is not None:
+            kept.passed.add(q)
+    if differs is not None:
+        raise _RowsKept(analytical, kept, differs)
+    return kept
 
 
 def _remember_rows(kept, checked) -> None:
@@ -393,36 +420,39 @@ def _looped_columns(p, k, c0, c1, inputs, cotangents=None):
     return [be.transpose(block.result()) for block in per_input]
 
 
-def _analytical_full(p, k, inputs) -> list:
+def _analytical_first_pass(p, k, inputs):
     """The whole analytical Jacobian of output ``k``, per input a
-    :class:`coloured.DenseBlock` (rows: output elements), with the reentrancy check.
+    :class:`coloured.DenseBlock` (rows: output elements), and how it was computed (for
+    :func:`_reentrancy_pass`, which checks it).
 
-    The first pass computes every column (batched one-hot VJPs), or, where every checked
-    input holds the same independent samples as the output, one VJP per element position
-    for all samples together (:func:`_first_pass_by_samples`). The second pass, which
-    only has to reproduce the first, is coloured when the first pass's pattern allows:
-    output elements that share no input element get one VJP (signed), and each entry is
-    read off its own slot. Where that does not reproduce the first pass exactly (within
-    ``nondet_tol``), the second pass is computed column by column as the first was, and
-    only a difference there is a failed reentrancy check. Either second pass compares
-    whole gradients, so a backward that reaches another sample (which the first pass by
-    samples would not see) fails it, and the reference engine decides."""
-    be = p.be
+    It computes every column (batched one-hot VJPs), or, where every checked input holds
+    the same independent samples as the output, one VJP per element position for all
+    samples together (:func:`_first_pass_by_samples`); ``how`` is then ``None``, else the
+    column blocks ``(c0, c1, looped)`` as computed."""
     rows = _first_pass_by_samples(p, k, inputs)
-    by_samples = rows is not None
     how = None
-    if not by_samples:
+    if rows is None:
         rows, how = _first_pass_by_columns(p, k, inputs)
-        exact = [(c0, c1) for c0, c1, looped in how if looped]
-    blocks = [coloured.DenseBlock(r) for r in rows]
+    return [coloured.DenseBlock(r) for r in rows], how
+
+
+def _reentrancy_pass(p, k, inputs, blocks, how) -> None:
+    """The second analytical pass over output ``k``, which only has to reproduce the
+    first (``blocks``, computed as ``how`` says): coloured where the first pass's pattern
+    allows (output elements that share no input element get one VJP, signed, and each
+    entry is read off its own slot). Where that does not reproduce the first pass exactly
+    (within ``nondet_tol``), it is computed column by column as the first was, and only a
+    difference there is a failed reentrancy check (:class:`EngineFallback`). Either
+    compares whole gradients, so a backward that reaches another sample (which a first
+    pass by samples would not see) fails it, and the reference engine decides. Once
+    checked, the first pass's columns are noted for a failing check to reuse."""
     if not _coloured_second_pass(p, k, inputs, blocks):
         _exact_second_pass(p, k, inputs, blocks, how)
-    # reentrant: a failing check reuses them (verified first, when taken by samples)
-    if by_samples:
-        p.sample_columns[k] = rows
+    rows = [block.by_output for block in blocks]
+    if how is None:
+        p.sample_columns[k] = rows  # verified again first, where a failure reuses them
     else:
-        p.note_exact_columns(k, exact, rows)
-    return blocks
+        p.note_exact_columns(k, [(c0, c1) for c0, c1, looped in how if looped], rows)
 
 
 def _first_pass_by_columns(p, k, inputs):
