@@ -177,7 +177,7 @@ def _has_dropin(framework):
 
 
 def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout, log_dir, interleave=False,
-              warm_fn=False):
+              warm_fn=False, count_fn=False, control=False):
     """One pytest process; returns (records, returncode, seconds)."""
     root = Path(src) / spec["dir"]
     if not root.is_dir():
@@ -204,8 +204,12 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
         cmd.append(f"--agcheck-{spec['framework']}")
     if checker != "torch" and interleave:
         cmd.append("--suite-interleave")
+        if control:
+            cmd.append("--suite-control")
     if warm_fn:
         cmd.append("--suite-warm-fn")
+    if count_fn:
+        cmd.append("--suite-count-fn")
     env = dict(os.environ, **THREAD_ENV, **spec["env"])
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     log = Path(log_dir) / f"{name}-{checker}{'-slow' if force_slow else ''}{'-interleaved' if interleave else ''}.log"
@@ -294,6 +298,47 @@ def ratio_stats(pairs):
     }
 
 
+def evaluation_share(pairs):
+    """Where the checkers' CPU time goes, from runs recorded with ``--count-fn``.
+
+    ``pairs``: [(framework runs, agcheck runs)] per call, each a list of timed runs holding
+    ``cpu``, ``fn_cpu`` / ``fn_calls`` and ``backward_cpu`` / ``backward_calls``; the
+    median run of each side counts. Returns per side (``fw``, ``ag``) the totals of the
+    checker's CPU time, the time inside the checked function and inside torch's backward
+    passes, their calls, and ``rest`` (the checker's own work: perturbing, comparing, its
+    bookkeeping); on how many checks agcheck called fn more or less often; and
+    ``ceiling``: the framework's total over agcheck's time in fn and backward passes, the
+    ratio agcheck would reach if its own work cost nothing. ``None`` when no run was
+    counted."""
+    def median_run(runs):
+        counted = sorted((r for r in runs if "fn_cpu" in r), key=lambda r: r["cpu"])
+        return counted[len(counted) // 2] if counted else None
+
+    totals = {"calls": 0, "ag_more_fn_calls": 0, "ag_fewer_fn_calls": 0}
+    for side in ("fw", "ag"):
+        totals.update({f"{side}_cpu": 0.0, f"{side}_fn_cpu": 0.0, f"{side}_fn_calls": 0,
+                       f"{side}_backward_cpu": 0.0, f"{side}_backward_calls": 0})
+    for fw_runs, ag_runs in pairs:
+        a, b = median_run(fw_runs), median_run(ag_runs)
+        if a is None or b is None:
+            continue
+        totals["calls"] += 1
+        for side, r in (("fw", a), ("ag", b)):
+            totals[f"{side}_cpu"] += r["cpu"]
+            for what in ("fn", "backward"):
+                totals[f"{side}_{what}_cpu"] += r.get(f"{what}_cpu", 0.0)
+                totals[f"{side}_{what}_calls"] += r.get(f"{what}_calls", 0)
+        totals["ag_more_fn_calls"] += b["fn_calls"] > a["fn_calls"]
+        totals["ag_fewer_fn_calls"] += b["fn_calls"] < a["fn_calls"]
+    if not totals["calls"]:
+        return None
+    for side in ("fw", "ag"):
+        totals[f"{side}_rest"] = totals[f"{side}_cpu"] - totals[f"{side}_fn_cpu"] - totals[f"{side}_backward_cpu"]
+    floor = totals["ag_fn_cpu"] + totals["ag_backward_cpu"]
+    totals["ceiling"] = totals["fw_cpu"] / floor if floor > 0 else float("inf")
+    return totals
+
+
 def analyse(data):
     runs = data["runs"]
     calls = {c: {(r["nodeid"], r["index"]): r for r in runs[c]["records"] if r["type"] == "call"}
@@ -332,13 +377,27 @@ def analyse(data):
                 s = ratio_stats([(_best(a, field, which), _best(b, field, which)) for a, b in sel])
                 if s:
                     stats[f"{mode}/{field}/{which}"] = s
-    for k, (a, b) in sorted(pairs.items(), key=lambda kv: -_best(kv[1][0]))[:12]:
-        slowest.append({"call": f"{k[0]} #{k[1]}", "kind": a["kind"], "mode": a["mode_run"], "inputs": a["inputs"],
-                        "torch_cpu": _best(a), "agcheck_cpu": _best(b), "ratio": _best(a) / max(_best(b), 1e-12),
-                        "torch_first": _best(a, which="first"), "agcheck_first": _best(b, which="first")})
-    worst = sorted(pairs.items(), key=lambda kv: _best(kv[1][0]) / max(_best(kv[1][1]), 1e-12))[:8]
-    worst = [{"call": f"{k[0]} #{k[1]}", "mode": a["mode_run"], "inputs": a["inputs"], "torch_cpu": _best(a),
-              "agcheck_cpu": _best(b), "ratio": _best(a) / max(_best(b), 1e-12)} for k, (a, b) in worst]
+    # the slowest calls and the lowest ratios: of the two processes (fastest repeat) when
+    # both ran, else of the interleaved runs (median of the repeats, issue 16's measure)
+    which, timed = "best", pairs
+    if not pairs:
+        which = "median"
+        timed = {(b["nodeid"], b["index"]): ({**b, "runs": b["runs_fw"]}, b) for b in ag.values() if b.get("runs_fw")}
+
+    def entry(k, a, b):
+        e = {"call": f"{k[0]} #{k[1]}", "kind": a["kind"], "mode": a["mode_run"], "inputs": a["inputs"],
+             "torch_cpu": _best(a, which=which), "agcheck_cpu": _best(b, which=which),
+             "ratio": _best(a, which=which) / max(_best(b, which=which), 1e-12),
+             "torch_first": _best(a, which="first"), "agcheck_first": _best(b, which="first"), "measure": which}
+        counted = [statistics.median(r["fn_calls"] for r in rec["runs"] if "fn_calls" in r)
+                   for rec in (a, b) if any("fn_calls" in r for r in rec["runs"])]
+        if len(counted) == 2:
+            e["fn_calls"] = counted
+        return e
+
+    slowest = [entry(k, a, b) for k, (a, b) in sorted(timed.items(), key=lambda kv: -_best(kv[1][0], which=which))[:12]]
+    worst = [entry(k, a, b) for k, (a, b) in sorted(
+        timed.items(), key=lambda kv: _best(kv[1][0], which=which) / max(_best(kv[1][1], which=which), 1e-12))[:8]]
     inter_stats, inter_diffs = {}, []
     inter = [b for b in ag.values() if b.get("runs_fw")]
     for b in inter:
@@ -346,12 +405,26 @@ def analyse(data):
         if _verdict_class(va) != _verdict_class(vb):
             inter_diffs.append({"call": f"{b['nodeid']} #{b['index']}", "torch": va, "agcheck": vb,
                                 "why": "same process, same arguments (interleaved)"})
+    control_stats = {}
     for mode in ("fast", "slow", "-"):
         sel = [b for b in inter if b["mode_run"] == mode]
         for which in ("best", "median", "balanced", "first"):
             st = ratio_stats([(_best({"runs": b["runs_fw"]}, "cpu", which), _best(b, "cpu", which)) for b in sel])
             if st:
                 inter_stats[f"{mode}/cpu/{which}"] = st
+        # the framework's checker against itself: the same ratios of the same work
+        st = ratio_stats([(_best({"runs": b["runs_fw"]}, "cpu", "median"), _best({"runs": b["runs_control"]}, "cpu", "median"))
+                          for b in sel if b.get("runs_control")])
+        if st:
+            control_stats[f"{mode}/cpu/median"] = st
+    evaluations = {}
+    for mode in ("fast", "slow", "-"):
+        share = evaluation_share([(a["runs"], b["runs"]) for a, b in pairs.values() if a["mode_run"] == mode])
+        if share:
+            evaluations[mode] = share
+        share = evaluation_share([(b["runs_fw"], b["runs"]) for b in inter if b["mode_run"] == mode])
+        if share:
+            evaluations[f"{mode}, interleaved"] = share
     full_gc = {c: _gc_counts([x for r in cs.values() for x in r["runs"]]) for c, cs in calls.items()}
     if inter:
         full_gc["torch, interleaved"] = _gc_counts([x for b in inter for x in b["runs_fw"]])
@@ -385,14 +458,18 @@ def analyse(data):
         "input_digest_differences": digestdiffs, "dropin_misses": misses,
         "ratios": stats, "slowest": slowest, "worst_ratios": worst,
         "interleaved_ratios": inter_stats, "interleaved_verdict_differences": inter_diffs,
-        "full_gc": full_gc,
+        "control_ratios": control_stats,
+        "full_gc": full_gc, "evaluations": evaluations,
+        # checks a run left with an input moved (torch's checker does where fn raised inside
+        # its finite differences), put back by the recorder before the next run
+        "inputs_put_back": {c: sum(1 for r in cs.values() if r.get("inputs_put_back")) for c, cs in calls.items()},
     }
 
 
-def _fmt_stats(s):
+def _fmt_stats(s, slower="slower under agcheck"):
     return (f"{s['calls']:5d} calls  min {s['min']:.2f}  p10 {s['p10']:.2f}  median {s['median']:.2f}  "
             f"geomean {s['geomean']:.2f}  max {s['max']:.2f}  total {s['total_fw']:.2f}s/{s['total_ag']:.2f}s "
-            f"= {s['total_ratio']:.2f}x  ({s['slower_calls']} calls slower under agcheck, "
+            f"= {s['total_ratio']:.2f}x  ({s['slower_calls']} calls {slower}, "
             f"{s.get('below_0_8', '?')} below 0.8x)")
 
 
@@ -446,19 +523,47 @@ def print_report(data, summary, out=sys.stdout):
             mode, field, which = key.split("/")
             label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
             p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s)}")
+    if summary.get("control_ratios"):
+        p(f"-- control: {fwname}'s checker against itself, run once more in each repeat (ratio first run / "
+          "control per call; how far the same work's timings scatter, below 0.8x included)")
+        for key, s in summary["control_ratios"].items():
+            mode, field, which = key.split("/")
+            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
+            p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s, 'slower in the control')}")
+    if summary.get("evaluations"):
+        p(f"-- where the time goes (--count-fn; median run of each call; CPU s): inside the checked function, "
+          f"inside torch's backward passes, the rest (the checker's own work), and calls; ceiling = {fwname}'s "
+          "total / agcheck's time in fn and backward passes (the ratio agcheck would reach if its own work "
+          "cost nothing)")
+        for key, e in summary["evaluations"].items():
+            mode, _, how = key.partition(", ")
+            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
+            p(f"   {label:11s} {how or 'separate':11s} {e['calls']:5d} checks; ceiling {e['ceiling']:.2f}x; agcheck "
+              f"calls fn more often on {e['ag_more_fn_calls']}, less often on {e['ag_fewer_fn_calls']}")
+            for side, name in (("fw", fwname), ("ag", "agcheck")):
+                p(f"      {name:8s} total {e[f'{side}_cpu']:8.2f}  fn {e[f'{side}_fn_cpu']:8.2f} "
+                  f"({e[f'{side}_fn_calls']} calls)  backward {e[f'{side}_backward_cpu']:8.2f} "
+                  f"({e[f'{side}_backward_calls']} passes)  rest {e[f'{side}_rest']:8.2f}")
+    if any(summary.get("inputs_put_back", {}).values()):
+        p("-- checks where a run left an input moved (torch's checker does where fn raises inside its finite "
+          "differences); the recorder put it back before the next run: "
+          + "; ".join(f"{c} {n}" for c, n in summary["inputs_put_back"].items()))
     if any(g["runs"] for g in summary.get("full_gc", {}).values()):
         p("-- timed runs with a full garbage collection inside (0.2-0.3 s each in a large pytest session; "
           "they land on whichever check's allocations trip them): "
           + "; ".join(f"{c} {g['with_full_gc']} of {g['runs']}" for c, g in summary["full_gc"].items()))
-    p("-- slowest calls (by the framework's best CPU time; CPU seconds, framework vs agcheck)")
+    measure = (summary["slowest"] or [{}])[0].get("measure", "best")
+    fn_calls = lambda s: (f"  fn calls {s['fn_calls'][0]:g} vs {s['fn_calls'][1]:g}" if "fn_calls" in s else "")  # noqa: E731
+    p(f"-- slowest calls (by the framework's {measure} CPU time; CPU seconds, framework vs agcheck"
+      f"{', interleaved' if measure == 'median' else ''})")
     for s in summary["slowest"]:
-        p(f"   best {s['torch_cpu']:8.3f}s vs {s['agcheck_cpu']:8.3f}s  x{s['ratio']:6.2f}  "
+        p(f"   {measure} {s['torch_cpu']:8.3f}s vs {s['agcheck_cpu']:8.3f}s  x{s['ratio']:6.2f}  "
           f"(first {s.get('torch_first', float('nan')):7.3f}s vs {s.get('agcheck_first', float('nan')):7.3f}s)  "
-          f"{s['mode']:4s} {s['kind']:13s} {s['call']}  {' '.join(s['inputs'])[:60]}")
-    p("-- lowest ratios")
+          f"{s['mode']:4s} {s['kind']:13s} {s['call']}  {' '.join(s['inputs'])[:60]}{fn_calls(s)}")
+    p(f"-- lowest ratios ({measure} of the repeats)")
     for s in summary["worst_ratios"]:
         p(f"   {s['torch_cpu']:8.4f}s vs {s['agcheck_cpu']:8.4f}s  x{s['ratio']:6.2f}  {s['mode']:4s} {s['call']}  "
-          f"{' '.join(s['inputs'])[:60]}")
+          f"{' '.join(s['inputs'])[:60]}{fn_calls(s)}")
 
 
 def main(argv=None):
@@ -482,6 +587,14 @@ def main(argv=None):
                          "RNG states restored, before its first timed run (default): the function's own "
                          "first-call costs then land on neither checker; with --no-warm-fn they land on the "
                          "checker that runs first (agcheck, in the first interleaved repeat)")
+    ap.add_argument("--control", action="store_true",
+                    help="with --interleave, run the framework's checker once more in each repeat, as an A/A "
+                         "control: the report gives its per-call ratios to the framework's first run, the noise "
+                         "the agcheck ratios are read against")
+    ap.add_argument("--count-fn", action="store_true",
+                    help="count the checked function's calls and torch's backward passes in every timed run, "
+                         "and the CPU time inside each (reported as 'where the time goes': how much of each "
+                         "checker's time is evaluation, differentiation and its own work)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/real-suites-SUITE-DATE[-slow].json)")
     ap.add_argument("--report", default=None, help="print the report of a saved JSON file and exit")
@@ -495,6 +608,8 @@ def main(argv=None):
         return 0
     if not args.suite:
         ap.error("--suite is required")
+    if args.control and not args.interleave:
+        ap.error("--control needs --interleave (the control runs in the agcheck process, beside agcheck's runs)")
     spec = SUITES[args.suite]
     via = args.via
     if via == "auto":
@@ -504,14 +619,16 @@ def main(argv=None):
     log_dir.mkdir(parents=True, exist_ok=True)
     data = {"suite": args.suite, "framework": spec["framework"], "source": spec["source"], "via": via,
             "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave,
-            "warm_fn": args.warm_fn, "pytest_args": args.pytest_args,
+            "warm_fn": args.warm_fn, "count_fn": args.count_fn, "control": args.control,
+            "pytest_args": args.pytest_args,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "python": sys.version.split()[0], "versions": _versions(spec["framework"]), "runs": {}}
     for checker in args.checkers.split(","):
         print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
         records, rc, seconds, cmd, log = run_suite(args.suite, spec, args.src, checker, via_plugin, args.repeat,
                                                    args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir,
-                                                   interleave=args.interleave, warm_fn=args.warm_fn)
+                                                   interleave=args.interleave, warm_fn=args.warm_fn,
+                                                   count_fn=args.count_fn, control=args.control)
         data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
     summary = analyse(data)
     data["summary"] = summary

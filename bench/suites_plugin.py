@@ -34,10 +34,15 @@ Options (``--suite-checker``):
 
 ``--suite-repeat N`` runs each check N times on the same arguments (the test sees the first
 run's result); ``--suite-force-slow`` passes ``fast_mode=False`` to every torch call;
-``--suite-select`` keeps only tests whose source mentions a checker.
+``--suite-select`` keeps only tests whose source mentions a checker; ``--suite-count-fn``
+records, for every timed run, how many times the checker called the checked function
+(``fn_calls``) and ran torch's backward engine (``backward_calls``; a batched pass is one),
+and the CPU time inside each (``fn_cpu``, ``backward_cpu``; a second spent in one inside the
+other counts once, for the outermost).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -80,10 +85,17 @@ def pytest_addoption(parser):
     group.addoption("--suite-interleave", action="store_true", default=False,
                     help="with an agcheck checker, also run the framework's own checker on the same arguments "
                          "in the same process, alternating with agcheck's runs (timing robust to machine load)")
+    group.addoption("--suite-control", action="store_true", default=False,
+                    help="with --suite-interleave, run the framework's own checker a second time in each repeat "
+                         "(an A/A control: its ratio to the first is the noise of timing the same work)")
     group.addoption("--suite-warm-fn", action="store_true", default=False,
                     help="before a torch check's first timed run, call the checked function once (forward and "
                          "backward, untimed, RNG state restored), so its own first-call costs are billed to "
                          "neither checker")
+    group.addoption("--suite-count-fn", action="store_true", default=False,
+                    help="count the checked function's calls and torch's backward passes in each timed run, "
+                         "and the CPU time inside each, to tell evaluation and differentiation from the "
+                         "checker's own work")
     group.addoption("--suite-select", action="store_true", default=False,
                     help="keep only tests whose source mentions gradcheck/check_grads")
     group.addoption("--suite-frameworks", default="torch,jax",
@@ -220,6 +232,38 @@ def _digest(inputs):
     return h.hexdigest()[:16], shapes
 
 
+def _snapshot(inputs):
+    """``[(tensor, copy of its values)]`` for every dense torch tensor among the inputs."""
+    if "torch" not in sys.modules:
+        return []
+    import torch
+    found, stack = [], [inputs]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, torch.Tensor) and x.layout == torch.strided:
+            found.append((x, x.detach().clone()))
+    return found
+
+
+def _put_back(snapshot) -> bool:
+    """Restore the snapshot's tensors whose values changed (a checker that raised inside
+    its finite differences may leave an input moved: torch's does); whether any had."""
+    if not snapshot:
+        return False
+    import torch
+    changed = False
+    for tensor, values in snapshot:
+        if not torch.equal(tensor.detach(), values):
+            with torch.no_grad():
+                tensor.copy_(values)
+            changed = True
+    return changed
+
+
 def _grad_numel(inputs):
     """Elements of the inputs a torch check differentiates (floating/complex, requires_grad)."""
     n = 0
@@ -320,7 +364,92 @@ def _kw_summary(kwargs):
     return out
 
 
+def _tallied(kind, call, tally, *a, **k):
+    """``call(*a, **k)``, counted in ``tally[kind + "_calls"]`` and, unless another tallied
+    call is already being timed (fn calling itself, a backward pass inside fn, fn run
+    again inside a backward pass), its CPU time added to ``tally[kind + "_cpu"]``: each
+    second is billed once, to the outermost."""
+    tally[f"{kind}_calls"] += 1
+    if getattr(_LOCAL, "tallying", False):
+        return call(*a, **k)
+    _LOCAL.tallying = True
+    c0 = time.process_time()
+    try:
+        return call(*a, **k)
+    finally:
+        tally[f"{kind}_cpu"] += time.process_time() - c0
+        _LOCAL.tallying = False
+
+
+def _counting(fn, tally):
+    """``fn`` with its calls tallied as ``fn`` (:func:`_tallied`)."""
+    def counted(*a, **k):
+        return _tallied("fn", fn, tally, *a, **k)
+
+    return counted
+
+
+class _EngineStandIn:
+    """torch's autograd engine with its backward passes tallied as ``backward``
+    (:func:`_tallied`): one batched pass is one call. Everything else is the engine's."""
+
+    def __init__(self, engine, tally):
+        self._engine, self._tally = engine, tally
+
+    def run_backward(self, *a, **k):
+        return _tallied("backward", self._engine.run_backward, self._tally, *a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def _engine_bindings():
+    """(namespace, name) of every binding of torch's autograd engine object: the class
+    attribute ``torch.autograd.Variable._execution_engine`` (torch.autograd.grad and
+    .backward read it at each call) and the module global agcheck's direct VJPs keep."""
+    found = []
+    if "torch" in sys.modules:
+        import torch
+        found.append((torch.autograd.Variable, "_execution_engine"))
+        direct = sys.modules.get("agcheck.backends.torch_engine")
+        if direct is not None and getattr(direct, "_ENGINE", None) is not None:
+            found.append((direct, "_ENGINE"))
+    return found
+
+
+@contextlib.contextmanager
+def _counted(args, kwargs):
+    """The checker's arguments with the checked function tallied, and torch's backward
+    passes tallied while the checker runs; yields ``(args, kwargs, tally)``."""
+    tally = {"fn_calls": 0, "fn_cpu": 0.0, "backward_calls": 0, "backward_cpu": 0.0}
+    if args:
+        args = (_counting(args[0], tally), *args[1:])
+    else:
+        for name in ("func", "f"):
+            if name in kwargs:
+                kwargs = dict(kwargs, **{name: _counting(kwargs[name], tally)})
+                break
+    bindings = _engine_bindings()
+    saved = [getattr(ns, name) for ns, name in bindings]
+    for (ns, name), engine in zip(bindings, saved):
+        setattr(ns, name, _EngineStandIn(engine, tally))
+    try:
+        yield args, kwargs, tally
+    finally:
+        for (ns, name), engine in zip(bindings, saved):
+            setattr(ns, name, engine)
+
+
 def _timed(fn, args, kwargs, side="inner"):
+    if not _STATE.get("count_fn"):
+        return _timed_run(fn, args, kwargs, side)
+    with _counted(args, kwargs) as (args, kwargs, tally):
+        result, error, run = _timed_run(fn, args, kwargs, side)
+    run.update(tally)
+    return result, error, run
+
+
+def _timed_run(fn, args, kwargs, side):
     result = error = None
     _LOCAL.side = side
     full_gc = gc.get_stats()[-1]["collections"]
@@ -343,6 +472,19 @@ def _timed(fn, args, kwargs, side="inner"):
         # the exception's classes, so that a subclass of the framework's error counts as it
         run["types"] = [f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__]
     return result, error, run
+
+
+def _order(r, interleave, control):
+    """Who runs in repeat ``r``: ``inner`` (the checker under test), ``fw`` (the framework's
+    own, interleaved) and ``control`` (the framework's own once more: its ratio to ``fw`` is
+    the timing noise of the same work). Interleaved, agcheck goes first on even repeats and
+    the framework's checker on odd ones; with the control the three take turns going first."""
+    if not interleave:
+        return ("inner",)
+    if control:
+        turn = ("inner", "fw", "control")
+        return turn[r % 3:] + turn[:r % 3]
+    return ("inner", "fw") if r % 2 == 0 else ("fw", "inner")
 
 
 def _make_wrapper(kind, inner, which, original=None):
@@ -384,18 +526,26 @@ def _make_wrapper(kind, inner, which, original=None):
                       and which != _which(original, original))
         if interleave:
             record["runs_fw"] = []
+            if _STATE.get("control"):
+                record["runs_control"] = []
         _LOCAL.depth = 1
         try:
             if _STATE.get("warm_fn") and kind != "check_grads":
                 record["warmed"] = _warm_function(fn, inputs)
+            # every run on the same values: a checker that raised may have left an input moved
+            snapshot, started = _snapshot(inputs), False
+            record["inputs_put_back"] = 0
             for r in range(max(1, _STATE["repeat"])):
-                # interleaved: agcheck first on even repeats, the framework's checker first on odd
-                if interleave and r % 2 == 1:
-                    record["runs_fw"].append(_timed(original, args, kwargs, "fw")[2])
-                result, error, run = _timed(inner, args, kwargs)
-                record["runs"].append(run)
-                if interleave and r % 2 == 0:
-                    record["runs_fw"].append(_timed(original, args, kwargs, "fw")[2])
+                for side in _order(r, interleave, "runs_control" in record):
+                    if started and _put_back(snapshot):
+                        record["inputs_put_back"] += 1
+                    started = True
+                    if side == "inner":
+                        result, error, run = _timed(inner, args, kwargs)
+                        record["runs"].append(run)
+                    else:
+                        record["runs_fw" if side == "fw" else "runs_control"].append(
+                            _timed(original, args, kwargs, "fw")[2])
                 if r == 0:
                     first = (result, error)
                     # pytest's own skip/xfail exceptions, or an interrupt-like outcome: no repeats
@@ -442,6 +592,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _STATE["force_slow"] = bool(getattr(ns, "suite_force_slow", False))
     _STATE["interleave"] = bool(getattr(ns, "suite_interleave", False))
     _STATE["warm_fn"] = bool(getattr(ns, "suite_warm_fn", False))
+    _STATE["count_fn"] = bool(getattr(ns, "suite_count_fn", False))
+    _STATE["control"] = bool(getattr(ns, "suite_control", False))
     _STATE["force_slow_max"] = getattr(ns, "suite_force_slow_max_numel", 20000)
     frameworks = (getattr(ns, "suite_frameworks", "torch,jax") or "").split(",")
     if "torch" in frameworks:

@@ -1,4 +1,4 @@
-"""bench/suites_plugin.py's untimed warm-up of a checked function (real_suites.py --warm-fn)."""
+"""bench/suites_plugin.py and bench/real_suites.py: the recorder's warm-up, timing, counting and selection, and the report's statistics."""
 import importlib.util
 import random
 from pathlib import Path
@@ -154,3 +154,183 @@ def test_selection_reads_the_test_a_parameterizing_wrapper_stands_for(plugin):
     unrelated.place_as = unrelated
     assert plugin._mentions_checker(wrapper)
     assert not plugin._mentions_checker(unrelated)
+
+
+def _busy(seconds):
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_counting_tallies_the_checked_functions_calls_and_the_time_inside_them(plugin, monkeypatch):
+    """With --suite-count-fn each timed run records how often the checker called fn and
+    the CPU time inside fn; a call fn makes of itself is counted, not timed twice."""
+    def fn(x, inner=None):
+        _busy(0.01)
+        return inner(x) if inner is not None else x
+
+    def checker(f, inputs, **kwargs):
+        for _ in range(3):
+            f(*inputs, inner=f)  # a call of fn made inside another
+        _busy(0.02)  # the checker's own work
+        return True
+
+    monkeypatch.setitem(plugin._STATE, "count_fn", True)
+    result, error, run = plugin._timed(checker, (fn, (1.0,)), {})
+    assert result is True and error is None
+    assert run["fn_calls"] == 6
+    # six 10 ms bodies inside fn, the checker's 20 ms outside it
+    assert 0.055 <= run["fn_cpu"] <= run["cpu"] - 0.018
+    _, _, by_keyword = plugin._timed(lambda func, inputs: func(*inputs), (), {"func": fn, "inputs": (1.0,)})
+    assert by_keyword["fn_calls"] == 1
+    monkeypatch.setitem(plugin._STATE, "count_fn", False)
+    _, _, uncounted = plugin._timed(checker, (fn, (1.0,)), {})
+    assert "fn_calls" not in uncounted
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        _busy(0.01)
+        return g * 2
+
+
+def test_counting_tallies_backward_passes_apart_and_bills_each_second_once(plugin, monkeypatch):
+    """torch's backward passes (torch.autograd.grad, and agcheck's direct engine calls) are
+    tallied beside fn; a backward inside fn is fn's time, and the engine is put back."""
+    import agcheck.backends.torch_engine as direct
+
+    engines = (torch.autograd.Variable._execution_engine, direct._ENGINE)
+
+    def fn(x, inner_backward=False):
+        y = _SlowBackward.apply(x)
+        if inner_backward:
+            torch.autograd.grad(y.sum(), x, create_graph=True)
+        return y
+
+    def checker(f, inputs, **kwargs):
+        x = inputs[0]
+        torch.autograd.grad(f(x).sum(), x)  # through torch.autograd.grad
+        direct.vjp((f(x),), (x,), (torch.ones(3),))  # through agcheck's direct call
+        f(x, inner_backward=True)
+        return True
+
+    monkeypatch.setitem(plugin._STATE, "count_fn", True)
+    _, error, run = plugin._timed(checker, (fn, (torch.ones(3, requires_grad=True),)), {})
+    assert error is None
+    assert (run["fn_calls"], run["backward_calls"]) == (3, 3)
+    # two 10 ms backward passes outside fn; the third ran inside fn and is fn's time
+    assert 0.019 <= run["backward_cpu"] <= 0.03
+    assert run["fn_cpu"] >= 0.0095
+    assert run["fn_cpu"] + run["backward_cpu"] <= run["cpu"]
+    assert (torch.autograd.Variable._execution_engine, direct._ENGINE) == engines
+
+
+def test_the_report_splits_each_checkers_time_between_fn_backward_and_its_own_work(real_suites):
+    module = real_suites
+    records = [_call("a", [1.0, 1.0, 1.0], [0.5, 0.5, 0.5]), _call("b", [2.0, 2.0, 2.0], [2.0, 2.0, 2.0])]
+    figures = ((0.4, 0.3, 10, 8, 0.5, 0.1, 4, 2), (1.0, 1.0, 20, 20, 0.5, 0.5, 5, 5))
+    for rec, (fw_fn, ag_fn, fw_calls, ag_calls, fw_bw, ag_bw, fw_passes, ag_passes) in zip(records, figures):
+        for r in rec["runs_fw"]:
+            r.update(fn_cpu=fw_fn, fn_calls=fw_calls, backward_cpu=fw_bw, backward_calls=fw_passes)
+        for r in rec["runs"]:
+            r.update(fn_cpu=ag_fn, fn_calls=ag_calls, backward_cpu=ag_bw, backward_calls=ag_passes)
+    data = {"framework": "torch", "repeat": 3, "runs": {"agcheck": {"records": records}}}
+    share = module.analyse(data)["evaluations"]["fast, interleaved"]
+    assert share["calls"] == 2
+    assert (share["fw_cpu"], share["fw_fn_cpu"], share["fw_fn_calls"]) == (3.0, 1.4, 30)
+    assert (share["ag_cpu"], share["ag_fn_cpu"], share["ag_fn_calls"]) == (2.5, 1.3, 28)
+    assert (share["fw_backward_cpu"], share["fw_backward_calls"]) == (1.0, 9)
+    assert (share["ag_backward_cpu"], share["ag_backward_calls"]) == (0.6, 7)
+    assert share["fw_rest"] == pytest.approx(0.6) and share["ag_rest"] == pytest.approx(0.6)
+    assert (share["ag_more_fn_calls"], share["ag_fewer_fn_calls"]) == (0, 1)
+    assert share["ceiling"] == pytest.approx(3.0 / 1.9)
+    # runs recorded without counting give no such figures
+    plain = {"framework": "torch", "repeat": 3, "runs": {"agcheck": {"records": [_call("c", [1.0], [1.0])]}}}
+    assert module.analyse(plain)["evaluations"] == {}
+
+
+def test_with_the_control_each_checker_goes_first_once_in_three_repeats(plugin):
+    assert plugin._order(0, False, False) == ("inner",)
+    assert [plugin._order(r, True, False) for r in range(2)] == [("inner", "fw"), ("fw", "inner")]
+    turns = [plugin._order(r, True, True) for r in range(3)]
+    assert sorted(t[0] for t in turns) == ["control", "fw", "inner"]
+    assert all(sorted(t) == ["control", "fw", "inner"] for t in turns)
+
+
+def test_the_control_gives_the_framework_checkers_ratio_to_itself(real_suites):
+    module = real_suites
+    records = [_call("a", [1.0, 1.0, 1.0], [0.5, 0.5, 0.5]), _call("b", [1.0, 1.0, 1.0], [1.0, 1.0, 1.0])]
+    records[0]["runs_control"] = [{"wall": t, "cpu": t, "verdict": "pass", "full_gc": 0} for t in (1.0, 1.0, 1.0)]
+    records[1]["runs_control"] = [{"wall": t, "cpu": t, "verdict": "pass", "full_gc": 0} for t in (1.3, 1.4, 1.3)]
+    control = module.analyse({"framework": "torch", "repeat": 3, "runs": {"agcheck": {"records": records}}})[
+        "control_ratios"]["fast/cpu/median"]
+    assert control["calls"] == 2
+    assert control["min"] == pytest.approx(1 / 1.3)
+    assert control["below_0_8"] == 1
+    with pytest.raises(SystemExit):
+        module.main(["--suite", "roma", "--control"])  # needs --interleave
+
+
+@pytest.mark.parametrize("control", [False, True])
+def test_an_interleaved_call_times_each_checker_once_per_repeat(plugin, monkeypatch, tmp_path, control):
+    import json
+
+    order = []
+
+    def agcheck_like(fn, inputs, **kwargs):
+        order.append("inner")
+        return True
+
+    def framework(fn, inputs, **kwargs):
+        order.append("framework")
+        return True
+
+    out = tmp_path / "records.jsonl"
+    for key, value in {"out": str(out), "interleave": True, "control": control, "repeat": 3, "warm_fn": False,
+                       "force_slow": False, "nodeid": "t", "counters": {}}.items():
+        monkeypatch.setitem(plugin._STATE, key, value)
+    wrapper = plugin._make_wrapper("gradcheck", agcheck_like, "agcheck-dropin", framework)
+    assert wrapper(lambda x: x, (torch.ones(2, requires_grad=True),)) is True
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(record["runs"]) == len(record["runs_fw"]) == 3
+    if control:
+        assert len(record["runs_control"]) == 3
+        assert order == ["inner", "framework", "framework", "framework", "framework", "inner",
+                         "framework", "inner", "framework"]
+    else:
+        assert "runs_control" not in record
+        assert order == ["inner", "framework", "framework", "inner", "inner", "framework"]
+
+
+def test_every_repeat_runs_on_the_inputs_as_the_test_passed_them(plugin, monkeypatch, tmp_path):
+    """torch's checker leaves an input moved when fn raises inside its finite differences;
+    the recorder puts it back before the next run, so that every repeat checks the same
+    values (and counts how often it had to)."""
+    import json
+
+    seen = []
+
+    def leaves_it_moved(fn, inputs, **kwargs):
+        seen.append(inputs[0].detach().clone())
+        with torch.no_grad():
+            inputs[0][0] += 1e-6
+        raise RuntimeError("raised at a step")
+
+    out = tmp_path / "records.jsonl"
+    for key, value in {"out": str(out), "interleave": False, "control": False, "repeat": 3, "warm_fn": False,
+                       "force_slow": False, "nodeid": "t", "counters": {}}.items():
+        monkeypatch.setitem(plugin._STATE, key, value)
+    x = torch.arange(3.0, dtype=torch.float64).requires_grad_()
+    wrapper = plugin._make_wrapper("gradcheck", leaves_it_moved, "torch", None)
+    with pytest.raises(RuntimeError, match="raised at a step"):
+        wrapper(lambda t: t, (x,))
+    assert len(seen) == 3 and all(torch.equal(v, torch.arange(3.0, dtype=torch.float64)) for v in seen)
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["inputs_put_back"] == 2
