@@ -160,10 +160,13 @@ def _reverse(run, p, diff) -> None:
     full = n_in * p.out_numel * p.itemsize
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
     if full <= p.budget // 2 and (colourable or any(batchable) or _columns_may_batch(p, diff)):
-        # the analytical side first: its pattern may let the numerical side be coloured
-        # (in batches, or one plain call per colour class where the input cannot be
-        # batched); by JVPs where the outputs far outnumber the inputs and the backward is
-        # shown to give the same Jacobian, else by VJPs
+        # the analytical side first where its pattern may let the numerical side be
+        # coloured (in batches, or one plain call per colour class where the input cannot
+        # be batched); elsewhere every numerical row first, as torch's checker orders
+        # them: an evaluation of fn that raises at a step raises before the analytical
+        # side is paid. The analytical side is by JVPs where the outputs far outnumber the
+        # inputs and the backward is shown to give the same Jacobian, else by VJPs
+        numerical = None if colourable else {q: list(p.numerical_row_chunks(q)) for q in checked}
         analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
         reentrancy = None
         if analytical is None:
@@ -177,7 +180,7 @@ def _reverse(run, p, diff) -> None:
         # evaluation of fn that raises does so before it is paid; before a mismatch is
         # reported, so that a backward that is not reentrant is reported as that first
         try:
-            kept = _compare_with_analytical(run, p, diff, analytical, colourable)
+            kept = _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
         except EngineFallback as reason:
             if reentrancy is not None and str(reason) == MISMATCH:
                 reentrancy()
@@ -199,10 +202,10 @@ def _reverse(run, p, diff) -> None:
                 _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
 
 
-def _compare_with_analytical(run, p, diff, analytical, colourable):
+def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=None):
     """The numerical side against the whole analytical Jacobians ``analytical``: coloured
     by their pattern where ``colourable`` and the pattern allows, else row block by row
-    block. Returns the rows kept (:class:`failure.KeptRows`, or None) when they agree;
+    block (``numerical``: per input, its row blocks already computed). Returns the rows kept (:class:`failure.KeptRows`, or None) when they agree;
     raises :class:`EngineFallback` (``MISMATCH``, or :class:`_RowsKept` where the failure
     can be decided from the rows) when they do not."""
     be, opts, checked = p.be, run.opts, p.checked
@@ -227,7 +230,7 @@ def _compare_with_analytical(run, p, diff, analytical, colourable):
     # is kept for deciding the failure (failure.decide)
     differs = None
     for j, q in enumerate(checked):
-        for s, e, rows in p.numerical_row_chunks(q):
+        for s, e, rows in p.numerical_row_chunks(q) if numerical is None else numerical[q]:
             if kept is not None:
                 kept.add(q, s, e, rows)
             if differs is not None:
