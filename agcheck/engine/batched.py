@@ -205,9 +205,10 @@ def _reverse(run, p, diff) -> None:
 def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=None):
     """The numerical side against the whole analytical Jacobians ``analytical``: coloured
     by their pattern where ``colourable`` and the pattern allows, else row block by row
-    block (``numerical``: per input, its row blocks already computed). Returns the rows kept (:class:`failure.KeptRows`, or None) when they agree;
-    raises :class:`EngineFallback` (``MISMATCH``, or :class:`_RowsKept` where the failure
-    can be decided from the rows) when they do not."""
+    block (``numerical``: per input, its row blocks already computed; else they are
+    computed as they are compared). Returns the rows kept (:class:`failure.KeptRows`, or
+    None) when they agree; raises :class:`EngineFallback` (``MISMATCH``, or
+    :class:`_RowsKept` where the failure can be decided from the rows) when they do not."""
     be, opts, checked = p.be, run.opts, p.checked
     n_in = n_in_total(be, p.args, checked)
     # every row computed is kept where a failure can be decided from them
@@ -226,8 +227,8 @@ def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=Non
                         kept.add(q, s, e, rows)
             raise _RowsKept(analytical, kept, differs.where) from None
     # rows already computed exactly are reused, here and by the reference engine; the
-    # first row block that differs ends the comparison, and the pass unless every row
-    # is kept for deciding the failure (failure.decide)
+    # first row block that differs ends the comparison, and the rows still to compute
+    # unless every row is kept for deciding the failure (failure.decide)
     differs = None
     for j, q in enumerate(checked):
         for s, e, rows in p.numerical_row_chunks(q) if numerical is None else numerical[q]:
