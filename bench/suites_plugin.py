@@ -257,7 +257,10 @@ def _put_back(snapshot) -> bool:
     import torch
     changed = False
     for tensor, values in snapshot:
-        if not torch.equal(tensor.detach(), values):
+        now = tensor.detach()
+        same = (torch.allclose(now, values, rtol=0, atol=0, equal_nan=True)  # NaN stays NaN
+                if now.is_floating_point() or now.is_complex() else torch.equal(now, values))
+        if not same:
             with torch.no_grad():
                 tensor.copy_(values)
             changed = True

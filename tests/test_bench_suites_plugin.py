@@ -334,3 +334,12 @@ def test_every_repeat_runs_on_the_inputs_as_the_test_passed_them(plugin, monkeyp
     assert len(seen) == 3 and all(torch.equal(v, torch.arange(3.0, dtype=torch.float64)) for v in seen)
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert record["inputs_put_back"] == 2
+
+
+def test_an_input_holding_nan_is_not_taken_for_a_moved_one(plugin):
+    x = torch.tensor([1.0, float("nan")], dtype=torch.float64)
+    snapshot = plugin._snapshot((x, torch.tensor([1, 2]), {"flag": torch.tensor([True])}))
+    assert not plugin._put_back(snapshot)
+    x[0] = 2.0
+    assert plugin._put_back(snapshot)
+    assert x[0] == 1.0 and torch.isnan(x[1])
