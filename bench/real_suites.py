@@ -473,6 +473,16 @@ def _fmt_stats(s, slower="slower under agcheck"):
             f"{s.get('below_0_8', '?')} below 0.8x)")
 
 
+_MODE_LABELS = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}
+
+
+def _print_ratios(p, stats, slower="slower under agcheck"):
+    """One line per ``"mode/field/which"`` key of ``stats`` (:func:`ratio_stats` each)."""
+    for key, s in stats.items():
+        mode, field, which = key.split("/")
+        p(f"   {_MODE_LABELS[mode]:11s} {which:8s} {field:4s} {_fmt_stats(s, slower)}")
+
+
 def print_report(data, summary, out=sys.stdout):
     p = lambda *a: print(*a, file=out)  # noqa: E731
     fwname = "jax" if data["framework"] == "jax" else "torch"
@@ -510,26 +520,17 @@ def print_report(data, summary, out=sys.stdout):
     p(f"-- time ratios {fwname}/agcheck per call; >1 = agcheck faster. best = fastest of {data['repeat']} "
       "repeat(s) on the same arguments; median = of the repeats; first = the first run, the one the suite pays; "
       "interleaved only: balanced = repeats 1 and 2 summed, where each checker goes first once")
-    for key, s in summary["ratios"].items():
-        mode, field, which = key.split("/")
-        label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
-        p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s)}")
+    _print_ratios(p, summary["ratios"])
     if summary.get("interleaved_ratios"):
         p(f"-- interleaved in the agcheck process ({fwname}'s checker and agcheck alternating on the same arguments): "
           f"{len(summary['interleaved_verdict_differences'])} verdict difference(s)")
         for d in summary["interleaved_verdict_differences"]:
             p(f"   DIFF {d['call']}\n        {fwname}:   {d['torch']}\n        agcheck: {d['agcheck']}")
-        for key, s in summary["interleaved_ratios"].items():
-            mode, field, which = key.split("/")
-            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
-            p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s)}")
+        _print_ratios(p, summary["interleaved_ratios"])
     if summary.get("control_ratios"):
         p(f"-- control: {fwname}'s checker against itself, run once more in each repeat (ratio first run / "
           "control per call; how far the same work's timings scatter, below 0.8x included)")
-        for key, s in summary["control_ratios"].items():
-            mode, field, which = key.split("/")
-            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
-            p(f"   {label:11s} {which:8s} {field:4s} {_fmt_stats(s, 'slower in the control')}")
+        _print_ratios(p, summary["control_ratios"], "slower in the control")
     if summary.get("evaluations"):
         p(f"-- where the time goes (--count-fn; median run of each call; CPU s): inside the checked function, "
           f"inside torch's backward passes, the rest (the checker's own work), and calls; ceiling = {fwname}'s "
@@ -537,8 +538,7 @@ def print_report(data, summary, out=sys.stdout):
           "cost nothing)")
         for key, e in summary["evaluations"].items():
             mode, _, how = key.partition(", ")
-            label = {"fast": "fast mode", "slow": "slow mode", "-": "check_grads"}[mode]
-            p(f"   {label:11s} {how or 'separate':11s} {e['calls']:5d} checks; ceiling {e['ceiling']:.2f}x; agcheck "
+            p(f"   {_MODE_LABELS[mode]:11s} {how or 'separate':11s} {e['calls']:5d} checks; ceiling {e['ceiling']:.2f}x; agcheck "
               f"calls fn more often on {e['ag_more_fn_calls']}, less often on {e['ag_fewer_fn_calls']}")
             for side, name in (("fw", fwname), ("ag", "agcheck")):
                 p(f"      {name:8s} total {e[f'{side}_cpu']:8.2f}  fn {e[f'{side}_fn_cpu']:8.2f} "

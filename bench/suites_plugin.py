@@ -232,21 +232,26 @@ def _digest(inputs):
     return h.hexdigest()[:16], shapes
 
 
-def _snapshot(inputs):
-    """``[(tensor, copy of its values)]`` for every dense torch tensor among the inputs."""
-    if "torch" not in sys.modules:
-        return []
-    import torch
-    found, stack = [], [inputs]
+def _leaves(inputs):
+    """Everything in ``inputs`` that is not a list, tuple or dict, however nested."""
+    stack = [inputs]
     while stack:
         x = stack.pop()
         if isinstance(x, (list, tuple)):
             stack.extend(x)
         elif isinstance(x, dict):
             stack.extend(x.values())
-        elif isinstance(x, torch.Tensor) and x.layout == torch.strided:
-            found.append((x, x.detach().clone()))
-    return found
+        else:
+            yield x
+
+
+def _snapshot(inputs):
+    """``[(tensor, copy of its values)]`` for every dense torch tensor among the inputs."""
+    if "torch" not in sys.modules:
+        return []
+    import torch
+    return [(x, x.detach().clone()) for x in _leaves(inputs)
+            if isinstance(x, torch.Tensor) and x.layout == torch.strided]
 
 
 def _put_back(snapshot) -> bool:
@@ -269,17 +274,7 @@ def _put_back(snapshot) -> bool:
 
 def _grad_numel(inputs):
     """Elements of the inputs a torch check differentiates (floating/complex, requires_grad)."""
-    n = 0
-    stack = [inputs]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        elif getattr(x, "requires_grad", False):
-            n += x.numel()
-    return n
+    return sum(x.numel() for x in _leaves(inputs) if getattr(x, "requires_grad", False))
 
 
 def _verdict(result, error):
