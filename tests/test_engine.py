@@ -681,6 +681,36 @@ def test_a_scalar_loss_that_vmap_cannot_batch_costs_no_probe_call(factor, monkey
     assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_an_input_whose_batched_forms_all_raise_costs_no_plain_probe_call(factor, monkeypatch):
+    # w @ x mixes x's rows, and ScaledSin has no vmap rule: copies laid end to end make a
+    # 12 x 8 matrix that w cannot multiply (the op raises), and the trace rules vmap out.
+    # The probe's two plain calls (which time one element's rows and judge a batched
+    # form's results) judge nothing here, so they are not made: xitorch's gradgradchecks
+    # that raise at a step paid them per input before the step that raised
+    from agcheck.core import jacobian
+
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    directional = []
+    original = jacobian.numerical_directional
+    monkeypatch.setattr(jacobian, "numerical_directional", lambda *a, **kw: directional.append(1) or original(*a, **kw))
+    w = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(20))
+    stacked = _stacked_positions(monkeypatch)
+    fn, calls = _counted(lambda x: ScaledSin.apply(w @ x))
+    x = make(6, 8, seed=21)
+    r = run(fn, (x,), engine="batched")
+    assert stacked == [0] and not directional
+    ours = len(calls)
+    assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+    # beside the calls torch's checker makes: the stacked call that raised and, where the
+    # engine loops itself, the samples' probe (unmoved, and the first row moved: the
+    # others' outputs move too); before, two plain calls more
+    assert ours - (len(calls) - ours) <= 1 + 2
+    looped = next(e for e in r.engine_log if e.path == "numerical")
+    assert looped.decision == "looped" and "loop_row" not in looped.figures
+    assert r.verdict is (factor == 1.0)
+
+
 @pytest.mark.parametrize("broken", [False, True])
 def test_a_scalar_loss_is_still_vmapped_where_nothing_stands_in_the_way(broken, monkeypatch):
     # the same shape of loss through ops (and a Function) vmap batches: vmapped, never stacked

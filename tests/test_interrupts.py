@@ -536,9 +536,10 @@ def _raising_once_at(k, exc):
 
 
 @pytest.mark.parametrize("shape,k,kw", [
-    # call 0 is the first evaluation; call 1 the engine's probe of the input to batch (an
+    # call 0 is the first evaluation, call 1 the probe's batched evaluation of the moved
+    # input, call 2 one of the probe's plain evaluations that it is compared with (an
     # ordinary evaluation: its error is the caller's, not a reason to stop batching)
-    ((5, 7), 1, {}),
+    ((5, 7), 2, {}),
     # a scalar is never batched: the forward-mode engine tries one batched JVP (call 3),
     # then moves it element by element, and call 4 is one of those plain evaluations
     ((), 4, dict(check_forward_ad=True)),
@@ -552,18 +553,18 @@ def test_transient_error_in_a_plain_engine_call_propagates(shape, k, kw):
 
 @pytest.mark.xfail(strict=True, reason=KNOWN_GAPS["transient_swallowed_by_engine"])
 def test_known_gap_transient_error_in_a_batched_evaluation():
-    # calls 0-2 are plain (the first evaluation, the probe's two moves); call 3 is the
-    # probe's batched evaluation of the moved input. engine="batched": with "auto", a check
+    # call 0 is the first evaluation, call 1 the probe's batched evaluation of the moved
+    # input (calls 2-3 are the probe's plain ones). engine="batched": with "auto", a check
     # this small goes to the reference engine at once
-    fn, counter = _raising_once_at(3, ValueError)
+    fn, counter = _raising_once_at(1, ValueError)
     with pytest.raises(ValueError):
         agcheck.gradcheck(fn, (seeded((5, 7), torch.float64, 0),), engine="batched")
 
 
 def test_raises_under_vmap_are_told_from_plain_ones():
-    # what the property's allowance rests on: call 3 is the probe's batched evaluation,
-    # call 1 one of its plain evaluations (engine="batched", as above)
-    for k, batched in ((3, True), (1, False)):
+    # what the property's allowance rests on: call 1 is the probe's batched evaluation,
+    # call 2 one of its plain evaluations (engine="batched", as above)
+    for k, batched in ((1, True), (2, False)):
         fn, counter = _raising_once_at(k, ValueError)
         run(lambda: agcheck.gradcheck(fn, (seeded((5, 7), torch.float64, 0),), engine="batched"))
         assert counter.raised_batched == [batched]

@@ -41,8 +41,10 @@ _EXACT_ROWS_WORTH = 2
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
 _LOOP_EVALUATIONS = 3
-#: what :meth:`Problem._agreeing_seconds` returns when the batched form raised
+#: what :meth:`Problem._agreeing_seconds` returns when the batched form raised, and when
+#: the plain calls it is compared with raised
 _RAISED = object()
+_NO_REFERENCE = object()
 
 
 class Problem:
@@ -60,6 +62,7 @@ class Problem:
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
+        self._reference = {}  # per input: the probe's plain difference quotient (None: it raised)
         self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
         self._unbatchable = {}  # per input: why no batched form was probed
@@ -123,22 +126,64 @@ class Problem:
         return self.be.evaluate_batch(self.fn, self.args, pos, stacked)
 
     def _probe(self, pos) -> bool:
-        """Time one element's rows by plain calls, then evaluate the same two moves in a
-        batched form: ``stacked`` (one plain call, the copies laid along fn's own first
+        """Evaluate two moves of ``args[pos]`` (along a random direction) in a batched
+        form: ``stacked`` (one plain call, the copies laid along fn's own first
         dimension, and the other arguments that share that dimension repeated beside them
         where the copies alone do not fit) where fn gives each copy its own result, else
         ``vmap`` (``vmap`` first where the input's first dimension is not a batch:
         :meth:`_batch_first`), and ``functional`` (``vmap`` with fn's in-place writes made
-        out-of-place) where ``vmap`` raised."""
+        out-of-place) where ``vmap`` raised. The plain calls at the same moves, which time
+        one element's rows and which a batched form must agree with, are made only once a
+        form has given results of the right shapes (or a form's setup asks what the loop
+        costs): a form that raises at once costs no plain call."""
         be, x = self.be, self.args[pos]
         if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
             return False
         forms = self._batched_forms(pos)
         if not forms:
             return False  # before any call: no batched form can apply
-        gen = be.generator(x, PROBE_SEED)
-        u = be.uniform_unit_vector(x, gen, real=True)
         eps = self.run.eps_for(x)
+        u = self._probe_direction(pos)
+        step = be.reshape(u, x.shape) * eps
+        moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
+        raised = set()
+        for via, tiled, evaluate in forms:
+            if via == "vmap" and self._setup_outweighs_saving(pos):
+                continue
+            if via == "functional" and "vmap" not in raised:
+                continue
+            if tiled:
+                evaluate = functools.partial(evaluate, tiled=tiled)
+            seconds = self._agreeing_seconds(evaluate, pos, moved, eps, measure=not self._setup_pending(via))
+            if seconds is _RAISED:
+                raised.add(via)
+            elif seconds is _NO_REFERENCE:
+                return False  # the plain calls raised
+            elif seconds is not None:
+                figures = self._figures.setdefault(pos, {})
+                figures[f"{via}_probe"] = seconds
+                self._via[pos] = via
+                if tiled:
+                    self._tiled[pos] = tiled
+                    figures["tiled"] = len(tiled)
+                return True
+        return False
+
+    def _probe_direction(self, pos):
+        """The probe's flat unit direction for ``args[pos]`` (the same on every call)."""
+        x = self.args[pos]
+        return self.be.uniform_unit_vector(x, self.be.generator(x, PROBE_SEED), real=True)
+
+    def _plain_reference(self, pos):
+        """The plain calls' difference quotient along the probe's direction (a list, one
+        flat array per output), timed: they set one element's rows' cost one at a time
+        (:meth:`element_seconds`). Computed once; ``None`` when they raised an error that
+        is not the user's (a user's error propagates)."""
+        if pos in self._reference:
+            return self._reference[pos]
+        be, x = self.be, self.args[pos]
+        u, eps = self._probe_direction(pos), self.run.eps_for(x)
+        self._reference[pos] = None
         try:
             # the best of two: the first plain calls of a check may pay one-time costs
             timings = []
@@ -150,31 +195,19 @@ class Problem:
         except Exception as e:
             if e in self.run.user_errors:
                 raise
-            return False
+            return None
         loop_row = self._element_cost[pos] = min(timings) * (2 if be.is_complex(x) else 1)
-        figures = self._figures[pos] = {"loop_row": loop_row}
-        step = be.reshape(u, x.shape) * eps
-        moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
-        raised = set()
-        for via, tiled, evaluate in forms:
-            if via == "vmap" and self._setup_outweighs_saving(pos):
-                continue
-            if via == "functional" and "vmap" not in raised:
-                continue
-            if tiled:
-                evaluate = functools.partial(evaluate, tiled=tiled)
-            seconds = self._agreeing_seconds(evaluate, pos, moved, sequential, eps,
-                                             measure=not self._setup_pending(via))
-            if seconds is _RAISED:
-                raised.add(via)
-            elif seconds is not None:
-                figures[f"{via}_probe"] = seconds
-                self._via[pos] = via
-                if tiled:
-                    self._tiled[pos] = tiled
-                    figures["tiled"] = len(tiled)
-                return True
-        return False
+        self._figures.setdefault(pos, {})["loop_row"] = loop_row
+        self._reference[pos] = sequential
+        return sequential
+
+    def element_seconds(self, pos) -> float | None:
+        """Seconds one element's rows of ``args[pos]`` take computed one at a time, as the
+        probe's plain calls measured them (made now if no probe needed them); ``None``
+        when those calls raised."""
+        if pos not in self._element_cost:
+            self._plain_reference(pos)
+        return self._element_cost.get(pos)
 
     def _batched_forms(self, pos) -> list:
         """The batched forms worth a probe, in the order they are tried: ``(via, tiled,
@@ -226,10 +259,11 @@ class Problem:
                       and a.shape[0] == x.shape[0])
         return found or None
 
-    def _agreeing_seconds(self, evaluate, pos, moved, sequential, eps, measure=True):
-        """Seconds of ``evaluate`` at the two probe moves; ``_RAISED`` when it raises, or
-        ``None`` when its difference quotient differs from the plain calls' (fn does not
-        see the batch, or mixes the copies). The memory a copy took is noted
+    def _agreeing_seconds(self, evaluate, pos, moved, eps, measure=True):
+        """Seconds of ``evaluate`` at the two probe moves; ``_RAISED`` when it raises,
+        ``None`` when its results have the wrong shapes or its difference quotient differs
+        from the plain calls' (fn does not see the batch, or mixes the copies), and
+        ``_NO_REFERENCE`` when the plain calls raised. The memory a copy took is noted
         (:meth:`copy_bytes`)."""
         be = self.be
         try:
@@ -241,9 +275,12 @@ class Problem:
             if e in self.run.user_errors:
                 raise
             return _RAISED
+        if any(tuple(batched[k].shape) != (2, *self.outputs[k].shape) for k in self.floats):
+            return None
+        sequential = self._plain_reference(pos)
+        if sequential is None:
+            return _NO_REFERENCE
         for k in self.floats:
-            if tuple(batched[k].shape) != (2, *self.outputs[k].shape):
-                return None
             minus, plus = batched[k][0], batched[k][1]
             est = be.flatten((plus - minus) / (2 * eps))
             ref = sequential[k] if self.run.stencil.name == "central" else est
@@ -271,8 +308,11 @@ class Problem:
         once the loops run instead have cost the process as much
         (:func:`cost.setup_worth_paying`)."""
         setup = self.be.batch_setup_cost(self.run.fn)
-        loop = _LOOP_EVALUATIONS * self._element_cost[pos] * self.be.numel(self.args[pos])
-        if not setup or loop >= setup or cost.setup_worth_paying(setup):
+        if not setup or cost.setup_worth_paying(setup):
+            return False
+        element = self.element_seconds(pos)
+        loop = float("inf") if element is None else _LOOP_EVALUATIONS * element * self.be.numel(self.args[pos])
+        if loop >= setup:
             return False
         cost.spent_instead_of_setup(loop)
         self.run.engine_log.append(EngineEvent("numerical", "looped", pos, "batching setup not worth it"))
@@ -493,8 +533,9 @@ class Problem:
         """Whether ``seconds`` of another path's work on ``args[pos]`` cost at least half
         of the loop moving all samples together (:meth:`samples`, probed only then). Half:
         that loop's rows are exact, and a failing check hands them to the reference engine."""
-        b, loop_row = self._sample_candidate(pos), self._element_cost.get(pos)
-        if not b or loop_row is None:
+        b = self._sample_candidate(pos)
+        loop_row = self.element_seconds(pos) if b else None
+        if loop_row is None:
             return False
         by_samples = self.be.numel(self.args[pos]) / b * loop_row
         return seconds * _EXACT_ROWS_WORTH >= by_samples and bool(self.samples(pos))
