@@ -41,6 +41,8 @@ _EXACT_ROWS_WORTH = 2
 #: the element-by-element check costs about this many evaluations per input element
 #: (its numerical side, and two analytical passes of about one evaluation each)
 _LOOP_EVALUATIONS = 3
+#: relative differences below this are taken for rounding (:meth:`Problem._probe_samples`)
+_ROUNDING = 1e-10
 #: what :meth:`Problem._agreeing_seconds` returns when the batched form raised, and when
 #: the plain calls it is compared with raised
 _RAISED = object()
@@ -99,6 +101,7 @@ class Problem:
         #: per input, how many independent samples its first dimension holds (None: not
         #: found independent), as :meth:`samples` found it
         self._samples = {}
+        self._sample_base = {}  # per input found to hold samples: fn's floating outputs unmoved (NumPy)
         #: per input, rows another pass of the same check computed (see :meth:`remembered`)
         self._remembered = {}
 
@@ -521,7 +524,9 @@ class Problem:
         Required: a real double-precision dense input with ``B >= 2``, every floating
         output led by the same ``B``, and, for each sample in turn, moving all of its
         elements (by ``±eps``) leaves every other sample's outputs bitwise unchanged
-        (``B + 1`` plain calls). A function that mixes samples (batch statistics, a
+        (``B + 1`` plain calls, their unmoved one kept for the rows; one call where the
+        first sample's move changes another sample's outputs by more than rounding against
+        the traced outputs). A function that mixes samples (batch statistics, a
         normalisation over the batch) fails that."""
         if pos not in self._samples:
             found = self._samples[pos] = self._probe_samples(pos)
@@ -568,14 +573,23 @@ class Problem:
         per_sample = n // b
         eps = self.run.eps_for(x)
         signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
+        traced = {k: be.to_numpy(self.outputs[k]) for k in self.floats}
+        base = None
         try:
             with be.perturber(self.args, pos) as perturber, sharing(self.fn):
-                base = self._moved_outputs(pos, perturber, np.zeros(n))
                 for s in range(b):
                     delta = np.zeros(n)
                     delta[s * per_sample:(s + 1) * per_sample] = eps * signs[s * per_sample:(s + 1) * per_sample]
                     moved = self._moved_outputs(pos, perturber, delta)
                     others = np.arange(b) != s
+                    if base is None:
+                        # the traced outputs first: where the move reaches another sample by
+                        # far more than rounding (a matrix's rows are not samples), no
+                        # unmoved call is needed to say so
+                        if any(moved[k].shape != traced[k].shape or _beyond_rounding(moved[k][others], traced[k][others])
+                               for k in self.floats):
+                            return None
+                        base = self._moved_outputs(pos, perturber, np.zeros(n))
                     for k in self.floats:
                         if moved[k].shape != base[k].shape or \
                                 not np.array_equal(moved[k][others], base[k][others], equal_nan=True):
@@ -584,6 +598,7 @@ class Problem:
             if e in self.run.user_errors:
                 raise
             return None
+        self._sample_base[pos] = base
         return b
 
     def _moved_outputs(self, pos, perturber, delta) -> dict:
@@ -624,7 +639,7 @@ class Problem:
             # the entries of the samples an element does not reach: the stencil applied to
             # unmoved outputs, as torch computes them (0 for central differences of finite
             # outputs; rounding for the five-point stencil; NaN where an output is infinite)
-            base = self._moved_outputs(pos, perturber, np.zeros(n))
+            base = self._sample_base.get(pos) or self._moved_outputs(pos, perturber, np.zeros(n))
             unreached = {k: _combined(stencil, [base[k]] * len(moves), eps) for k in self.floats}
             for i0 in range(0, per_sample, chunk):
                 i1 = min(per_sample, i0 + chunk)
@@ -701,6 +716,14 @@ class Problem:
             o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
             rows[k] = stencil.combine([o[i] for i in range(points)], eps)
         return rows
+
+
+def _beyond_rounding(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` differ by more than rounding could make them: beyond
+    :data:`_ROUNDING` relative to each entry, or to the largest finite entry of ``b``."""
+    finite = np.abs(b[np.isfinite(b)])
+    scale = float(finite.max()) if finite.size else 0.0
+    return not np.allclose(a, b, rtol=_ROUNDING, atol=_ROUNDING * scale, equal_nan=True)
 
 
 def _combined(stencil, values: list, eps) -> np.ndarray:
