@@ -119,6 +119,28 @@ def test_a_move_that_reaches_another_sample_beyond_rounding_is_found_in_one_call
     assert count[0] - before == calls
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_square_matrix_whose_first_element_reaches_another_row_pays_no_samples_probe(mixed):
+    # w @ t mixes t's rows, t @ w does not: the first element's rows (computed first, as
+    # the loop computes them) show the mix, and the samples' probe is not paid; where the
+    # rows are samples, they are still moved together. Rows bitwise torch's either way
+    w = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    fn, count = _calls((lambda t: ScaledSin.apply(w @ t)) if mixed else (lambda t: ScaledSin.apply(t @ w)))
+    x = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    run, p = _problem(fn, x)
+    eps = run.eps_for(x)
+    before = count[0]
+    chunks = sorted(p._looped_row_chunks(0, 0, 36, eps), key=lambda c: c[0])
+    calls = count[0] - before
+    reference = jac.numerical_jacobians(run.be, fn, (x,), 0, p.outputs, eps, run.stencil)[0]
+    assert torch.equal(torch.cat([c[2][0] for c in chunks]), reference)
+    if mixed:
+        assert p.samples(0) is None and calls == 2 * 36
+    else:
+        # the first element alone, the probe's 6 + 1, then 2 per element of a row
+        assert p.samples(0) == 6 and calls == 2 + 7 + 2 * 6
+
+
 def _calls(fn):
     count = [0]
 

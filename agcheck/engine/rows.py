@@ -681,6 +681,17 @@ class Problem:
         follows the chunk, not the Jacobian (an element and its counterparts in the other
         samples at once, where :meth:`samples` found them independent)."""
         be = self.be
+        if begin < end and pos not in self._samples and self._square_matrix(pos) and self._sample_candidate(pos):
+            # a square matrix's rows are rarely samples: the first element's rows first,
+            # as the loop computes them, and where its move reaches another row, the
+            # samples' probe is not paid (where the rows are samples, the first element's
+            # counterparts in the other rows then cost two calls more)
+            first = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs,
+                                              eps, self.run.stencil, elements=range(begin, begin + 1))
+            yield begin, begin + 1, first
+            if self._reaches_another_sample(pos, begin, first):
+                self._samples[pos] = None
+            begin += 1
         if begin < end and self.samples(pos):
             yield from self._sample_row_chunks(pos, [(begin, end)], eps)
             return
@@ -693,6 +704,23 @@ class Problem:
         if begin == end == 0:
             yield 0, 0, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
                                  self.run.stencil)
+
+    def _square_matrix(self, pos) -> bool:
+        shape = tuple(self.args[pos].shape)
+        return len(shape) == 2 and shape[0] == shape[1]
+
+    def _reaches_another_sample(self, pos, element, rows) -> bool:
+        """Whether ``rows`` (of ``args[pos]``'s flat ``element``) hold a finite entry other
+        than zero among the outputs of a sample other than the element's, reading the
+        first dimension of ``args[pos]`` and of every floating output as samples."""
+        b = self._sample_candidate(pos)
+        s = element // (self.be.numel(self.args[pos]) // b)
+        for k in self.floats:
+            entries = self.be.to_numpy(rows[k]).reshape(b, -1)
+            others = np.delete(entries, s, axis=0)
+            if np.any(np.isfinite(others) & (others != 0)):
+                return True
+        return False
 
     def _batched_rows(self, pos, flat, eps, complex_input):
         be, x = self.be, self.args[pos]
