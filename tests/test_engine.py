@@ -80,12 +80,15 @@ def test_closure_is_detected_and_falls_back():
     lin = torch.nn.Linear(30, 4).double()
     data = torch.randn(3, 30, dtype=torch.float64)
     r = run(lambda w: lin(data), (lin.weight,))
-    assert r.verdict and paths(r) == {"looped"}
+    (looped,) = [e for e in r.engine_log if e.path == "numerical"]
+    # vmap's copies do not reach the output: their quotient differs from the plain calls'
+    assert r.verdict and looped.decision == "looped" and "vmap: differs from plain calls" in looped.detail
 
 
 def test_not_vmappable_falls_back_to_the_loop():
     r = run(lambda t: t * float(t.sum().item()), (make(40),))
-    assert paths(r) == {"looped"}
+    (looped,) = [e for e in r.engine_log if e.path == "numerical"]
+    assert looped.decision == "looped" and "vmap: raised RuntimeError" in looped.detail
     assert r.verdict == torch.autograd.gradcheck(lambda t: t * float(t.sum().item()), (make(40),),
                                                  raise_exception=False)
 
@@ -709,6 +712,24 @@ def test_an_input_whose_batched_forms_all_raise_costs_no_plain_probe_call(factor
     looped = next(e for e in r.engine_log if e.path == "numerical")
     assert looped.decision == "looped" and "loop_row" not in looped.figures
     assert r.verdict is (factor == 1.0)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_the_engine_log_says_why_each_batched_form_was_not_taken(factor, monkeypatch):
+    # a looped input's event names every form left out or rejected, and why: vmap by the
+    # trace (ScaledSin has no vmap rule), stacked copies by the call that raised (w cannot
+    # multiply 12 rows) or by the plain calls they differ from (a mean over the copies)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    w = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(20))
+    cases = [(lambda t: ScaledSin.apply(w @ t), make(6, 8, seed=21), "stacked: raised RuntimeError"),
+             (lambda t: ScaledSin.apply(t - t.mean(0)), make(6, 10, seed=22), "stacked: differs from plain calls")]
+    for fn, x, why in cases:
+        r = run(fn, (x,), engine="batched")
+        looped = next(e for e in r.engine_log if e.path == "numerical")
+        assert looped.decision == "looped" and why in looped.detail
+        assert "vmap: custom Function ScaledSin" in looped.detail
+        assert r.verdict is (factor == 1.0)
+        assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
 
 
 @pytest.mark.parametrize("broken", [False, True])

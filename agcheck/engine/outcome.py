@@ -32,7 +32,9 @@ class EngineEvent:
     subject : int or None
         The input position (numerical) or checked-input index the event is about.
     detail : str
-        Why, when the decision needs a reason (for a confirmed failure, the output index).
+        Why, when the decision needs a reason (for a confirmed failure, the output index;
+        for an input the probe left to the loop, each batched form left out or rejected
+        and why, e.g. ``"vmap: ...; stacked: raised RuntimeError"``).
     via : str
         How a batched input is evaluated: ``"stacked"`` (copies laid end to end along
         fn's own first dimension, one plain call), ``"vmap"`` (the framework's

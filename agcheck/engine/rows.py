@@ -43,10 +43,10 @@ _EXACT_ROWS_WORTH = 2
 _LOOP_EVALUATIONS = 3
 #: relative differences below this are taken for rounding (:meth:`Problem._probe_samples`)
 _ROUNDING = 1e-10
-#: what :meth:`Problem._agreeing_seconds` returns when the batched form raised, and when
-#: the plain calls it is compared with raised
-_RAISED = object()
-_NO_REFERENCE = object()
+#: how :meth:`Problem._agreeing_seconds` says that the batched form raised, and that the
+#: plain calls it is compared with raised
+_RAISED = "raised"
+_PLAIN_CALLS_RAISED = "the plain calls raised"
 
 
 class Problem:
@@ -67,7 +67,7 @@ class Problem:
         self._reference = {}  # per input: the probe's plain difference quotient (None: it raised)
         self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
-        self._unbatchable = {}  # per input: why no batched form was probed
+        self._unbatchable = {}  # per input: why each batched form was left out or rejected
         self._figures = {}  # per probed input: the timings its decision was taken on
         self._vjp_batched = None  # True: being timed; False: found not to pay
         self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
@@ -149,27 +149,32 @@ class Problem:
         u = self._probe_direction(pos)
         step = be.reshape(u, x.shape) * eps
         moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
-        raised = set()
+        raised, rejected = set(), []
         for via, tiled, evaluate in forms:
+            name = f"{via} with {len(tiled)} tiled" if tiled else via
             if via == "vmap" and self._setup_outweighs_saving(pos):
+                rejected.append(f"{name}: batching setup not worth it")
                 continue
             if via == "functional" and "vmap" not in raised:
                 continue
             if tiled:
                 evaluate = functools.partial(evaluate, tiled=tiled)
             seconds = self._agreeing_seconds(evaluate, pos, moved, eps, measure=not self._setup_pending(via))
-            if seconds is _RAISED:
-                raised.add(via)
-            elif seconds is _NO_REFERENCE:
-                return False  # the plain calls raised
-            elif seconds is not None:
-                figures = self._figures.setdefault(pos, {})
-                figures[f"{via}_probe"] = seconds
-                self._via[pos] = via
-                if tiled:
-                    self._tiled[pos] = tiled
-                    figures["tiled"] = len(tiled)
-                return True
+            if isinstance(seconds, str):
+                rejected.append(f"{name}: {seconds}")
+                if seconds == _PLAIN_CALLS_RAISED:
+                    break
+                if seconds.startswith(_RAISED):
+                    raised.add(via)
+                continue
+            figures = self._figures.setdefault(pos, {})
+            figures[f"{via}_probe"] = seconds
+            self._via[pos] = via
+            if tiled:
+                self._tiled[pos] = tiled
+                figures["tiled"] = len(tiled)
+            return True
+        self._unbatchable[pos] = "; ".join(filter(None, [self._unbatchable.get(pos), *rejected]))
         return False
 
     def _probe_direction(self, pos):
@@ -233,8 +238,7 @@ class Problem:
         if not obstacle and be.supports(Capability.FUNCTIONAL_BATCHED_EVALUATION):
             # last: its slice writes run through vmap's per-sample fallback
             forms.append(("functional", (), be.evaluate_batch_functional))
-        if not forms:
-            self._unbatchable[pos] = "; ".join(reasons)
+        self._unbatchable[pos] = "; ".join(reasons)  # the probe adds the forms it rejects
         return forms
 
     def _batch_first(self, pos) -> bool:
@@ -263,10 +267,10 @@ class Problem:
         return found or None
 
     def _agreeing_seconds(self, evaluate, pos, moved, eps, measure=True):
-        """Seconds of ``evaluate`` at the two probe moves; ``_RAISED`` when it raises,
-        ``None`` when its results have the wrong shapes or its difference quotient differs
-        from the plain calls' (fn does not see the batch, or mixes the copies), and
-        ``_NO_REFERENCE`` when the plain calls raised. The memory a copy took is noted
+        """Seconds of ``evaluate`` at the two probe moves, or why it was not taken (a
+        string: it raised, its results have other shapes, its difference quotient differs
+        from the plain calls' because fn does not see the batch or mixes the copies, or
+        :data:`_PLAIN_CALLS_RAISED`). The memory a copy took is noted
         (:meth:`copy_bytes`)."""
         be = self.be
         try:
@@ -277,12 +281,12 @@ class Problem:
         except Exception as e:
             if e in self.run.user_errors:
                 raise
-            return _RAISED
+            return f"{_RAISED} {type(e).__name__}"
         if any(tuple(batched[k].shape) != (2, *self.outputs[k].shape) for k in self.floats):
-            return None
+            return "results of other shapes"
         sequential = self._plain_reference(pos)
         if sequential is None:
-            return _NO_REFERENCE
+            return _PLAIN_CALLS_RAISED
         for k in self.floats:
             minus, plus = batched[k][0], batched[k][1]
             est = be.flatten((plus - minus) / (2 * eps))
@@ -290,7 +294,7 @@ class Problem:
             if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
             ):
-                return None
+                return "differs from plain calls"
         if measure and call.added_peak is not None:
             self._copy_bytes[pos] = call.added_peak // 2
         return seconds
