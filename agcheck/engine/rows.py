@@ -662,8 +662,7 @@ class Problem:
                     values = [self._elements_moved(pos, perturber, flats, step) for step in moves]
                     if any(v[k].shape != tuple(self.outputs[k].shape) for v in values for k in self.floats):
                         # fn changed an output's shape: the element path meets it as torch does
-                        alone = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos,
-                                                          self.outputs, eps, stencil, elements=flats)
+                        alone = self._element_rows(pos, eps, flats)
                         for j, (f, lo) in enumerate(moved):
                             for k in self.floats:
                                 rows[lo][k][f - lo] = be.to_numpy(alone[k][j])
@@ -690,8 +689,7 @@ class Problem:
             # as the loop computes them, and where its move reaches another row, the
             # samples' probe is not paid (where the rows are samples, the first element's
             # counterparts in the other rows then cost two calls more)
-            first = self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs,
-                                              eps, self.run.stencil, elements=range(begin, begin + 1))
+            first = self._element_rows(pos, eps, range(begin, begin + 1))
             yield begin, begin + 1, first
             if self._reaches_another_sample(pos, begin, first):
                 self._samples[pos] = None
@@ -703,11 +701,15 @@ class Problem:
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, max(end - begin, 1))
         for start in range(begin, end, chunk):
             stop = min(end, start + chunk)
-            yield start, stop, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
-                                        self.run.stencil, elements=range(start, stop))
+            yield start, stop, self._element_rows(pos, eps, range(start, stop))
         if begin == end == 0:
-            yield 0, 0, self.run.user_errors.call(jac.numerical_jacobians, be, self.fn, self.args, pos, self.outputs, eps,
-                                 self.run.stencil)
+            yield 0, 0, self._element_rows(pos, eps)
+
+    def _element_rows(self, pos, eps, elements=None):
+        """Rows of ``args[pos]``'s flat ``elements`` (all where ``None``), each element moved
+        alone by plain calls, as the reference engine computes them."""
+        return self.run.user_errors.call(jac.numerical_jacobians, self.be, self.fn, self.args, pos, self.outputs,
+                                         eps, self.run.stencil, elements=elements)
 
     def _square_matrix(self, pos) -> bool:
         shape = tuple(self.args[pos].shape)
