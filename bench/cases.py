@@ -21,6 +21,10 @@ It prints one line ``@@BENCH@@ {json}`` on stdout with the measurement:
   high-water mark reset right before the check by writing ``5`` to
   ``/proc/self/clear_refs`` (Linux).  Without ``clear_refs``: ``ru_maxrss`` growth, which
   is 0 whenever setup peaked higher than the check (``mem_method`` says which was used);
+- ``anon_mb``: peak growth of the anonymous part of the RSS during the check (MiB):
+  allocations, without the file-backed pages (shared-library code) that ``peak_mb``
+  also counts; sampled every 0.2 ms by a separate process (:class:`AnonPoller`), so a
+  lower bound; ``file_mb``: the file-backed pages' growth over the check;
 - ``cpu_s``: user+system CPU time of the process over the same span (all threads) --
   less sensitive than wall time to other load on the machine, more to thread count;
 - ``loadavg_before``: the 1-minute load average when the check started;
@@ -81,12 +85,84 @@ def _trim() -> None:
         pass
 
 
+_ANON_POLLER = r"""
+import os, re, select, sys
+fd = os.open(f"/proc/{sys.argv[1]}/status", os.O_RDONLY)
+pattern = re.compile(rb"RssAnon:\s+(\d+)")
+def anon():
+    m = pattern.search(os.pread(fd, 8192, 0))
+    return int(m.group(1)) if m else 0
+peak = anon()
+while True:
+    ready, _, _ = select.select([0], [], [], 0.0002)
+    if not ready:
+        peak = max(peak, anon())
+        continue
+    command = os.read(0, 64).decode().strip()
+    if command == "reset":
+        peak = anon()
+    elif command == "peak":
+        peak = max(peak, anon())
+    else:
+        break
+    os.write(1, f"{peak}\n".encode())
+"""
+
+
+class AnonPoller:
+    """Peak anonymous RSS (kB: heap and other allocations, not code pages) of this process,
+    sampled every 0.2 ms by a separate process reading ``/proc/PID/status``, so that the
+    sampling takes neither this interpreter's GIL nor its core (with one torch thread).
+    A lower bound: an allocation that lives less than a sampling interval may be missed.
+    ``None`` everywhere where ``/proc`` or the subprocess is unavailable."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self.proc = None
+        if _status_kb("RssAnon") is None:
+            return
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", _ANON_POLLER, str(os.getpid())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except OSError:
+            self.proc = None
+
+    def _ask(self, command: str) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.stdin.write(f"{command}\n".encode())
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        return int(line) if line.strip() else None
+
+    def reset(self) -> int | None:
+        """Start a new peak at the current anonymous RSS; return it (kB)."""
+        return self._ask("reset")
+
+    def peak(self) -> int | None:
+        """The largest anonymous RSS (kB) sampled since ``reset()``."""
+        return self._ask("peak")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+
+
 class PeakMeter:
-    """Peak RSS growth (kB) of the code between ``start()`` and ``stop()``."""
+    """Peak RSS growth (kB) of the code between ``start()`` and ``stop()``; with a
+    poller, also the peak growth of its anonymous part (``anon_growth()``)."""
+
+    def __init__(self, poller: AnonPoller | None = None) -> None:
+        self.poller = poller
+        self.anon0 = None
 
     def start(self) -> None:
         _trim()
         self.hwm_reset = _reset_hwm()
+        if self.poller is not None:
+            self.anon0 = self.poller.reset()
         self.rss0 = _status_kb("VmRSS")
         self.file0 = _status_kb("RssFile")
         self.maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -97,6 +173,14 @@ class PeakMeter:
         peak counts although no allocation made them; ``None`` where not reported."""
         now = _status_kb("RssFile")
         return None if now is None or self.file0 is None else max(now - self.file0, 0)
+
+    def anon_growth(self) -> int | None:
+        """Peak growth (kB) of the anonymous resident pages since ``start()``, as the
+        poller sampled it; ``None`` without a poller."""
+        if self.poller is None or self.anon0 is None:
+            return None
+        peak = self.poller.peak()
+        return None if peak is None else max(peak - self.anon0, 0)
 
     def stop(self) -> tuple[int, str]:
         if self.hwm_reset and self.rss0 is not None:
@@ -697,6 +781,8 @@ def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False
 
     fn, inputs, kwargs = case.build(quick, opts)
     res["kwargs"] = {k: repr(v) for k, v in kwargs.items()}
+    poller = AnonPoller()
+    meter = PeakMeter(poller)
     warm_up(entry, kwargs)
     torch.manual_seed(SEED)  # fast mode may draw its random vectors from the global RNG
     res["loadavg_before"] = _loadavg()
@@ -708,8 +794,11 @@ def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False
     cpu = _cpu_s() - c0
     kb, method = meter.stop()
     file_kb = meter.file_growth()
+    anon_kb = meter.anon_growth()
+    poller.close()
     res.update(time_s=dt, cpu_s=cpu, peak_mb=kb / 1024, mem_method=method, verdict=v,
-               file_mb=None if file_kb is None else file_kb / 1024)
+               file_mb=None if file_kb is None else file_kb / 1024,
+               anon_mb=None if anon_kb is None else anon_kb / 1024)
     if cold:
         return res
     # the same check again in the same process: what a test suite that runs many checks

@@ -110,6 +110,7 @@ def summarize(runs: list[dict]) -> dict:
         "warm_cpu_s": _median(r.get("warm_cpu_s") for r in runs),
         "peak_mb": _median(r.get("peak_mb") for r in runs),
         "file_mb": _median(r.get("file_mb") for r in runs),
+        "anon_mb": _median(r.get("anon_mb") for r in runs),
         "verdict": verdicts[0],
         "verdicts_all_runs": verdicts,
         "stable": len(set(verdicts)) == 1,
@@ -172,16 +173,17 @@ def _speed(t: dict, a: dict, timeout: float) -> str:
     return _fmt_r(_ratio(t["time_s"], a["time_s"]))
 
 
-def _mem_ratio(t: dict, a: dict):
-    if t["peak_mb"] is None or a["peak_mb"] is None or max(t["peak_mb"], a["peak_mb"]) < MEM_FLOOR_MB:
+def _mem_ratio(t: dict, a: dict, key: str = "peak_mb"):
+    if t.get(key) is None or a.get(key) is None or max(t[key], a[key]) < MEM_FLOOR_MB:
         return None
-    return t["peak_mb"] / max(a["peak_mb"], 0.1)
+    return t[key] / max(a[key], 0.1)
 
 
 def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
     cold = any("cold" in r for r in results)
     cols = ["case", "work", "torch s", "agcheck s", "speed", "cpu speed", "warm cpu speed", "torch MB",
-            "agcheck MB", "mem", "torch file MB", "agcheck file MB"]
+            "agcheck MB", "mem", "torch file MB", "agcheck file MB", "torch anon MB", "agcheck anon MB",
+            "anon mem"]
     cols += ["cold torch s", "cold agcheck s", "cold speed", "cold mem"] if cold else []
     cols += ["torch verdict", "agcheck verdict", "agree"]
     rows = []
@@ -192,6 +194,7 @@ def render(results: list[dict], header: str, timeout: float = 600.0) -> str:
             _speed(t, a, timeout), _fmt_r(_ratio(t["cpu_s"], a["cpu_s"])),
             _fmt_r(_ratio(t.get("warm_cpu_s"), a.get("warm_cpu_s"))), _fmt_mb(t["peak_mb"]), _fmt_mb(a["peak_mb"]),
             _fmt_r(_mem_ratio(t, a)), _fmt_mb(t.get("file_mb")), _fmt_mb(a.get("file_mb")),
+            _fmt_mb(t.get("anon_mb")), _fmt_mb(a.get("anon_mb")), _fmt_r(_mem_ratio(t, a, "anon_mb")),
         ]
         if cold:
             ct, ca = r["cold"]["torch"], r["cold"]["agcheck"]
@@ -300,7 +303,8 @@ def main(argv=None) -> int:
               f"process, after one plain backward with an explicit cotangent and a tiny warm-up check)"
               f"{'; cold = the same with no warm-up at all (the first check of the process)' if a.cold else ''}; warm = CPU time of the same check run again in that "
               f"process; peak = max RSS growth during the first check (MiB); file = the part of its RSS growth that is "
-              f"file-backed pages (shared-library code touched for the first time, not allocations); speed/mem = torch/agcheck "
+              f"file-backed pages (shared-library code touched for the first time, not allocations); anon = peak growth of "
+              f"the anonymous RSS (allocations), sampled every 0.2 ms by a separate process; speed/mem = torch/agcheck "
               f"(>1: agcheck better)")
     print(header, flush=True)
 
@@ -316,7 +320,8 @@ def main(argv=None) -> int:
                 la = rec.get("loadavg_before")
                 print(f"  {name:16s} {side:8s} time={_fmt_t(rec.get('time_s')):>8s} s  "
                       f"cpu={_fmt_t(rec.get('cpu_s')):>8s} s  warm cpu={_fmt_t(rec.get('warm_cpu_s')):>8s} s  "
-                      f"peak={_fmt_mb(rec.get('peak_mb')):>7s} MB (file {_fmt_mb(rec.get('file_mb'))})  "
+                      f"peak={_fmt_mb(rec.get('peak_mb')):>7s} MB (file {_fmt_mb(rec.get('file_mb'))}, "
+                      f"anon {_fmt_mb(rec.get('anon_mb'))})  "
                       f"verdict={rec['verdict']}  "
                       f"(process {rec.get('wall_s', 0):.1f} s, load {'-' if la is None else f'{la:.1f}'})",
                       flush=True)
