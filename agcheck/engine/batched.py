@@ -239,15 +239,22 @@ def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=Non
             for k in diff:
                 if not compressed.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
                                                       opts.rtol, opts.atol):
-                    if kept is None:
-                        raise EngineFallback(MISMATCH)
-                    differs = (q, k, s, e)
+                    differs = _differing_block(kept, (q, k, s, e))
                     break
         if differs is None and kept is not None:
             kept.passed.add(q)
     if differs is not None:
         raise _RowsKept(analytical, kept, differs)
     return kept
+
+
+def _differing_block(kept, where):
+    """``where`` (input, output, first row, end row): the first row block whose analytical
+    and numerical rows differ. Without rows kept for deciding the failure the engine
+    hands the check back at once (``EngineFallback``)."""
+    if kept is None:
+        raise EngineFallback(MISMATCH)
+    return where
 
 
 def _remember_rows(kept, checked) -> None:
@@ -739,9 +746,7 @@ def _forward(run, p, diff) -> None:
                 if tuple(a.shape) != tuple(n_rows.shape):
                     raise EngineFallback(MISMATCH)  # the reference engine reports it as torch does
                 if not be.allclose(a, n_rows, opts.rtol, opts.atol):
-                    if kept is None:
-                        raise EngineFallback(MISMATCH)
-                    differs = (q, k, s, e)
+                    differs = _differing_block(kept, (q, k, s, e))
                     break
         if differs is None and kept is not None:
             kept.passed.add(q)
