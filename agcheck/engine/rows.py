@@ -528,9 +528,10 @@ class Problem:
         Required: a real double-precision dense input with ``B >= 2``, every floating
         output led by the same ``B``, and, for each sample in turn, moving all of its
         elements (by ``±eps``) leaves every other sample's outputs bitwise unchanged
-        (``B + 1`` plain calls, their unmoved one kept for the rows; one call where the
-        first sample's move changes another sample's outputs by more than rounding against
-        the traced outputs). A function that mixes samples (batch statistics, a
+        (``B`` plain calls where the first sample's move leaves the others bitwise as
+        traced, the traced outputs then standing for the unmoved call; else ``B + 1``,
+        their unmoved one kept for the rows; one call where the first sample's move
+        changes another sample's outputs by more than rounding against the traced outputs). A function that mixes samples (batch statistics, a
         normalisation over the batch) fails that."""
         if pos not in self._samples:
             found = self._samples[pos] = self._probe_samples(pos)
@@ -577,7 +578,7 @@ class Problem:
         per_sample = n // b
         eps = self.run.eps_for(x)
         signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
-        traced = {k: be.to_numpy(self.outputs[k]) for k in self.floats}
+        traced = {k: be.to_numpy(self.outputs[k]).copy() for k in self.floats}  # kept apart from fn's tensors
         base = None
         try:
             with be.perturber(self.args, pos) as perturber, sharing(self.fn):
@@ -589,11 +590,17 @@ class Problem:
                     if base is None:
                         # the traced outputs first: where the move reaches another sample by
                         # far more than rounding (a matrix's rows are not samples), no
-                        # unmoved call is needed to say so
+                        # unmoved call is needed to say so; where it leaves them bitwise
+                        # as traced, the traced outputs stand for the unmoved call (each
+                        # sample's part of them is then compared bitwise with a plain call
+                        # moving another sample, below)
                         if any(moved[k].shape != traced[k].shape or _beyond_rounding(moved[k][others], traced[k][others])
                                for k in self.floats):
                             return None
-                        base = self._moved_outputs(pos, perturber, np.zeros(n))
+                        if all(np.array_equal(moved[k][others], traced[k][others], equal_nan=True) for k in self.floats):
+                            base = traced
+                        else:
+                            base = self._moved_outputs(pos, perturber, np.zeros(n))
                     for k in self.floats:
                         if moved[k].shape != base[k].shape or \
                                 not np.array_equal(moved[k][others], base[k][others], equal_nan=True):
