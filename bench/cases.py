@@ -740,15 +740,17 @@ def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False
     if entry is None:
         res.update(verdict="n/a", time_s=None, peak_mb=None, mem_method=None)
         return res
-    meter = PeakMeter()
 
     if case.check == "sweep":
         source, items = case.build(quick, opts)
         res["sweep_source"] = source
+        poller = AnonPoller()
+        meter = PeakMeter(poller)
         warm_up(entry, {"check_forward_ad": True, "check_batched_grad": True})
         total = 0.0
         cpu = 0.0
         peak = 0
+        anon_peak = None
         res["loadavg_before"] = _loadavg()
         verdicts = []
         per_item = []
@@ -761,8 +763,11 @@ def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False
             dt = time.perf_counter() - t0
             cpu += _cpu_s() - c0
             kb, method = meter.stop()
+            anon_kb = meter.anon_growth()
             total += dt
             peak = max(peak, kb)
+            if anon_kb is not None:
+                anon_peak = max(anon_peak or 0, anon_kb)
             verdicts.append(v)
             per_item.append({"label": label, "verdict": v, "time_s": dt, "peak_mb": kb / 1024})
         n_true = sum(v == "True" for v in verdicts)
@@ -773,8 +778,10 @@ def run_worker(name: str, side: str, quick: bool, opts: dict, cold: bool = False
             _verdict(lambda: entry(fn, inputs, **kwargs))
             warm.append(_cpu_s() - c0)
         res["warm_cpu_s"] = None if cold else sum(warm)
+        poller.close()
         res.update(
-            time_s=total, cpu_s=cpu, peak_mb=peak / 1024, mem_method=(method + ", max over samples") if items else None,
+            time_s=total, cpu_s=cpu, peak_mb=peak / 1024,
+            anon_mb=None if anon_peak is None else anon_peak / 1024, mem_method=(method + ", max over samples") if items else None,
             verdict=f"{n_true}/{len(verdicts)} True", verdicts=verdicts, items=per_item,
         )
         return res
