@@ -531,8 +531,9 @@ class Problem:
         (``B`` plain calls where the first sample's move leaves the others bitwise as
         traced, the traced outputs then standing for the unmoved call; else ``B + 1``,
         their unmoved one kept for the rows; one call where the first sample's move
-        changes another sample's outputs by more than rounding against the traced outputs). A function that mixes samples (batch statistics, a
-        normalisation over the batch) fails that."""
+        changes another sample's outputs by more than rounding against the traced
+        outputs). A function that mixes samples (batch statistics, a normalisation over
+        the batch) fails that."""
         if pos not in self._samples:
             found = self._samples[pos] = self._probe_samples(pos)
             if found:
