@@ -136,6 +136,33 @@ SUITES = {
         "source": "pytorch-wavelets 1.3.0 sdist (pip download --no-deps --no-binary :all: pytorch-wavelets==1.3.0), "
                   "installed from it and its tests/ run",
     },
+    "cvxpylayers": {
+        "framework": "torch",
+        "dir": "cvxpylayers",
+        # differentiable convex programs: every call of fn solves a cone program (SCS through
+        # diffcp, in NumPy) and its backward solves the adjoint system, so nothing batches
+        "paths": ["tests"],
+        "args": [],
+        "env": {},
+        "source": "github cvxgrp/cvxpylayers at commit e34fc65 (0.1.9): git archive of "
+                  "cvxpylayers/torch/test_cvxpylayer.py, run as tests/test_cvxpylayer_torch.py "
+                  "against the installed cvxpylayers 0.1.9",
+    },
+    "tad-dftd3": {
+        "framework": "torch",
+        "dir": "tad-dftd3",
+        # the D3 dispersion energy of molecules and batches of molecules (up to 30 atoms):
+        # gradients and second derivatives with respect to positions and damping parameters,
+        # and the C6 coefficients' model, through tad-mctc's wrappers of torch's checkers
+        # (fast mode, as the suite ships; `-- --slow` after the bench's own arguments runs
+        # every check in slow mode through the suite's own flag)
+        "paths": ["test/test_grad", "test/test_model/test_c6.py"],
+        "args": [],
+        "env": {},
+        "source": "github dftd3/tad-dftd3 at commit 172449f (0.5.0 and later): its test/ (the blobs; "
+                  "the snapshot lacks the package's data files) against the installed tad-dftd3 0.5.0 "
+                  "and tad-mctc 0.5.3",
+    },
     "e3nn-jax": {
         "framework": "jax",
         "dir": "e3nn_jax-0.21.0",
