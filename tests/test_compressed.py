@@ -146,8 +146,8 @@ def test_compressed_vjps_are_plain_while_batching_them_would_cost_a_setup(monkey
     monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
     monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.7 if setup_pending else 0.0)
     batched = []
-    original = TorchTrace.vjp_batched
-    monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
+    original = TorchTrace.vjp_many
+    monkeypatch.setattr(TorchTrace, "vjp_many", lambda self, *a: (batched.append(1), original(self, *a))[1])
     fn, make = CORRECT["two inputs"]
     r = run(fn, make())
     assert r.verdict is True and "passed" in compressed_log(r) and not r.engine_fallbacks
@@ -163,8 +163,8 @@ def test_plain_vjps_stop_once_they_have_cost_the_setup(monkeypatch):
     monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
     monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.02)
     batched = []
-    original = TorchTrace.vjp_batched
-    monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
+    original = TorchTrace.vjp_many
+    monkeypatch.setattr(TorchTrace, "vjp_many", lambda self, *a: (batched.append(1), original(self, *a))[1])
     fn, make = CORRECT["elementwise"]
     for _ in range(100):
         before = cost._spent_instead_of_setup
@@ -763,13 +763,13 @@ def test_coloured_second_pass_batches_follow_the_memory_budget(monkeypatch):
     monkeypatch.setattr(torch_backend.TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
     monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
     batches = []
-    original = torch_backend.TorchTrace.vjp_batched
+    original = torch_backend.TorchTrace.vjp_many
 
     def recording(self, k, stacked):
         batches.append(int(stacked.shape[0]))
         return original(self, k, stacked)
 
-    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", recording)
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_many", recording)
     widest = {}
     for budget in (None, 4 << 20):
         batches.clear()

@@ -463,8 +463,8 @@ def test_batched_vjps_pay_their_setup_once_the_loops_run_instead_have_cost_as_mu
     monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: setup)
     monkeypatch.setattr(ScaledSin, "factor", factor)
     batched = []
-    original = TorchTrace.vjp_batched
-    monkeypatch.setattr(TorchTrace, "vjp_batched", lambda self, *a: (batched.append(1), original(self, *a))[1])
+    original = TorchTrace.vjp_many
+    monkeypatch.setattr(TorchTrace, "vjp_many", lambda self, *a: (batched.append(1), original(self, *a))[1])
     fn = lambda a, b: ScaledSin.apply(torch.tanh(a @ b))  # noqa: E731
     inputs = (make(12, 12), make(12, 12, seed=1))
     declined = EngineEvent("vjp", "looped", None, "batching setup not worth it")
@@ -489,7 +489,7 @@ def test_batched_evaluations_pay_their_setup_once_the_loops_run_instead_have_cos
     from agcheck.engine import cost
 
     setup = 0.2  # well above one check's loop (16 elements), even on a loaded machine
-    monkeypatch.setattr(TorchBackend, "batch_setup_cost", lambda self, fn: setup)
+    monkeypatch.setattr(TorchBackend, "batch_setup_cost", lambda self, fn, position=None: setup)
     inner = OneEntryOff.apply if broken else torch.sin
     fn = lambda x: inner(W16 @ x)  # noqa: E731
     declined = EngineEvent("numerical", "looped", 0, "batching setup not worth it")
@@ -1133,8 +1133,8 @@ def test_a_check_no_input_of_which_can_be_batched_and_whose_vjps_are_cheap_tries
     from agcheck.backends import torch_backend
 
     batched = []
-    original = torch_backend.TorchTrace.vjp_batched
-    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched",
+    original = torch_backend.TorchTrace.vjp_many
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_many",
                         lambda self, *a, **kw: batched.append(1) or original(self, *a, **kw))
     fn = lambda t: ScaledSin.apply(t.flip(0) * t.sum())  # noqa: E731
     x = make(3, 3, seed=14)
@@ -1160,12 +1160,12 @@ def test_the_reentrancy_pass_computes_each_block_as_the_first_pass_did(factor, m
 
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
     monkeypatch.setattr(type(agcheck.get_backend("torch")), "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
-    batched_vjp = torch_backend.TorchTrace.vjp_batched
+    batched_vjp = torch_backend.TorchTrace.vjp_many
 
     def rounding_differently(self, k, stacked):
         return [None if g is None else g * (1 + 2.0 ** -52) for g in batched_vjp(self, k, stacked)]
 
-    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", rounding_differently)
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_many", rounding_differently)
     monkeypatch.setattr(ScaledSin, "factor", factor)
     w = torch.randn(12, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(15))
     fn = lambda x: ScaledSin.apply(w @ x)  # noqa: E731
@@ -1213,7 +1213,7 @@ def test_an_evaluation_that_raises_on_the_numerical_side_raises_before_the_analy
     assert (n * n >= compressed.MIN_ENTRIES) is (n == 256)
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's batched path
     # one VJP per column whatever batching this process has paid for: the counts are exact
-    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched", unbatchable)
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_many", unbatchable)
     monkeypatch.setattr(ScaledSin, "factor", factor)
     passes = []
     reentrancy_pass = batched._reentrancy_pass

@@ -40,7 +40,7 @@ xfail so that a fix shows up as an XPASS): a one-off ``Exception`` raised by ``f
 backward) *under one of the engine's vmapped evaluations* cannot be told from "this
 function cannot be batched"; the engine falls back, the exact engines re-run the check,
 and it passes. The property accepts a swallowed exception only when its call was under a
-backend's ``evaluate_batch`` / ``vjp_batched`` / ``jvp_batched`` / ``jvp_rows`` (read off
+backend's ``evaluate_batch`` / ``vjp_batched`` / ``vjp_many`` / ``jvp_batched`` / ``jvp_rows`` (read off
 the call stack), never ``KeyboardInterrupt``, never a persistent error.
 
 Runtime (``max_examples`` 25-40, ``-n 2``): under 4 s per test, the JAX test 13-17 s (JAX
@@ -84,8 +84,8 @@ def _settings(n: int):
 
 
 #: the backends' batched evaluations: Backend.evaluate_batch (vmapped), evaluate_stacked, Trace.vjp_batched,
-#: Backend.jvp_batched / jvp_rows (the NumPy backend's are loops of plain calls)
-_BATCHED_CALLS = frozenset({"evaluate_batch", "evaluate_stacked", "vjp_batched", "jvp_batched", "jvp_rows"})
+#: Trace.vjp_many, Backend.jvp_batched / jvp_rows (the NumPy backend's are loops of plain calls)
+_BATCHED_CALLS = frozenset({"evaluate_batch", "evaluate_stacked", "vjp_batched", "vjp_many", "jvp_batched", "jvp_rows"})
 
 
 def inside_batched_evaluation() -> bool:

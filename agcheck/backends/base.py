@@ -155,6 +155,13 @@ class Trace:
         Capability :attr:`Capability.BATCHED_GRAD`."""
         raise UnsupportedError("vjp_batched")
 
+    def vjp_many(self, output_position: int, stacked_cotangents) -> list:
+        """Many VJPs at once for the engine, as :meth:`vjp_batched` returns them, by
+        whatever batching the framework offers (:meth:`vjp_batched` is what
+        ``check_batched_grad`` tests, and may support fewer backward passes); by default
+        :meth:`vjp_batched`."""
+        return self.vjp_batched(output_position, stacked_cotangents)
+
     def batching_obstacle(self) -> str | None:
         """Why ``fn`` certainly cannot be evaluated in batched form
         (:meth:`Backend.evaluate_batch`), as this evaluation shows it (e.g. an operation
@@ -418,10 +425,17 @@ class Backend:
         Capability :attr:`Capability.BATCHED_EVALUATION`."""
         raise UnsupportedError("one_hots")
 
-    def batch_setup_cost(self, fn: Callable) -> float:
+    def batch_setup_cost(self, fn: Callable, position: int | None = None) -> float:
         """Seconds of one-time setup (e.g. an import) that the first batched evaluation
-        of ``fn`` would pay; the engine batches only when the loop costs more."""
+        of ``fn`` (moving ``args[position]``, when given) would pay; the engine batches
+        only when the loop costs more."""
         return 0.0
+
+    def batching_obstacle(self, fn: Callable, position: int, trace: Trace) -> str | None:
+        """Why ``fn`` certainly cannot be evaluated with ``args[position]`` batched
+        (:meth:`evaluate_batch`), as its traced evaluation ``trace`` shows it, or ``None``
+        when nothing shows; by default :meth:`Trace.batching_obstacle`."""
+        return trace.batching_obstacle()
 
     def batched_vjp_setup_cost(self, trace: Trace | None = None) -> float:
         """Seconds of one-time setup that the first :meth:`Trace.vjp_batched` of the

@@ -15,7 +15,7 @@ import torch.autograd.forward_ad as fwAD
 from agcheck.backends.base import Backend, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
-from agcheck.backends.torch_forward_memo import RetainedForward
+from agcheck.backends.torch_forward_memo import RetainedForward, requiring_grad
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -37,6 +37,26 @@ def _quiet_batching():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
         yield
+
+
+def _vmapped_vjps(outputs: tuple, inputs: tuple, stacked_cotangents, position: int = 0,
+                  cotangents: tuple | None = None) -> list:
+    """VJPs of ``outputs`` (their graph already built) with respect to ``inputs``, one per
+    cotangent stacked along the first dimension of ``stacked_cotangents``, by
+    ``torch.func.vmap`` over one backward pass: stacked the same way, ``None`` where a
+    gradient is undefined. ``cotangents``, when given, holds every output's cotangent, and
+    the stacked ones take the place of ``cotangents[position]``."""
+    undefined = []
+
+    def one(cotangent):
+        given = (cotangent,) if cotangents is None else (*cotangents[:position], cotangent, *cotangents[position + 1:])
+        grads = torch_engine.vjp(outputs, inputs, given)
+        undefined[:] = [g is None for g in grads]
+        return tuple(g for g in grads if g is not None)
+
+    with _quiet_batching():
+        defined = iter(torch.func.vmap(one)(stacked_cotangents))
+    return [None if missing else next(defined) for missing in undefined]
 
 
 def _fresh(t):
@@ -68,6 +88,7 @@ class TorchTrace(Trace):
         self.inputs = tuple(inputs)
         self._imports_dynamo = None
         self._obstacle = _UNSEARCHED
+        self._legacy_batching_failed = False
 
     def vjp(self, output_positions, cotangents) -> list:
         outs = tuple(self.outputs[p] for p in output_positions)
@@ -96,6 +117,17 @@ class TorchTrace(Trace):
                 self.outputs[output_position], self.inputs, stacked_cotangents,
                 retain_graph=True, allow_unused=True, is_grads_batched=True,
             ))
+
+    def vjp_many(self, output_position, stacked_cotangents) -> list:
+        # autograd.grad(is_grads_batched=True) batches through torch's first vmap, which
+        # lacks rules that torch.func.vmap has (einsum, among others): where it raises,
+        # torch.func.vmap runs the same backward over the cotangents
+        if not self._legacy_batching_failed:
+            try:
+                return self.vjp_batched(output_position, stacked_cotangents)
+            except RuntimeError:
+                self._legacy_batching_failed = True
+        return _vmapped_vjps((self.outputs[output_position],), self.inputs, stacked_cotangents)
 
     def batching_obstacle(self) -> str | None:
         if self._obstacle is _UNSEARCHED:  # the graph is searched once
@@ -334,6 +366,10 @@ class TorchBackend(Backend):
         return self._vmapped(fn, args, position, stacked, functional=True)
 
     def _vmapped(self, fn, args, position, stacked, functional):
+        if isinstance(fn, _DifferentiableVjp) and position >= fn.n_inputs and not functional:
+            with _quiet_batching():
+                return fn.over_cotangents(args, position, stacked)
+
         def at(value):
             moved = list(args)
             moved[position] = value
@@ -472,7 +508,18 @@ class TorchBackend(Backend):
 
             return forward.vjp(primals, backward)
 
-        return _DifferentiableVjp(vjp_of_fn, forward)
+        def over_cotangents(args, position, stacked):
+            # the cotangents at args[position] stacked: fn's forward once, as a plain call
+            # (a custom Function without functorch support runs as it does unbatched), then
+            # one backward pass vmapped over them
+            primals = tuple(x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs]))
+            grads = _vmapped_vjps(tuple(requiring_grad(fn(*primals))), tuple(primals[k] for k in ordered),
+                                  stacked, position - n_inputs, tuple(args[n_inputs:]))
+            if densify_grads:
+                grads = [g if g is None or g.layout == torch.strided else g.to_dense() for g in grads]
+            return tuple(g.detach() for g in grads if g is not None)
+
+        return _DifferentiableVjp(vjp_of_fn, forward, n_inputs, over_cotangents)
 
     def batched_vjp_setup_cost(self, trace=None) -> float:
         # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy),
@@ -488,9 +535,19 @@ class TorchBackend(Backend):
         return (0.0 if "torch._decomp.decompositions_for_jvp" in sys.modules else JVP_DECOMPOSITIONS_IMPORT_SECONDS) + \
             _func_vjp_first_cost()
 
-    def batch_setup_cost(self, fn) -> float:
+    def batch_setup_cost(self, fn, position=None) -> float:
+        if not isinstance(fn, _DifferentiableVjp):
+            return 0.0
+        if position is not None and position >= fn.n_inputs:
+            # its cotangents move by a vmapped backward pass, which first imports sympy
+            return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
         # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
-        return _func_vjp_first_cost() if isinstance(fn, _DifferentiableVjp) else 0.0
+        return _func_vjp_first_cost()
+
+    def batching_obstacle(self, fn, position, trace):
+        if isinstance(fn, _DifferentiableVjp) and position >= fn.n_inputs:
+            return None  # fn's forward runs plainly there: only its backward pass is vmapped
+        return trace.batching_obstacle()
 
     # -- array algebra ----------------------------------------------------------------
     def flatten(self, x):
@@ -736,10 +793,15 @@ class _DifferentiableVjp:
     """The function :meth:`TorchBackend.differentiable_vjp` returns (a type of its own, so
     that :meth:`TorchBackend.batch_setup_cost` recognises it)."""
 
-    def __init__(self, vjp_of_fn, forward):
+    def __init__(self, vjp_of_fn, forward, n_inputs, over_cotangents):
         self._vjp_of_fn = vjp_of_fn
         #: fn's forward, reused while only the cotangents move
         self.forward = forward
+        #: the arguments from this position on are cotangents
+        self.n_inputs = n_inputs
+        #: ``(args, position, stacked)``: the VJPs at each of the cotangents ``stacked``
+        #: in place of ``args[position]`` (a cotangent), stacked
+        self.over_cotangents = over_cotangents
 
     def __call__(self, *args):
         return self._vjp_of_fn(*args)

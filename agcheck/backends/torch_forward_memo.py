@@ -21,7 +21,7 @@ import time
 
 import torch
 
-__all__ = ["RetainedForward"]
+__all__ = ["RetainedForward", "requiring_grad"]
 
 #: the memo stops once digests cost this fraction of the forwards they are taken for
 DIGEST_SHARE_LIMIT = 0.4
@@ -49,7 +49,7 @@ class RetainedForward:
         if self.enabled:
             key = self._key(inputs)
             if key is not None:
-                self._entry = [key, inputs, _requiring_grad(outputs), 0]
+                self._entry = [key, inputs, requiring_grad(outputs), 0]
 
     def vjp(self, inputs: tuple, backward) -> tuple:
         """``backward(outputs)`` on ``fn(*inputs)``'s outputs that require grad, reusing the
@@ -65,11 +65,11 @@ class RetainedForward:
             reused = self._backward(entry, backward)
         except Exception:  # the graph may not take a second backward: run fresh
             self.close()
-            return backward(_requiring_grad(self.fn(*inputs)))
+            return backward(requiring_grad(self.fn(*inputs)))
         self.reused += 1
         if self.validated:
             return reused
-        fresh = backward(_requiring_grad(self.fn(*inputs)))
+        fresh = backward(requiring_grad(self.fn(*inputs)))
         if self._bitwise_equal(reused, fresh):
             self.validated = True
         else:
@@ -94,7 +94,7 @@ class RetainedForward:
 
     def _forward(self, inputs: tuple, key):
         began = time.perf_counter()
-        outputs = _requiring_grad(self.fn(*inputs))
+        outputs = requiring_grad(self.fn(*inputs))
         self._forward_seconds += time.perf_counter() - began
         self._forwards += 1
         entry = [key, inputs, outputs, 0]
@@ -132,7 +132,8 @@ class RetainedForward:
         return tuple(key)
 
 
-def _requiring_grad(outputs) -> list:
+def requiring_grad(outputs) -> list:
+    """The tensors among ``outputs`` (one, or a tuple or list) that require grad."""
     if not isinstance(outputs, (tuple, list)):
         outputs = (outputs,)
     return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]

@@ -402,7 +402,7 @@ def _batched_columns(p, k, c0, c1, inputs, cotangents=None):
     be = p.be
     out = p.outputs[k]
     stacked = be.one_hots(out, list(range(c0, c1))) if cotangents is None else cotangents(c0, c1)
-    grads = p.trace.vjp_batched(k, stacked)
+    grads = p.trace.vjp_many(k, stacked)
     cols = []
     for g, x in zip(grads, inputs):
         if g is None:

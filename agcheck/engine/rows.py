@@ -159,7 +159,7 @@ class Problem:
                 continue
             if tiled:
                 evaluate = functools.partial(evaluate, tiled=tiled)
-            seconds = self._agreeing_seconds(evaluate, pos, moved, eps, measure=not self._setup_pending(via))
+            seconds = self._agreeing_seconds(evaluate, pos, moved, eps, measure=not self._setup_pending(via, pos))
             if isinstance(seconds, str):
                 rejected.append(f"{name}: {seconds}")
                 if seconds == _PLAIN_CALLS_RAISED:
@@ -222,9 +222,9 @@ class Problem:
         evaluate)``. Left out without a call of ``fn`` (the reason noted for the engine's
         log): ``stacked`` where an output has no first dimension to carry the copies end to
         end, ``vmap`` (and ``functional``, always tried last) where the traced evaluation
-        shows an obstacle (:meth:`Trace.batching_obstacle`)."""
+        shows an obstacle (:meth:`Backend.batching_obstacle`)."""
         be, reasons = self.be, []
-        obstacle = self.trace.batching_obstacle()
+        obstacle = be.batching_obstacle(self.fn, pos, self.trace)
         forms = [] if obstacle else [("vmap", (), be.evaluate_batch)]
         if obstacle:
             reasons.append(f"vmap: {obstacle}")
@@ -299,10 +299,11 @@ class Problem:
             self._copy_bytes[pos] = call.added_peak // 2
         return seconds
 
-    def _setup_pending(self, via) -> bool:
-        """Whether a call in batched form ``via`` still pays a one-time setup (then its
-        memory is mostly the setup's, and is not taken as a measurement)."""
-        return via in ("vmap", "functional") and self.be.batch_setup_cost(self.run.fn) > 0
+    def _setup_pending(self, via, pos) -> bool:
+        """Whether a call in batched form ``via`` moving ``args[pos]`` still pays a
+        one-time setup (then its memory is mostly the setup's, and is not taken as a
+        measurement)."""
+        return via in ("vmap", "functional") and self.be.batch_setup_cost(self.run.fn, pos) > 0
 
     def copy_bytes(self, pos) -> int:
         """Bytes one evaluation of ``fn`` at a moved copy of ``args[pos]`` took in a
@@ -314,7 +315,7 @@ class Problem:
         when the element-by-element loop it replaces would take longer than the setup, or
         once the loops run instead have cost the process as much
         (:func:`cost.setup_worth_paying`)."""
-        setup = self.be.batch_setup_cost(self.run.fn)
+        setup = self.be.batch_setup_cost(self.run.fn, pos)
         if not setup or cost.setup_worth_paying(setup):
             return False
         element = self.element_seconds(pos)
@@ -331,7 +332,7 @@ class Problem:
         one plain VJP each. Raises ``ValueError`` when the plain VJPs of an input differ
         in shape."""
         if batched:
-            return self.trace.vjp_batched(k, stacked)
+            return self.trace.vjp_many(k, stacked)
         be = self.be
         per_input, shapes = None, None
         for c in range(count):
@@ -480,7 +481,7 @@ class Problem:
         size = min(cost.RAMP[0], cost.rows_per_chunk(estimate, self.batch_bytes, n))
         while start < n:
             stop = min(n, start + size)
-            setup_pending = self._setup_pending(self._via[pos])
+            setup_pending = self._setup_pending(self._via[pos], pos)
             began = time.perf_counter()
             call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
             seconds = time.perf_counter() - began

@@ -1,0 +1,134 @@
+"""Backward passes batched by ``torch.func.vmap`` where torch's older batching cannot.
+
+``torch.autograd.grad(..., is_grads_batched=True)`` batches a backward through torch's
+first vmap, which has no batching rule for ``einsum`` (among others); ``torch.func.vmap``
+runs the same backward over stacked cotangents. The engine's VJPs take that route where
+the first one raises, and gradgradcheck's cotangents are moved in batches by one plain
+forward and one vmapped backward, where ``fn`` itself cannot be vmapped (a custom Function
+without ``setup_context``). tad-dftd3's C6 model is such a function: its checks looped
+over every VJP and every cotangent element.
+"""
+import pytest
+import torch
+
+import agcheck
+from agcheck.gradgradcheck import _vjp_problem
+
+from .helpers import make, run_check as run
+
+
+class EinsumProduct(torch.autograd.Function):
+    """``a @ b`` without a vmap rule (no ``setup_context``), its backward's products by
+    ``torch.einsum``. ``factor`` scales the gradient of ``a`` (1.0 is correct);
+    ``detached`` leaves ``b`` out of that gradient's graph, so that its own derivative (a
+    second derivative of ``a @ b``) misses a term. Backward calls are counted."""
+
+    factor = 1.0
+    detached = False
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        EinsumProduct.calls += 1
+        a, b = ctx.saved_tensors
+        b_in_grad_a = b.detach() if EinsumProduct.detached else b
+        return (torch.einsum("ik,jk->ij", g, b_in_grad_a) * EinsumProduct.factor,
+                torch.einsum("ij,ik->jk", a, g))
+
+
+def product_tanh(a, b):
+    return torch.tanh(EinsumProduct.apply(a, b))
+
+
+@pytest.fixture(autouse=True)
+def _batching_pays(monkeypatch):
+    """Batched VJPs from the first block on, whatever this process has imported."""
+    from agcheck.backends.torch_backend import TorchBackend
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
+    monkeypatch.setattr(TorchBackend, "batch_setup_cost", lambda self, fn, position=None: 0.0)
+
+
+def test_is_grads_batched_has_no_rule_for_einsum():
+    # the premise of the tests below, as torch 2.13 has it
+    a, b = make(4, 4), make(4, 4, seed=1)
+    y = product_tanh(a, b)
+    with pytest.raises(RuntimeError, match="einsum"):
+        torch.autograd.grad(y, (a, b), torch.ones(2, *y.shape, dtype=y.dtype), is_grads_batched=True)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_vjps_batch_through_torch_func_where_is_grads_batched_lacks_a_rule(factor, monkeypatch):
+    monkeypatch.setattr(EinsumProduct, "factor", factor)
+    a, b = make(16, 16), make(16, 16, seed=1)
+    EinsumProduct.calls = 0
+    r = run(product_tanh, (a, b), engine="batched")
+    calls = EinsumProduct.calls
+    assert r.verdict is torch.autograd.gradcheck(product_tanh, (a, b), raise_exception=False) is (factor == 1.0)
+    vjp_events = [e for e in r.engine_log if e.path == "vjp"]
+    assert not [e for e in vjp_events if "failed" in e.detail]
+    if factor == 1.0:
+        # 256 output elements, two passes: one backward per column would be 512 calls
+        assert calls < 256
+
+
+def test_batched_vjps_through_torch_func_give_the_looped_columns():
+    # the engine's batched VJPs (by torch.func, is_grads_batched having raised) against
+    # one VJP per column
+    from agcheck.backends.torch_backend import TorchTrace
+
+    a, b = make(5, 3), make(3, 4, seed=1)
+    y = product_tanh(a, b)
+    trace = TorchTrace((y,), (a, b))
+    stacked = torch.eye(y.numel(), dtype=y.dtype).reshape(y.numel(), *y.shape)
+    EinsumProduct.calls = 0
+    batched = trace.vjp_many(0, stacked)
+    assert EinsumProduct.calls == 2  # is_grads_batched's attempt, then torch.func's one pass
+    looped = [torch.stack(cols) for cols in zip(*(torch.autograd.grad(y, (a, b), c, retain_graph=True)
+                                                   for c in stacked))]
+    for got, expected in zip(batched, looped):
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-14)
+    EinsumProduct.calls = 0
+    trace.vjp_many(0, stacked)
+    assert EinsumProduct.calls == 1  # straight to torch.func once is_grads_batched has raised
+
+
+def _gradgrad_run(fn, args, **options):
+    be = agcheck.get_backend("torch")
+    vjp_fn, vjp_args = _vjp_problem(be, fn, args, None, False, 0)
+    return run(vjp_fn, vjp_args, **options), vjp_fn, vjp_args
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_gradgradcheck_moves_the_cotangents_in_batches_where_fn_cannot_be_vmapped(detached, monkeypatch):
+    monkeypatch.setattr(EinsumProduct, "detached", detached)
+    a, b = make(6, 5), make(5, 6, seed=1)
+    r, vjp_fn, vjp_args = _gradgrad_run(product_tanh, (a, b), engine="batched")
+    numerical = {e.subject: e for e in r.engine_log if e.path == "numerical"}
+    # fn's forward cannot run under torch.func (no setup_context): a and b loop ...
+    assert numerical[0].decision == numerical[1].decision == "looped"
+    # ... while the cotangent of its output moves in batches around one plain forward
+    assert numerical[2].decision == "batched" and numerical[2].via == "vmap"
+    assert r.verdict is (not detached)
+    assert torch.autograd.gradgradcheck(product_tanh, (a, b), raise_exception=False) is (not detached)
+    assert agcheck.gradgradcheck(product_tanh, (a, b), raise_exception=False) is (not detached)
+
+
+def test_the_cotangents_batched_evaluation_equals_plain_evaluations():
+    be = agcheck.get_backend("torch")
+    a, b = make(4, 3), make(3, 5, seed=1)
+    vjp_fn, args = _vjp_problem(be, product_tanh, (a, b), None, False, 0)
+    v = args[2].detach()
+    moves = torch.stack([v + 0.5, v - 0.25, v * 3])
+    batched = be.evaluate_batch(vjp_fn, args, 2, moves)
+    for i, move in enumerate(moves):
+        plain = vjp_fn(a, b, move.clone().requires_grad_())
+        for got, expected in zip(batched, plain):
+            assert torch.equal(got[i], expected.detach())
