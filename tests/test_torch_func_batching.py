@@ -132,3 +132,53 @@ def test_the_cotangents_batched_evaluation_equals_plain_evaluations():
         plain = vjp_fn(a, b, move.clone().requires_grad_())
         for got, expected in zip(batched, plain):
             assert torch.equal(got[i], expected.detach())
+
+
+class ReadsItsCotangent(torch.autograd.Function):
+    """``exp``, whose backward reads a value of its cotangent: no vmap can batch it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.exp()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.exp() * (1.0 if float(g.abs().sum()) >= 0 else 0.0)
+
+
+def test_vjps_keep_the_batching_that_worked_for_an_output_when_another_output_cannot_batch(monkeypatch):
+    # xitorch's eigen-decompositions: is_grads_batched batches the eigenvalues' backward
+    # and raises in the eigenvectors'. Had the eigenvectors' failure sent every later
+    # batch to torch.func, the reentrancy pass would have computed the eigenvalues'
+    # columns otherwise than the first pass did (their batched VJPs then raised there,
+    # and the check went back to the reference engine: 10 calls of fn became 202)
+    from agcheck.backends import torch_backend
+
+    used = []
+    legacy = torch_backend.TorchTrace.vjp_batched
+    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched",
+                        lambda self, *a: used.append("is_grads_batched") or legacy(self, *a))
+    vmapped = torch_backend._vmapped_vjps
+    monkeypatch.setattr(torch_backend, "_vmapped_vjps", lambda *a, **kw: used.append("torch.func") or vmapped(*a, **kw))
+    x = make(6)
+    y0, y1 = torch.tanh(2 * x), ReadsItsCotangent.apply(x)
+    trace = torch_backend.TorchTrace((y0, y1), (x,))
+    stacked = torch.eye(6, dtype=x.dtype)
+    first = trace.vjp_many(0, stacked)
+    with pytest.raises(RuntimeError):
+        trace.vjp_many(1, stacked)
+    assert used == ["is_grads_batched", "is_grads_batched"]  # not retried by torch.func
+    used.clear()
+    again = trace.vjp_many(0, stacked)
+    assert used == ["is_grads_batched"] and torch.equal(first[0], again[0])
+    # where is_grads_batched raises at once, torch.func batches every later call
+    a, b = make(3, 3), make(3, 3, seed=1)
+    y = product_tanh(a, b)
+    trace = torch_backend.TorchTrace((y,), (a, b))
+    ones = torch.eye(9, dtype=y.dtype).reshape(9, 3, 3)
+    used.clear()
+    trace.vjp_many(0, ones)
+    trace.vjp_many(0, ones)
+    assert used == ["is_grads_batched", "torch.func", "torch.func"]

@@ -88,7 +88,7 @@ class TorchTrace(Trace):
         self.inputs = tuple(inputs)
         self._imports_dynamo = None
         self._obstacle = _UNSEARCHED
-        self._legacy_batching_failed = False
+        self._vjps_by = None  # how vjp_many batches: "is_grads_batched" or "torch.func", once seen
 
     def vjp(self, output_positions, cotangents) -> list:
         outs = tuple(self.outputs[p] for p in output_positions)
@@ -120,13 +120,21 @@ class TorchTrace(Trace):
 
     def vjp_many(self, output_position, stacked_cotangents) -> list:
         # autograd.grad(is_grads_batched=True) batches through torch's first vmap, which
-        # lacks rules that torch.func.vmap has (einsum, among others): where it raises,
-        # torch.func.vmap runs the same backward over the cotangents
-        if not self._legacy_batching_failed:
+        # lacks rules that torch.func.vmap has (einsum, among others): where its first
+        # call raises, torch.func.vmap runs the same backward over the cotangents, for
+        # every later call too, so that a block computed again (the reentrancy pass) is
+        # computed as it was. Where is_grads_batched has worked, a later failure is that
+        # block's (a backward that branches on its cotangents' values): raised
+        if self._vjps_by != "torch.func":
             try:
-                return self.vjp_batched(output_position, stacked_cotangents)
+                grads = self.vjp_batched(output_position, stacked_cotangents)
             except RuntimeError:
-                self._legacy_batching_failed = True
+                if self._vjps_by == "is_grads_batched":
+                    raise
+                self._vjps_by = "torch.func"
+            else:
+                self._vjps_by = "is_grads_batched"
+                return grads
         return _vmapped_vjps((self.outputs[output_position],), self.inputs, stacked_cotangents)
 
     def batching_obstacle(self) -> str | None:
