@@ -182,3 +182,41 @@ def test_vjps_keep_the_batching_that_worked_for_an_output_when_another_output_ca
     trace.vjp_many(0, ones)
     trace.vjp_many(0, ones)
     assert used == ["is_grads_batched", "torch.func", "torch.func"]
+
+
+class CountedProduct(EinsumProduct):
+    """:class:`EinsumProduct` whose forward calls are counted."""
+
+    forwards = 0
+
+    @staticmethod
+    def forward(ctx, a, b):
+        CountedProduct.forwards += 1
+        return EinsumProduct.forward(ctx, a, b)
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_batched_cotangent_moves_take_the_kept_forward(detached, monkeypatch):
+    # the cotangents' batches run on fn's forward at the unmoved inputs, kept since the
+    # check's first evaluation: no forward of their own (xitorch's small gradgradchecks
+    # paid one call of fn more than before for a probe whose backward then raised)
+    monkeypatch.setattr(EinsumProduct, "detached", detached)
+    fn = lambda a, b: torch.tanh(CountedProduct.apply(a, b))  # noqa: E731
+    a, b = make(6, 5), make(5, 6, seed=1)
+    be = agcheck.get_backend("torch")
+    vjp_fn, args = _vjp_problem(be, fn, (a, b), None, False, 0)
+    vjp_fn(*args)  # the check's first evaluation: on the forward the cotangents were drawn from
+    v = args[2].detach()
+    CountedProduct.forwards = 0
+    batched = be.evaluate_batch(vjp_fn, args, 2, torch.stack([v + 0.5, v - 0.25]))
+    assert CountedProduct.forwards == 0
+    plain = vjp_fn(a, b, (v + 0.5).requires_grad_())  # a repeated backward: checked against a fresh one
+    assert CountedProduct.forwards == 1 and vjp_fn.forward.validated
+    assert all(torch.equal(g[0], p.detach()) for g, p in zip(batched, plain))
+    # the inputs moved: a forward of its own, kept for the next batch
+    moved = (a + 1).detach().requires_grad_()
+    be.evaluate_batch(vjp_fn, (moved, b, args[2]), 2, torch.stack([v, v]))
+    be.evaluate_batch(vjp_fn, (moved, b, args[2]), 2, torch.stack([v, v]))
+    assert CountedProduct.forwards == 2
+    r, _, _ = _gradgrad_run(fn, (a, b), engine="batched")
+    assert r.verdict is (not detached)

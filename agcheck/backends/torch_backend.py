@@ -15,7 +15,7 @@ import torch.autograd.forward_ad as fwAD
 from agcheck.backends.base import Backend, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
-from agcheck.backends.torch_forward_memo import RetainedForward, requiring_grad
+from agcheck.backends.torch_forward_memo import RetainedForward
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -374,7 +374,10 @@ class TorchBackend(Backend):
         return self._vmapped(fn, args, position, stacked, functional=True)
 
     def _vmapped(self, fn, args, position, stacked, functional):
-        if isinstance(fn, _DifferentiableVjp) and position >= fn.n_inputs and not functional:
+        if isinstance(fn, _DifferentiableVjp) and position >= fn.n_inputs:
+            if functional:
+                # fn's forward runs plainly there, so its writes need no functionalizing
+                raise ValueError("cotangents move by the vmapped backward pass alone")
             with _quiet_batching():
                 return fn.over_cotangents(args, position, stacked)
 
@@ -517,11 +520,12 @@ class TorchBackend(Backend):
             return forward.vjp(primals, backward)
 
         def over_cotangents(args, position, stacked):
-            # the cotangents at args[position] stacked: fn's forward once, as a plain call
-            # (a custom Function without functorch support runs as it does unbatched), then
-            # one backward pass vmapped over them
+            # the cotangents at args[position] stacked: fn's forward as a plain call (a
+            # custom Function without functorch support runs as it does unbatched; the
+            # kept one where the inputs have not moved), then one backward pass vmapped
+            # over them
             primals = tuple(x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs]))
-            grads = _vmapped_vjps(tuple(requiring_grad(fn(*primals))), tuple(primals[k] for k in ordered),
+            grads = _vmapped_vjps(tuple(forward.outputs(primals)), tuple(primals[k] for k in ordered),
                                   stacked, position - n_inputs, tuple(args[n_inputs:]))
             if densify_grads:
                 grads = [g if g is None or g.layout == torch.strided else g.to_dense() for g in grads]

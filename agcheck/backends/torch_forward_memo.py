@@ -21,7 +21,7 @@ import time
 
 import torch
 
-__all__ = ["RetainedForward", "requiring_grad"]
+__all__ = ["RetainedForward"]
 
 #: the memo stops once digests cost this fraction of the forwards they are taken for
 DIGEST_SHARE_LIMIT = 0.4
@@ -49,15 +49,14 @@ class RetainedForward:
         if self.enabled:
             key = self._key(inputs)
             if key is not None:
-                self._entry = [key, inputs, requiring_grad(outputs), 0]
+                self._entry = [key, inputs, _requiring_grad(outputs), 0]
 
     def vjp(self, inputs: tuple, backward) -> tuple:
         """``backward(outputs)`` on ``fn(*inputs)``'s outputs that require grad, reusing the
         kept forward where it applies."""
         key = self._timed_key(inputs) if self.enabled else None
         entry = self._entry
-        if key is None or entry is None or entry[0] != key or len(entry[1]) != len(inputs) or \
-                any(a is not b for a, b in zip(entry[1], inputs)):
+        if not self._matches(entry, key, inputs):
             return self._backward(self._forward(inputs, key), backward)
         if entry[3] == 0:  # its first backward: what a fresh evaluation does
             return self._backward(entry, backward)
@@ -65,16 +64,33 @@ class RetainedForward:
             reused = self._backward(entry, backward)
         except Exception:  # the graph may not take a second backward: run fresh
             self.close()
-            return backward(requiring_grad(self.fn(*inputs)))
+            return backward(_requiring_grad(self.fn(*inputs)))
         self.reused += 1
         if self.validated:
             return reused
-        fresh = backward(requiring_grad(self.fn(*inputs)))
+        fresh = backward(_requiring_grad(self.fn(*inputs)))
         if self._bitwise_equal(reused, fresh):
             self.validated = True
         else:
             self.close()
         return fresh
+
+    def outputs(self, inputs: tuple) -> list:
+        """``fn(*inputs)``'s outputs that require grad, graph retained, for one backward
+        pass the caller runs: the kept forward where it applies, else a fresh one (kept in
+        turn). A later :meth:`vjp` on the same forward counts as a repeated backward, and
+        is checked as one."""
+        key = self._timed_key(inputs) if self.enabled else None
+        entry = self._entry
+        if not self._matches(entry, key, inputs):
+            entry = self._forward(inputs, key)
+        entry[3] += 1
+        return entry[2]
+
+    @staticmethod
+    def _matches(entry, key, inputs) -> bool:
+        return key is not None and entry is not None and entry[0] == key and len(entry[1]) == len(inputs) and \
+            all(a is b for a, b in zip(entry[1], inputs))
 
     def close(self) -> None:
         """Stop reusing forwards and drop the one kept."""
@@ -94,7 +110,7 @@ class RetainedForward:
 
     def _forward(self, inputs: tuple, key):
         began = time.perf_counter()
-        outputs = requiring_grad(self.fn(*inputs))
+        outputs = _requiring_grad(self.fn(*inputs))
         self._forward_seconds += time.perf_counter() - began
         self._forwards += 1
         entry = [key, inputs, outputs, 0]
@@ -132,7 +148,7 @@ class RetainedForward:
         return tuple(key)
 
 
-def requiring_grad(outputs) -> list:
+def _requiring_grad(outputs) -> list:
     """The tensors among ``outputs`` (one, or a tuple or list) that require grad."""
     if not isinstance(outputs, (tuple, list)):
         outputs = (outputs,)
