@@ -151,7 +151,7 @@ SUITES = {
     "tad-dftd3": {
         "framework": "torch",
         "dir": "tad-dftd3",
-        # the D3 dispersion energy of molecules and batches of molecules (up to 30 atoms):
+        # the D3 dispersion energy of molecules and batches of molecules (up to 18 atoms):
         # gradients and second derivatives with respect to positions and damping parameters,
         # and the C6 coefficients' model, through tad-mctc's wrappers of torch's checkers
         # (fast mode, as the suite ships; `-- --slow` after the bench's own arguments runs
