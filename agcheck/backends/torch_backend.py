@@ -378,8 +378,7 @@ class TorchBackend(Backend):
             if functional:
                 # fn's forward runs plainly there, so its writes need no functionalizing
                 raise ValueError("cotangents move by the vmapped backward pass alone")
-            with _quiet_batching():
-                return fn.over_cotangents(args, position, stacked)
+            return fn.over_cotangents(args, position, stacked)
 
         def at(value):
             moved = list(args)
@@ -500,22 +499,25 @@ class TorchBackend(Backend):
             _, pullback = torch.func.vjp(selected, *[args[k] for k in ordered])
             return tuple(pullback(tuple(args[n_inputs:])))
 
+        def primals_of(args):
+            return tuple(x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs]))
+
+        def defined(grads):
+            if densify_grads:  # sparse / MKL-DNN gradients as dense outputs (beyond torch)
+                grads = [g if g is None or g.layout == torch.strided else g.to_dense() for g in grads]
+            return tuple(g for g in grads if g is not None)
+
         def vjp_of_fn(*args):
             if any(isinstance(a, torch.Tensor) and torch._C._functorch.is_batchedtensor(a) for a in args):
                 return batched_vjp_of_fn(args)
-            primals = tuple(
-                x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs])
-            )
+            primals = primals_of(args)
             cotangents = tuple(
                 c.requires_grad_() if k in cotangents_set else c for k, c in enumerate(args[n_inputs:])
             )
 
             def backward(outputs):
-                grads = torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
-                                         create_graph=True)
-                if densify_grads:  # sparse / MKL-DNN gradients as dense outputs (beyond torch)
-                    grads = tuple(g if g is None or g.layout == torch.strided else g.to_dense() for g in grads)
-                return tuple(g for g in grads if g is not None)
+                return defined(torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
+                                                create_graph=True))
 
             return forward.vjp(primals, backward)
 
@@ -524,19 +526,17 @@ class TorchBackend(Backend):
             # custom Function without functorch support runs as it does unbatched; the
             # kept one where the inputs have not moved), then one backward pass vmapped
             # over them
-            primals = tuple(x.requires_grad_() if k in inputs_set else x for k, x in enumerate(args[:n_inputs]))
+            primals = primals_of(args)
             grads = _vmapped_vjps(tuple(forward.outputs(primals)), tuple(primals[k] for k in ordered),
                                   stacked, position - n_inputs, tuple(args[n_inputs:]))
-            if densify_grads:
-                grads = [g if g is None or g.layout == torch.strided else g.to_dense() for g in grads]
-            return tuple(g.detach() for g in grads if g is not None)
+            return tuple(g.detach() for g in defined(grads))
 
         return _DifferentiableVjp(vjp_of_fn, forward, n_inputs, over_cotangents)
 
     def batched_vjp_setup_cost(self, trace=None) -> float:
         # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy),
         # and through some nodes torch._dynamo
-        seconds = 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
+        seconds = _batched_backward_first_cost()
         if trace is not None and "torch._dynamo" not in sys.modules and trace.batched_backward_imports_dynamo():
             seconds += FUNC_VJP_IMPORT_SECONDS
         return seconds
@@ -551,8 +551,8 @@ class TorchBackend(Backend):
         if not isinstance(fn, _DifferentiableVjp):
             return 0.0
         if position is not None and position >= fn.n_inputs:
-            # its cotangents move by a vmapped backward pass, which first imports sympy
-            return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
+            # its cotangents move by a vmapped backward pass
+            return _batched_backward_first_cost()
         # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
         return _func_vjp_first_cost()
 
@@ -803,7 +803,8 @@ _REAL_PROBE_DTYPES = {torch.complex128: torch.float64, torch.complex64: torch.fl
 
 class _DifferentiableVjp:
     """The function :meth:`TorchBackend.differentiable_vjp` returns (a type of its own, so
-    that :meth:`TorchBackend.batch_setup_cost` recognises it)."""
+    that the backend recognises it: its cotangent positions are batched around a plain
+    forward, and priced and screened for obstacles as such)."""
 
     def __init__(self, vjp_of_fn, forward, n_inputs, over_cotangents):
         self._vjp_of_fn = vjp_of_fn
@@ -822,6 +823,12 @@ class _DifferentiableVjp:
 def _numpy_dtype(x: torch.Tensor) -> np.dtype:
     """The NumPy dtype of a tensor's dtype."""
     return torch.empty((), dtype=x.dtype).numpy().dtype
+
+
+def _batched_backward_first_cost() -> float:
+    """Seconds the first batched backward pass of a process costs (``is_grads_batched`` or
+    ``torch.func.vmap`` over a backward): it imports torch's symbolic shapes (sympy)."""
+    return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
 
 
 def _func_vjp_first_cost() -> float:
