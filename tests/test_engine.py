@@ -43,6 +43,44 @@ def test_tiny_inputs_use_the_loop():
     assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
 
 
+@pytest.mark.parametrize("moved_raises", [True, False])
+def test_an_input_is_probed_only_when_its_rows_are_reached(moved_raises, monkeypatch):
+    # torch's checker meets an error of fn at the first input's rows; agcheck's probes of
+    # the later inputs (a vmapped backward each, for gradgradcheck's cotangents) are not
+    # paid before them
+    from agcheck.engine import cost
+    from agcheck.engine.rows import Problem as _Problem
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's numerical-first path
+    probed = []
+    original = _Problem._probe
+
+    def spied(self, pos):
+        probed.append(pos)
+        return original(self, pos)
+
+    monkeypatch.setattr(_Problem, "_probe", spied)
+    x, y = make(16), make(16, seed=1)
+    start = float(x[1])
+
+    def fn(a, b):
+        # vmap cannot run float() on a batch; a plain call moving a[1] raises, as under torch
+        if moved_raises and float(a[1]) != start:
+            raise ValueError("a[1] moved")
+        return ScaledSin.apply(a) * b
+
+    if moved_raises:
+        with pytest.raises(ValueError, match=r"a\[1\] moved"):
+            torch.autograd.gradcheck(fn, (x.detach().clone().requires_grad_(), y))  # leaves its a moved
+        with pytest.raises(ValueError, match=r"a\[1\] moved"):
+            agcheck.gradcheck(fn, (x, y), backend="torch")
+        assert probed == [0]
+    else:
+        assert run(fn, (x, y)).verdict and probed == [0, 1]
+        monkeypatch.setattr(ScaledSin, "factor", 1.1)
+        assert not run(fn, (x, y)).verdict
+
+
 @pytest.mark.parametrize("factor", [1.0, 1.1])
 def test_a_check_whose_loop_costs_less_than_probing_goes_to_the_reference_at_once(factor, monkeypatch):
     from agcheck.engine import cost

@@ -150,7 +150,12 @@ class _RowsKept(EngineFallback):
 def _reverse(run, p, diff) -> None:
     be, opts = run.be, run.opts
     trace, args, checked = p.trace, p.args, p.checked
-    batchable = [p.batched_ok(q) for q in checked]
+    # each input's batched forms are probed where a path first needs them: a check whose
+    # first input's rows raise (as torch's checker meets the error, at its first rows)
+    # pays no probe of the others
+    def any_batchable():
+        return any(p.batched_ok(q) for q in checked)
+
     # compressed differences need a few dozen evaluations: worth it also one call at a time
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
         run.progress.advance(n_in_total(be, args, checked))
@@ -159,7 +164,7 @@ def _reverse(run, p, diff) -> None:
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
-    if full <= p.budget // 2 and (colourable or any(batchable) or _columns_may_batch(p, diff)):
+    if full <= p.budget // 2 and (colourable or _columns_may_batch(p, diff) or any_batchable()):
         # the analytical side first where its pattern may let the numerical side be
         # coloured (in batches, or one plain call per colour class where the input cannot
         # be batched); elsewhere every numerical row first, as torch's checker orders
@@ -189,7 +194,7 @@ def _reverse(run, p, diff) -> None:
             reentrancy()
         _remember_rows(kept, checked)
         return
-    if not any(batchable):
+    if not any_batchable():
         raise EngineFallback("no input can be moved in batches")
     for k in diff:
         m = be.numel(trace.outputs[k])
