@@ -136,3 +136,24 @@ def test_a_mutable_argument_is_never_keyed():
     assert memo._key((x, [2.0])) is None
     assert memo._key((x, 2.0)) is not None
     assert memo._key((x, 2.0)) != memo._key((x + 1, 2.0))
+
+
+def test_a_call_whose_own_cotangents_make_the_backward_raise_does_not_stop_the_reuse():
+    # cotangents of another shape (a stacked probe passed them to the VJP function of
+    # complex outputs): the repeated backward raises, and so does a fresh one; the graph
+    # is not at fault, and reuse goes on
+    be = agcheck.get_backend("torch")
+    vjp_fn = be.differentiable_vjp(Cube.apply, 1, [0], [0])
+    x = make(2, 3, seed=1)
+    expected = [torch.autograd.grad(Cube.apply(x), x, c)[0] for c in (make(2, 3, seed=2), make(2, 3, seed=3))]
+    vjp_fn(x, make(2, 3, seed=4))
+    vjp_fn(x, make(2, 3, seed=5))  # a repeated backward, checked against a fresh one
+    assert vjp_fn.forward.enabled and vjp_fn.forward.validated
+    with pytest.raises(RuntimeError, match="shape"):
+        vjp_fn(x, make(4, 3, seed=6))
+    assert vjp_fn.forward.enabled
+    Cube.calls = 0
+    results = [vjp_fn(x, c)[0] for c in (make(2, 3, seed=2), make(2, 3, seed=3))]
+    assert Cube.calls == 1  # one forward for both: the graph that raised was not run again
+    assert all(torch.equal(r, e) for r, e in zip(results, expected))
+

@@ -11,9 +11,10 @@ runs. A forward is reused while the inputs are the same objects with the same va
 A backward that runs a second time on the same graph could see state its first run
 changed (a custom Function that frees what it saved, or writes into it): the first
 repeated backward of a check is therefore compared, bit for bit, with a fresh forward and
-backward, and the memo stops on any difference, or when a repeated backward raises (the
-evaluation then runs fresh). It also stops when digesting the inputs costs a good part of
-the forwards it would save.
+backward, and the memo stops on any difference, or when a repeated backward raises and a
+fresh one does not (the evaluation then runs fresh; where the fresh one raises too, the
+call is at fault, its error is raised, and only the graph that raised is dropped). It also
+stops when digesting the inputs costs a good part of the forwards it would save.
 """
 from __future__ import annotations
 
@@ -62,9 +63,14 @@ class RetainedForward:
             return self._backward(entry, backward)
         try:
             reused = self._backward(entry, backward)
-        except Exception:  # the graph may not take a second backward: run fresh
+        except Exception:
+            # run fresh: where that raises too, the call itself is at fault (cotangents of
+            # another shape) and its error is raised, the memo going on from the next
+            # forward; where it does not, the graph does not take a second backward
+            self._entry = None
+            fresh = backward(_requiring_grad(self.fn(*inputs)))
             self.close()
-            return backward(_requiring_grad(self.fn(*inputs)))
+            return fresh
         self.reused += 1
         if self.validated:
             return reused
