@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from agcheck.backends.base import Backend, Trace, summary_edges
+from agcheck.backends.base import Backend, OutputPart, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
 from agcheck.backends.torch_forward_memo import RetainedForward
@@ -374,11 +374,13 @@ class TorchBackend(Backend):
         return self._vmapped(fn, args, position, stacked, functional=True)
 
     def _vmapped(self, fn, args, position, stacked, functional):
-        if isinstance(fn, _DifferentiableVjp) and position >= fn.n_inputs:
+        vjp_fn = _vjp_function(fn)
+        if vjp_fn is not None and position >= vjp_fn.n_inputs:
             if functional:
                 # fn's forward runs plainly there, so its writes need no functionalizing
                 raise ValueError("cotangents move by the vmapped backward pass alone")
-            return fn.over_cotangents(args, position, stacked)
+            grads = vjp_fn.over_cotangents(args, position, stacked)
+            return grads if vjp_fn is fn else fn.taken(grads)
 
         def at(value):
             moved = list(args)
@@ -394,7 +396,7 @@ class TorchBackend(Backend):
         b = stacked.shape[0]
         if x.dim() == 0 or x.layout != torch.strided:
             raise ValueError("only a strided input with a first dimension can be stacked")
-        if isinstance(fn, _DifferentiableVjp):
+        if _vjp_function(fn) is not None:
             # copies stacked into one primal or cotangent never match the others' shapes
             raise ValueError("a VJP's primals and cotangents cannot be stacked one at a time")
         moved = list(args)
@@ -548,7 +550,8 @@ class TorchBackend(Backend):
             _func_vjp_first_cost()
 
     def batch_setup_cost(self, fn, position=None) -> float:
-        if not isinstance(fn, _DifferentiableVjp):
+        fn = _vjp_function(fn)
+        if fn is None:
             return 0.0
         if position is not None and position >= fn.n_inputs:
             # its cotangents move by a vmapped backward pass
@@ -557,7 +560,8 @@ class TorchBackend(Backend):
         return _func_vjp_first_cost()
 
     def batching_obstacle(self, fn, position, trace):
-        if isinstance(fn, _DifferentiableVjp) and position >= fn.n_inputs:
+        vjp_fn = _vjp_function(fn)
+        if vjp_fn is not None and position >= vjp_fn.n_inputs:
             return None  # fn's forward runs plainly there: only its backward pass is vmapped
         return trace.batching_obstacle()
 
@@ -818,6 +822,14 @@ class _DifferentiableVjp:
 
     def __call__(self, *args):
         return self._vjp_of_fn(*args)
+
+
+def _vjp_function(fn) -> _DifferentiableVjp | None:
+    """The VJP function behind ``fn``: ``fn`` itself, or the one whose real or imaginary
+    parts it takes (:class:`OutputPart`, the two passes over complex outputs); ``None``
+    where there is none."""
+    inner = fn.fn if isinstance(fn, OutputPart) else fn
+    return inner if isinstance(inner, _DifferentiableVjp) else None
 
 
 def _numpy_dtype(x: torch.Tensor) -> np.dtype:
