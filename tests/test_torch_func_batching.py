@@ -260,3 +260,23 @@ def test_batched_cotangent_moves_take_the_kept_forward(detached, monkeypatch):
     assert CountedProduct.forwards == 2
     r, _, _ = _gradgrad_run(fn, (a, b), engine="batched")
     assert r.verdict is (not detached)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_complex_outputs_vjp_primals_stack_with_their_cotangents_tiled(factor, monkeypatch):
+    # a batch of samples and no vmap rule (Cube): copies of the primal laid end to end
+    # fit the VJP function with the cotangent, which shares the batch, repeated beside
+    # them; tried for complex outputs (both passes), not for real ones
+    from .helpers import Cube, Square
+
+    monkeypatch.setattr(Square, "factor", factor)
+    forms = {}
+    for dtype in (torch.complex128, torch.float64):
+        r, _, _ = _gradgrad_run(Cube.apply, (make(4, 5, dtype=dtype),), engine="batched")
+        forms[dtype] = {(e.decision, e.via, e.figures.get("tiled")) for e in r.engine_log
+                        if e.path == "numerical" and e.subject == 0}
+        assert r.verdict is (factor == 1.0)
+        assert torch.autograd.gradgradcheck(Cube.apply, (make(4, 5, dtype=dtype),), raise_exception=False) is \
+            (factor == 1.0)
+    assert ("batched", "stacked", 1) in forms[torch.complex128]
+    assert not any(via == "stacked" for _, via, _ in forms[torch.float64])
