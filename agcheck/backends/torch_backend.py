@@ -399,10 +399,9 @@ class TorchBackend(Backend):
         vjp_fn = _vjp_function(fn)
         if vjp_fn is not None and (not tiled or vjp_fn is fn):
             # copies of one primal or cotangent alone never match the arguments that share
-            # its first dimension; tiled beside them they fit, and are tried where the
-            # outputs are complex (two passes of two moves per element: xitorch's complex
-            # gradgradchecks 1.8x -> 2.0x), not on real outputs, where the stacked probe
-            # cost checks that raise at a step more (1.00x -> 0.90x) than it gave the others
+            # its first dimension; tiled beside them they fit, and pay for complex outputs
+            # (two passes, two moves per element), not for real ones, where the probe cost
+            # the checks that raise at a step more than it gave the others (xitorch)
             raise ValueError("a VJP's primals and cotangents cannot be stacked one at a time")
         moved = list(args)
         moved[position] = stacked.reshape(b * x.shape[0], *x.shape[1:])
