@@ -18,8 +18,9 @@ from .helpers import make, run_check as run
 
 
 class EinsumProduct(torch.autograd.Function):
-    """``a @ b`` without a vmap rule (no ``setup_context``), its backward's products by
-    ``torch.einsum``. ``factor`` scales the gradient of ``a`` (1.0 is correct);
+    """``a @ b`` (real or complex) without a vmap rule (no ``setup_context``), its
+    backward's products by ``torch.einsum``, with the conjugates torch's convention asks
+    for complex inputs. ``factor`` scales the gradient of ``a`` (1.0 is correct);
     ``detached`` leaves ``b`` out of that gradient's graph, so that its own derivative (a
     second derivative of ``a @ b``) misses a term. Backward calls are counted."""
 
@@ -37,8 +38,8 @@ class EinsumProduct(torch.autograd.Function):
         EinsumProduct.calls += 1
         a, b = ctx.saved_tensors
         b_in_grad_a = b.detach() if EinsumProduct.detached else b
-        return (torch.einsum("ik,jk->ij", g, b_in_grad_a) * EinsumProduct.factor,
-                torch.einsum("ij,ik->jk", a, g))
+        return (torch.einsum("ik,jk->ij", g, b_in_grad_a.conj()) * EinsumProduct.factor,
+                torch.einsum("ij,ik->jk", a.conj(), g))
 
 
 def product_tanh(a, b):
@@ -184,33 +185,13 @@ def test_vjps_keep_the_batching_that_worked_for_an_output_when_another_output_ca
     assert used == ["is_grads_batched", "torch.func", "torch.func"]
 
 
-
-class ConjugateProduct(torch.autograd.Function):
-    """``a @ b`` of complex matrices without a vmap rule, its backward's products by
-    ``torch.einsum`` with the conjugates torch's convention asks for; ``factor`` scales
-    the gradient of ``a`` (1.0 is correct)."""
-
-    factor = 1.0
-
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return a @ b
-
-    @staticmethod
-    def backward(ctx, g):
-        a, b = ctx.saved_tensors
-        return (torch.einsum("ik,jk->ij", g, b.conj()) * ConjugateProduct.factor,
-                torch.einsum("ij,ik->jk", a.conj(), g))
-
-
 @pytest.mark.parametrize("factor", [1.0, 1.01])
 def test_complex_outputs_cotangents_move_in_batches_too(factor, monkeypatch):
     # complex outputs are checked in two passes (imaginary, then real parts), each over
     # the VJP function behind a part-taking wrapper: the backend sees through it, so the
     # cotangent moves in batches (not stacked, which cannot fit a VJP's arguments)
-    monkeypatch.setattr(ConjugateProduct, "factor", factor)
-    fn = lambda a, b: torch.tanh(ConjugateProduct.apply(a, b))  # noqa: E731
+    monkeypatch.setattr(EinsumProduct, "factor", factor)
+    fn = lambda a, b: torch.tanh(EinsumProduct.apply(a, b))  # noqa: E731
     a = make(6, 5, dtype=torch.complex128)
     b = make(5, 6, seed=1, dtype=torch.complex128)
     r, _, _ = _gradgrad_run(fn, (a, b), engine="batched")
