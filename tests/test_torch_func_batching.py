@@ -14,7 +14,7 @@ import torch
 import agcheck
 from agcheck.gradgradcheck import _vjp_problem
 
-from .helpers import make, run_check as run
+from .helpers import Cube, Square, make, run_check as run
 
 
 class EinsumProduct(torch.autograd.Function):
@@ -248,8 +248,6 @@ def test_complex_outputs_vjp_primals_stack_with_their_cotangents_tiled(factor, m
     # a batch of samples and no vmap rule (Cube): copies of the primal laid end to end
     # fit the VJP function with the cotangent, which shares the batch, repeated beside
     # them; tried for complex outputs (both passes), not for real ones
-    from .helpers import Cube, Square
-
     monkeypatch.setattr(Square, "factor", factor)
     forms = {}
     for dtype in (torch.complex128, torch.float64):
