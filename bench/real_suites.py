@@ -180,6 +180,19 @@ SUITES = {
         "env": {},
         "source": "numpyro 0.22.0 sdist (pip download --no-deps --no-binary :all: numpyro==0.22.0)",
     },
+    "jaxopt": {
+        "framework": "jax",
+        "dir": "jaxopt-0.8.5",
+        # implicit differentiation of solvers (fixed points, Anderson, Broyden, OSQP,
+        # iterative refinement, isotonic regression): the test files that call check_grads
+        "paths": ["tests/anderson_test.py", "tests/anderson_wrapper_test.py", "tests/broyden_test.py",
+                  "tests/fixed_point_iteration_test.py", "tests/isotonic_test.py",
+                  "tests/iterative_refinement_test.py", "tests/osqp_test.py"],
+        "args": [],
+        "env": {},
+        "source": "github google/jaxopt at commit 2de13bf (0.8.5): its tests/, against the installed "
+                  "jaxopt 0.8.5 (the sdist ships no tests)",
+    },
     "optax": {
         "framework": "jax",
         "dir": "optax-0.2.8",
