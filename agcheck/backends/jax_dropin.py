@@ -15,7 +15,8 @@ What JAX's ``check_grads(f, args, order, modes, atol, rtol, eps)`` checks, and s
   ``x -> vjp(f, x)(f(x))``, recursively.
 
 Unlike JAX's, the checks of one level share ``f(*args)`` and the central difference along
-their (identical) first tangent, computed once (:class:`_LevelEvaluations`).
+their (identical) first tangent, computed once, and the next level on the ``"rev"`` branch
+takes its ``f(*args)`` from the ``"rev"`` check's own ``jax.vjp`` (:class:`_LevelEvaluations`).
 
 Tolerances default per dtype (JAX's gradient tolerances: float32 ``2e-3``, float64
 ``1e-5``, ...); ``atol``/``rtol`` may be numbers or dicts by dtype. Comparisons scale
@@ -221,17 +222,30 @@ class _LevelEvaluations:
     central difference along a tangent (every check of a level draws the same first
     tangent from ``RandomState(0)``, so the ``"rev"`` and ``"lin"`` checks reuse what the
     ``"fwd"`` check computed: three calls of ``f`` fewer per level, same numbers). Each is
-    computed where a check first needs it, in that check's order."""
+    computed where a check first needs it, in that check's order; ``value``, where given,
+    computes ``f(*args)`` from the level above's work (:meth:`value_of_vjp_at_output`)."""
 
-    def __init__(self, f, args, eps):
+    def __init__(self, f, args, eps, value=None):
         self.f, self.args, self.eps = f, args, eps
         self._value = None  # (f(*args),) once computed
+        self._computes_value = value  # where given, computes f(*args) from a parent's work
         self._difference = None  # (tangent, its central difference) once computed
+        self.vjp = None  # (value, pullback) of jax.vjp(f, *args), once the "rev" check made it
 
     def value(self):
         if self._value is None:
-            self._value = (self.f(*self.args),)
+            compute, self._computes_value = self._computes_value, None
+            self._value = (compute() if compute is not None else self.f(*self.args),)
         return self._value[0]
+
+    def value_of_vjp_at_output(self):
+        """A function computing ``vjp(f, *args)`` applied to ``f(*args)``, the next level's
+        ``f(*args)`` on the ``"rev"`` branch, from the ``"rev"`` check's own ``jax.vjp``
+        (``None`` where that check did not run)."""
+        if self.vjp is None:
+            return None
+        (value, pullback), self.vjp = self.vjp, None
+        return lambda: pullback(value)
 
     def central_difference(self, tangent):
         if self._difference is None or not _same_leaves(self._difference[0], tangent):
@@ -263,6 +277,7 @@ def _check_vjp(f, f_vjp, args, atol, rtol, eps, err_msg, shared=None):
     shared = shared or _LevelEvaluations(f, args, eps)
     draw = partial(_random_like, np.random.RandomState(0))
     value, pullback = f_vjp(*args)
+    shared.vjp = (value, pullback)
     _close(value, shared.value(), atol, rtol, _label("primal", err_msg))
     tangent = jax.tree_util.tree_map(draw, args)
     tangent_out = shared.central_difference(tangent)
@@ -358,8 +373,8 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
     atol_table = gradient_tolerance(atol)
     rtol_table = gradient_tolerance(rtol)
 
-    def level(f, args, order, err_msg=""):
-        shared = _LevelEvaluations(f, args, eps)
+    def level(f, args, order, err_msg="", value=None):
+        shared = _LevelEvaluations(f, args, eps, value)
         if "fwd" in modes:
             name = f"JVP of {err_msg}" if err_msg else "JVP"
             _guarded("fwd", f, args, atol_table, rtol_table, eps, name,
@@ -371,7 +386,7 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
             _guarded("rev", f, args, atol_table, rtol_table, eps, name,
                      lambda: _check_vjp(f, partial(jax.vjp, f), args, atol_table, rtol_table, eps, name, shared))
             if order > 1:
-                level(_vjp_at_output(f), args, order - 1, name)
+                level(_vjp_at_output(f), args, order - 1, name, shared.value_of_vjp_at_output())
         if "lin" in modes:
             name = f"LIN of {err_msg}" if err_msg else "LIN"
             _guarded("lin", f, args, atol_table, rtol_table, eps, name,
