@@ -157,3 +157,52 @@ def test_a_call_whose_own_cotangents_make_the_backward_raise_does_not_stop_the_r
     assert Cube.calls == 1  # one forward for both: the graph that raised was not run again
     assert all(torch.equal(r, e) for r, e in zip(results, expected))
 
+
+
+class _RaisesOnce(torch.autograd.Function):
+    """``x ** 3`` whose backward raises on its ``raise_at``-th run (counted over every
+    graph), once: a user's error that does not come back."""
+
+    runs = 0
+    raise_at = None
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        _RaisesOnce.runs += 1
+        if _RaisesOnce.runs == _RaisesOnce.raise_at:
+            raise RuntimeError("the user's backward failed once")
+        return g * 3 * x * x
+
+
+def test_a_users_error_in_a_repeated_backward_is_raised_not_taken_for_the_graphs(monkeypatch):
+    # a repeated backward on the kept forward raises once; the fresh evaluation after it
+    # does not, and the graph takes another backward: the user's error is raised (where
+    # a graph refused, as _Forgetful's does, the memo stops instead: the test above)
+    be = agcheck.get_backend("torch")
+    vjp_fn = be.differentiable_vjp(_RaisesOnce.apply, 1, [0], [0])
+    x = make(2, 3, seed=1)
+    monkeypatch.setattr(_RaisesOnce, "runs", 0)
+    monkeypatch.setattr(_RaisesOnce, "raise_at", None)
+    vjp_fn(x, make(2, 3, seed=4))
+    vjp_fn(x, make(2, 3, seed=5))  # repeated, validated against a fresh one
+    assert vjp_fn.forward.validated
+    monkeypatch.setattr(_RaisesOnce, "raise_at", _RaisesOnce.runs + 1)  # the next repeated backward
+    with pytest.raises(RuntimeError, match="failed once"):
+        vjp_fn(x, make(2, 3, seed=6))
+    # the checks: an error raised once in the user's backward comes out of gradgradcheck
+    # at whichever of its calls it happens, the reused forwards' calls included
+    for at in range(1, 40):
+        monkeypatch.setattr(_RaisesOnce, "runs", 0)
+        monkeypatch.setattr(_RaisesOnce, "raise_at", at)
+        try:
+            agcheck.gradgradcheck(_RaisesOnce.apply, (make(4, seed=7),), engine="reference")
+        except RuntimeError as error:
+            assert "failed once" in str(error)
+        else:
+            assert _RaisesOnce.runs < at, f"the error at backward {at} was swallowed"

@@ -11,10 +11,12 @@ runs. A forward is reused while the inputs are the same objects with the same va
 A backward that runs a second time on the same graph could see state its first run
 changed (a custom Function that frees what it saved, or writes into it): the first
 repeated backward of a check is therefore compared, bit for bit, with a fresh forward and
-backward, and the memo stops on any difference, or when a repeated backward raises and a
-fresh one does not (the evaluation then runs fresh; where the fresh one raises too, the
-call is at fault, its error is raised, and only the graph that raised is dropped). It also
-stops when digesting the inputs costs a good part of the forwards it would save.
+backward, and the memo stops on any difference, or when a repeated backward raises, a
+fresh one does not and the graph refuses another backward (the evaluation then runs
+fresh). Where the fresh one raises too, the call is at fault: its error is raised, and
+only the graph that raised is dropped; where the graph takes another backward, the user's
+code raised once, and that error is raised, as a fresh evaluation would have raised it.
+It also stops when digesting the inputs costs a good part of the forwards it would save.
 """
 from __future__ import annotations
 
@@ -63,12 +65,17 @@ class RetainedForward:
             return self._backward(entry, backward)
         try:
             reused = self._backward(entry, backward)
-        except Exception:
+        except Exception as error:
             # run fresh: where that raises too, the call itself is at fault (cotangents of
             # another shape) and its error is raised, the memo going on from the next
-            # forward; where it does not, the graph does not take a second backward
+            # forward. Where it does not, either the graph does not take another backward
+            # (it refuses again: the memo stops, the fresh result stands) or the user's
+            # code raised this once (the graph takes another backward: the error is
+            # raised, as a fresh evaluation would have raised it)
             self._entry = None
             fresh = backward(_requiring_grad(self.fn(*inputs)))
+            if self._takes_another_backward(entry, backward):
+                raise error
             self.close()
             return fresh
         self.reused += 1
@@ -102,6 +109,15 @@ class RetainedForward:
         """Stop reusing forwards and drop the one kept."""
         self.enabled = False
         self._entry = None
+
+    @staticmethod
+    def _takes_another_backward(entry, backward) -> bool:
+        """Whether a backward pass on the kept ``entry`` runs without raising."""
+        try:
+            RetainedForward._backward(entry, backward)
+        except Exception:  # noqa: BLE001 - the answer is whether it raises
+            return False
+        return True
 
     @staticmethod
     def _backward(entry, backward) -> tuple:
