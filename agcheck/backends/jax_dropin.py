@@ -260,11 +260,11 @@ def _same_leaves(xs, ys) -> bool:
     return tree_x == tree_y and all(np.array_equal(x, y) for x, y in zip(flat_x, flat_y))
 
 
-def _check_jvp(f, f_jvp, args, atol, rtol, eps, err_msg, shared=None):
-    shared = shared or _LevelEvaluations(f, args, eps)
+def _check_jvp(shared, f_jvp, atol, rtol, err_msg):
+    """JAX's JVP check of ``shared.f`` at ``shared.args`` (a :class:`_LevelEvaluations`)."""
     rng = np.random.RandomState(0)
-    tangent = jax.tree_util.tree_map(partial(_random_like, rng), args)
-    value, tangent_out = f_jvp(args, tangent)
+    tangent = jax.tree_util.tree_map(partial(_random_like, rng), shared.args)
+    value, tangent_out = f_jvp(shared.args, tangent)
     _same_dtypes(value, tangent_out)
     expected_value = shared.value()
     _same_dtypes(value, expected_value)
@@ -273,13 +273,13 @@ def _check_jvp(f, f_jvp, args, atol, rtol, eps, err_msg, shared=None):
     _close(tangent_out, expected_tangent, atol, rtol, _label("tangent", err_msg))
 
 
-def _check_vjp(f, f_vjp, args, atol, rtol, eps, err_msg, shared=None):
-    shared = shared or _LevelEvaluations(f, args, eps)
+def _check_vjp(shared, f_vjp, atol, rtol, err_msg):
+    """JAX's VJP check of ``shared.f`` at ``shared.args`` (a :class:`_LevelEvaluations`)."""
     draw = partial(_random_like, np.random.RandomState(0))
-    value, pullback = f_vjp(*args)
+    value, pullback = f_vjp(*shared.args)
     shared.vjp = (value, pullback)
     _close(value, shared.value(), atol, rtol, _label("primal", err_msg))
-    tangent = jax.tree_util.tree_map(draw, args)
+    tangent = jax.tree_util.tree_map(draw, shared.args)
     tangent_out = shared.central_difference(tangent)
     cotangent = jax.tree_util.tree_map(draw, value)
     pulled = _conj(pullback(_conj(cotangent)))
@@ -378,19 +378,19 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
         if "fwd" in modes:
             name = f"JVP of {err_msg}" if err_msg else "JVP"
             _guarded("fwd", f, args, atol_table, rtol_table, eps, name,
-                     lambda: _check_jvp(f, partial(jax.jvp, f), args, atol_table, rtol_table, eps, name, shared))
+                     lambda: _check_jvp(shared, partial(jax.jvp, f), atol_table, rtol_table, name))
             if order > 1:
                 level(partial(jax.jvp, f), (args, args), order - 1, name)
         if "rev" in modes:
             name = f"VJP of {err_msg}" if err_msg else "VJP"
             _guarded("rev", f, args, atol_table, rtol_table, eps, name,
-                     lambda: _check_vjp(f, partial(jax.vjp, f), args, atol_table, rtol_table, eps, name, shared))
+                     lambda: _check_vjp(shared, partial(jax.vjp, f), atol_table, rtol_table, name))
             if order > 1:
                 level(_vjp_at_output(f), args, order - 1, name, shared.value_of_vjp_at_output())
         if "lin" in modes:
             name = f"LIN of {err_msg}" if err_msg else "LIN"
             _guarded("lin", f, args, atol_table, rtol_table, eps, name,
-                     lambda: _check_jvp(f, partial(_jvp_by_linearize, f), args, atol_table, rtol_table, eps, name, shared))
+                     lambda: _check_jvp(shared, partial(_jvp_by_linearize, f), atol_table, rtol_table, name))
             if order > 1:
                 level(partial(_jvp_by_linearize, f), (args, args), order - 1, name)
 
