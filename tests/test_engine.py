@@ -541,10 +541,10 @@ def test_batched_evaluations_pay_their_setup_once_the_loops_run_instead_have_cos
     assert _via(r) == {"vmap"} and len(logs) >= 2 and all(declined in log for log in logs[:-1])
     # batched once the rent reached the price, or where this check's own loop, as its plain
     # calls were timed, cost more (a loaded machine can stretch one element's timing)
-    from agcheck.engine.rows import _LOOP_EVALUATIONS
+    from agcheck.engine.rows import loop_check_seconds
 
     (batched,) = [e for e in r.engine_log if e.decision == "batched"]
-    own_loop = _LOOP_EVALUATIONS * batched.figures["loop_row"] * 16
+    own_loop = loop_check_seconds(batched.figures["loop_row"], 16)
     assert cost._spent_instead_of_setup >= setup or own_loop >= setup
 
 

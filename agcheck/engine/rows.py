@@ -49,6 +49,12 @@ _RAISED = "raised"
 _PLAIN_CALLS_RAISED = "the plain calls raised"
 
 
+def loop_check_seconds(element_seconds: float | None, numel: int) -> float:
+    """What the element-by-element check of an input of ``numel`` elements costs, one
+    element's rows taking ``element_seconds`` (infinite where unknown)."""
+    return float("inf") if element_seconds is None else _LOOP_EVALUATIONS * element_seconds * numel
+
+
 class Problem:
     """One piece of ``fn`` (after the complex split) and what the engine learned of it."""
 
@@ -318,8 +324,7 @@ class Problem:
         setup = self.be.batch_setup_cost(self.run.fn, pos)
         if not setup or cost.setup_worth_paying(setup):
             return False
-        element = self.element_seconds(pos)
-        loop = float("inf") if element is None else _LOOP_EVALUATIONS * element * self.be.numel(self.args[pos])
+        loop = loop_check_seconds(self.element_seconds(pos), self.be.numel(self.args[pos]))
         if loop >= setup:
             return False
         cost.spent_instead_of_setup(loop)
