@@ -1,6 +1,19 @@
 """Small shared helpers of agcheck's tests: inputs from private generators, snapshots."""
+import os
+
 import pytest
 import torch
+
+
+def property_settings(examples: int):
+    """Hypothesis settings of a property test: ``examples`` derandomized examples, the same
+    on every run (CI); with ``AGCHECK_PROPERTY_EXAMPLES=N`` set, ``N`` random ones instead,
+    to search wider (docs/verification.md)."""
+    from hypothesis import HealthCheck, settings
+
+    wide = os.environ.get("AGCHECK_PROPERTY_EXAMPLES")
+    return settings(max_examples=int(wide) if wide else examples, derandomize=not wide, deadline=None,
+                    database=None, suppress_health_check=list(HealthCheck))
 
 
 def make(*shape, dtype=torch.float64, seed=0, requires_grad=True, device="cpu"):

@@ -10,6 +10,7 @@ import torch
 import agcheck
 from agcheck.engine import coloured, compressed
 from agcheck.engine.outcome import EngineEvent
+from .helpers import property_settings
 from .helpers import run_check as run
 
 
@@ -499,7 +500,7 @@ _BUGS = {
 }
 
 
-@hypothesis.settings(max_examples=20, deadline=None)
+@property_settings(20)
 @hypothesis.given(st.lists(st.sampled_from(sorted(_UNARY)), min_size=1, max_size=3),
                   st.sampled_from(sorted(_BUGS)), st.sampled_from([1.0, 100.0]),
                   st.integers(0, 2**16))

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import agcheck
 
-from .helpers import ScaledSin, Snapshot, bits, make
+from .helpers import ScaledSin, Snapshot, bits, make, property_settings
 
 
 class Boom(Exception):
@@ -126,7 +126,7 @@ def test_special_values_restored_bitwise():
     assert torch.equal(bits(x), before)
 
 
-@settings(max_examples=25, deadline=None)
+@property_settings(25)
 @given(
     shape=st.lists(st.integers(1, 4), min_size=0, max_size=3),
     complex_input=st.booleans(),

@@ -5,7 +5,8 @@ shapes (1-4 dims of size 1-4) and dtypes (float64, complex128), with the true de
 and with a randomly broken one (a custom autograd.Function whose backward is the true VJP,
 scaled by a factor in [1.05, 2], one entry shifted, or sign flipped), in slow and fast mode.
 Both checkers run with ``raise_exception=False``; the inputs must be bitwise unchanged.
-Deterministic: ``derandomize=True``, no example database.
+Deterministic: derandomized examples, no example database (``AGCHECK_PROPERTY_EXAMPLES=N``
+for N random ones).
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 import agcheck
 
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+from .helpers import property_settings
+
+SETTINGS = property_settings(30)
 
 
 # ops: name -> (fn(x, gen) -> y, valid for complex). Shapes may change (reductions,
