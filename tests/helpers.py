@@ -5,13 +5,13 @@ import pytest
 import torch
 
 
-def property_settings(examples: int):
+def property_settings(examples: int, wide_by: str = "AGCHECK_PROPERTY_EXAMPLES"):
     """Hypothesis settings of a property test: ``examples`` derandomized examples, the same
-    on every run (CI); with ``AGCHECK_PROPERTY_EXAMPLES=N`` set, ``N`` random ones instead,
-    to search wider (docs/verification.md)."""
+    on every run (CI); with the environment variable ``wide_by`` set to ``N``, ``N`` random
+    ones instead, to search wider (docs/verification.md)."""
     from hypothesis import HealthCheck, settings
 
-    wide = os.environ.get("AGCHECK_PROPERTY_EXAMPLES")
+    wide = os.environ.get(wide_by)
     return settings(max_examples=int(wide) if wide else examples, derandomize=not wide, deadline=None,
                     database=None, suppress_health_check=list(HealthCheck))
 

@@ -50,32 +50,26 @@ CI is deterministic. ``AGCHECK_INTERRUPT_EXAMPLES=N`` runs ``N`` random
 """
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError as TorchGradcheckError
 
 import agcheck
 from agcheck import GradcheckError
 
-from .helpers import bits
+from .helpers import bits, property_settings
 
 EXCEPTIONS = [KeyboardInterrupt, RuntimeError, ValueError]
-_WIDE = os.environ.get("AGCHECK_INTERRUPT_EXAMPLES")
 
 
 def _settings(n: int):
-    if _WIDE:
-        return settings(max_examples=int(_WIDE), deadline=None, database=None,
-                        suppress_health_check=list(HealthCheck))
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+    return property_settings(n, wide_by="AGCHECK_INTERRUPT_EXAMPLES")
 
 
 # --------------------------------------------------------------------------------------
