@@ -10,7 +10,7 @@ import agcheck
 from agcheck.backend import BackendUnavailableError, get_backend, infer_backend
 from agcheck.backends import torch_backend
 
-from .helpers import make
+from .helpers import make, property_settings
 
 
 def test_torch_backend_is_inferred_and_named():
@@ -89,7 +89,7 @@ def test_torch_tensor_roundtrip_to_numpy():
 _SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-5, 1e300, float("inf"), float("-inf"), float("nan")]
 
 
-@hypothesis.settings(max_examples=200, deadline=None)
+@property_settings(200)
 @hypothesis.given(
     st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64), st.sampled_from(_SPECIAL)),
              min_size=1, max_size=8),
