@@ -163,6 +163,22 @@ SUITES = {
                   "the snapshot lacks the package's data files) against the installed tad-dftd3 0.5.0 "
                   "and tad-mctc 0.5.3",
     },
+    "torch-interpol": {
+        "framework": "torch",
+        "dir": "torch-interpol-0.2.6",
+        # spline interpolation of volumes at a deformation grid (orders 0-7, seven boundary
+        # conditions, 1-D to 3-D): pull, push, count and grid gradients, custom autograd
+        # Functions over TorchScript kernels; the suite passes rtol=1, nondet_tol=1e-3 and
+        # check_undefined_grad=False, and sets torch.use_deterministic_algorithms(True).
+        # "device0" is its one-thread CPU case; its other CPU case sets 10 threads, which a
+        # 2-core machine cannot time. Only the tests are staged, so the installed package runs
+        "paths": ["interpol/tests/test_gradcheck_pushpull.py"],
+        "stage": ["interpol/tests"],
+        "args": ["-k", "device0"],
+        "env": {},
+        "source": "torch-interpol 0.2.6 sdist (pip download --no-deps --no-binary :all: torch-interpol==0.2.6); "
+                  "its tests ship inside the package",
+    },
     "e3nn-jax": {
         "framework": "jax",
         "dir": "e3nn_jax-0.21.0",
@@ -684,7 +700,7 @@ def main(argv=None):
 
 def _versions(framework):
     code = ("import importlib.metadata as m, json; out = {}\n"
-            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro','xitorch','entmax'):\n"
+            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro','xitorch','entmax','torch-interpol'):\n"
             "    try: out[n] = m.version(n)\n"
             "    except m.PackageNotFoundError: pass\n"
             "print(json.dumps(out))")
