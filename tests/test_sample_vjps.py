@@ -17,28 +17,26 @@ B, N = 3, 40
 BY_SAMPLES = EngineEvent("vjp", "by samples", None, figures={"samples": B})
 
 
-def _weights():
+def _weights(n=N):
     # a heavy diagonal: the entries a leaking backward adds to are large, so that the
     # first pass's comparison (atol + rtol |J|) tolerates the leak
     g = torch.Generator().manual_seed(0)
-    return torch.randn(N, N, dtype=torch.float64, generator=g) / N ** 0.5 + 2 * torch.eye(N, dtype=torch.float64)
-
-
-W = _weights()
+    return torch.randn(n, n, dtype=torch.float64, generator=g) / n ** 0.5 + 2 * torch.eye(n, dtype=torch.float64)
 
 
 class _PerSample(torch.autograd.Function):
     """``tanh(W x_s)`` for each sample ``s`` (any number of samples: copies stacked along
-    the first dimension are samples too). The backward counts its calls, is scaled by
+    the first dimension are samples too; ``W``: ``N x N`` unless a test sets another
+    size). The backward counts its calls, is scaled by
     ``scale`` and adds ``leak`` times the next sample's cotangent to each sample's
     gradient (1.0 and 0.0: correct); ``rounding`` makes each sample's gradient round
     differently when the other samples' cotangents are not zero."""
 
-    scale, leak, calls, rounding = 1.0, 0.0, 0, False
+    scale, leak, calls, rounding, weights = 1.0, 0.0, 0, False, _weights()
 
     @staticmethod
     def forward(ctx, x):
-        y = torch.tanh(x @ W.T)
+        y = torch.tanh(x @ _PerSample.weights.T)
         ctx.save_for_backward(y)
         return y
 
@@ -46,7 +44,7 @@ class _PerSample(torch.autograd.Function):
     def backward(ctx, g):
         _PerSample.calls += 1
         (y,) = ctx.saved_tensors
-        d = (g * (1 - y * y)) @ W * _PerSample.scale + _PerSample.leak * torch.roll(g, -1, dims=0)
+        d = (g * (1 - y * y)) @ _PerSample.weights * _PerSample.scale + _PerSample.leak * torch.roll(g, -1, dims=0)
         if _PerSample.rounding:  # the same gradient, rounded as the whole cotangent's sum says
             d = (d + g.sum()) - g.sum()
         return d
@@ -61,17 +59,18 @@ def _looped_vjps(monkeypatch):
     monkeypatch.setattr(_PerSample, "calls", 0)
 
 
-def _x():
-    x = torch.randn(B, N, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.1
+def _x(b=B):
+    n = _PerSample.weights.shape[0]
+    x = torch.randn(b, n, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.1
     return x.requires_grad_()
 
 
-def _matches_torch() -> bool:
+def _matches_torch(b=B) -> bool:
     """agcheck's message starts with torch's whole message (the Jacobians printed too)."""
     with pytest.raises(agcheck.GradcheckError) as ours:
-        agcheck.gradcheck(_PerSample.apply, (_x(),))
+        agcheck.gradcheck(_PerSample.apply, (_x(b),))
     with pytest.raises(RuntimeError) as torchs:
-        torch.autograd.gradcheck(_PerSample.apply, (_x(),))
+        torch.autograd.gradcheck(_PerSample.apply, (_x(b),))
     return str(ours.value).startswith(str(torchs.value))
 
 
@@ -126,3 +125,48 @@ def test_a_backward_whose_rounding_depends_on_the_other_samples_is_decided_by_th
     assert r.verdict is torch.autograd.gradcheck(_PerSample.apply, (_x(),), raise_exception=False)
     if scale != 1.0:
         assert _matches_torch()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_two_samples_go_by_samples_where_the_second_pass_is_column_by_column(monkeypatch, scale):
+    """Two samples and an output too small for a coloured second pass (2 x 20 < 64): the
+    first pass takes one VJP per position for both samples, the second one per column, as
+    the reference engine computes them. A failing check reuses the second pass's columns,
+    so neither verdict costs a VJP more than the passes: 20 + 40 (and the reference
+    engine's two passes would take 80)."""
+    monkeypatch.setattr(_PerSample, "weights", _weights(20))
+    monkeypatch.setattr(_PerSample, "scale", scale)
+    r = run_check(_PerSample.apply, (_x(2),))
+    calls = _PerSample.calls
+    assert EngineEvent("vjp", "by samples", None, figures={"samples": 2}) in r.engine_log
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(_PerSample.apply, (_x(2),), raise_exception=False)
+    assert calls <= 20 + 40 + 2, calls
+    if scale != 1.0:
+        assert _matches_torch(2)
+
+
+def test_two_samples_keep_the_column_passes_where_a_coloured_second_pass_could_follow():
+    """Two samples of 40 outputs each (80 >= 64): a coloured second pass could follow, and a
+    failure would then pay for the first pass's columns again (all that two samples save),
+    so the first pass is by columns."""
+    r = run_check(_PerSample.apply, (_x(2),))
+    assert r.verdict is True
+    assert not any(e.path == "vjp" and e.decision == "by samples" for e in r.engine_log)
+
+
+def test_a_pass_by_samples_is_not_probed_for_fewer_vjps_than_the_probe_costs(monkeypatch):
+    """One output per sample: a pass by samples would save one VJP of two, where probing
+    that the input holds independent samples takes three calls of fn. The first pass is
+    by columns; right, the check passes, and 1% off, it fails, as under torch."""
+    monkeypatch.setattr(_PerSample, "weights", _weights(20))
+
+    def fn(x):
+        return _PerSample.apply(x).sum(-1, keepdim=True)
+
+    for scale in (1.0, 1.01):
+        monkeypatch.setattr(_PerSample, "scale", scale)
+        r = run_check(fn, (_x(2),))
+        assert not any(e.path == "vjp" and e.decision == "by samples" for e in r.engine_log)
+        assert r.verdict is (scale == 1.0)
+        assert r.verdict is torch.autograd.gradcheck(fn, (_x(2),), raise_exception=False)

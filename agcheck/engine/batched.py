@@ -44,9 +44,11 @@ __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGE
 
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
-#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check and costs
-#: ``m / B`` more on a failing one (its columns are computed again one VJP each): at
-#: ``B = 2`` a failure would pay all that a pass saves
+#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check; on a failing
+#: one whose second pass was coloured or batched it costs ``m / B`` more (its columns are
+#: computed again one VJP each): at ``B = 2`` that is all a pass saves, so two samples take
+#: the pass by samples only where the second pass is column by column (fewer than
+#: ``_MIN_COLOURED_OUTPUTS`` outputs), whose columns then stand for the failing check's
 MIN_VJP_SAMPLES = 3
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the
 #: VJPs of the column-by-column pass (a CNN on a small image needs about half)
@@ -462,10 +464,15 @@ def _reentrancy_pass(p, k, inputs, blocks, how) -> None:
     compares whole gradients, so a backward that reaches another sample (which a first
     pass by samples would not see) fails it, and the reference engine decides. Once
     checked, the first pass's columns are noted for a failing check to reuse."""
+    exact = None
     if not _coloured_second_pass(p, k, inputs, blocks):
-        _exact_second_pass(p, k, inputs, blocks, how)
+        exact = _exact_second_pass(p, k, inputs, blocks, how)
     rows = [block.by_output for block in blocks]
-    if how is None:
+    if exact is not None:
+        # a pass by samples checked by one VJP per column: those columns are the ones the
+        # reference engine would compute, checked against the first pass for reentrancy
+        p.note_exact_columns(k, [(0, p.be.numel(p.outputs[k]))], exact)
+    elif how is None:
         p.sample_columns[k] = rows  # verified again first, where a failure reuses them
     else:
         p.note_exact_columns(k, [(c0, c1) for c0, c1, looped in how if looped], rows)
@@ -492,14 +499,18 @@ def _first_pass_by_columns(p, k, inputs):
 
 def _output_samples(p, k) -> int | None:
     """``B`` when output ``k`` and every checked input hold ``B >= MIN_VJP_SAMPLES``
-    independent samples along their first dimension (:meth:`Problem.samples`), else
-    ``None``."""
+    independent samples along their first dimension (:meth:`Problem.samples`), or two
+    where the output is too small for a coloured second pass, else ``None``."""
     shape = tuple(p.outputs[k].shape)
-    if not shape or shape[0] < MIN_VJP_SAMPLES:
+    m = p.be.numel(p.outputs[k])
+    if not shape or shape[0] < 2 or (shape[0] < MIN_VJP_SAMPLES and m >= _MIN_COLOURED_OUTPUTS):
         return None
     b = shape[0]
-    # every input's form first (no call of fn), then the probes
+    # every input's form first (no call of fn), then the probes, where the VJPs the pass
+    # saves outnumber the calls of fn the probes still to make would take
     if not all(p._sample_candidate(q) == b for q in p.checked):
+        return None
+    if m - m // b < (b + 1) * sum(1 for q in p.checked if not p.samples_probed(q)):
         return None
     return b if all(p.samples(q) == b for q in p.checked) else None
 
@@ -538,28 +549,37 @@ def _first_pass_by_samples(p, k, inputs):
     return rows
 
 
-def _exact_second_pass(p, k, inputs, blocks, how=None) -> None:
+def _exact_second_pass(p, k, inputs, blocks, how=None) -> list | None:
     """The reentrancy pass column by column, each block computed as the first pass
     computed it (``how``: its ``(c0, c1, looped)`` blocks), so that a deterministic
     backward reproduces it bit for bit: a batched VJP and one VJP per column may round
     differently, which ``nondet_tol = 0`` would take for a backward that is not
-    reentrant. Without ``how`` (a first pass by samples) the blocks are chosen anew."""
+    reentrant. Without ``how`` (a first pass by samples) the blocks are chosen anew, and
+    where every one was computed one VJP per column, as the reference engine computes
+    its first pass, their rows (per input, ``(m, n)``) are returned; else ``None``."""
     m = p.be.numel(p.outputs[k])
-    if how is None:
+    by_samples = how is None
+    if by_samples:
         how = ((c0, c1, None) for c0, c1 in _column_blocks(p, m, sum(p.be.numel(x) for x in inputs)))
+    exact = [np.empty_like(block.by_output) for block in blocks] if by_samples else None
     for c0, c1, looped in how:
         if looped is None:
-            second = _analytical_columns(p, k, c0, c1, inputs)
+            second, looped = _columns_and_how(p, k, c0, c1, inputs)
+            if not looped:
+                exact = None
         elif looped:
             second = _looped_columns(p, k, c0, c1, inputs)
         else:
             second = _unless_batching_fails(p, _batched_columns, p, k, c0, c1, inputs)
             if second is None:
                 raise EngineFallback("batched VJPs failed in the reentrancy pass")
-        for block, a2 in zip(blocks, second):
+        for i, (block, a2) in enumerate(zip(blocks, second)):
             a2 = p.be.to_numpy(a2).T
             if a2.size and np.max(np.abs(block.by_output[c0:c1] - a2)) > p.opts.nondet_tol:
                 raise EngineFallback("backward not reentrant")
+            if exact is not None:
+                exact[i][c0:c1] = a2
+    return exact
 
 
 def _coloured_second_pass(p, k, inputs, blocks) -> bool:

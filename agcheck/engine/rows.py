@@ -546,6 +546,10 @@ class Problem:
                 self.run.engine_log.append(EngineEvent("numerical", "by samples", pos, figures={"samples": found}))
         return self._samples[pos]
 
+    def samples_probed(self, pos) -> bool:
+        """Whether :meth:`samples` has been asked of ``args[pos]`` (it then makes no call)."""
+        return pos in self._samples
+
     def samples_loop_cheaper(self, pos, seconds: float) -> bool:
         """Whether ``seconds`` of another path's work on ``args[pos]`` cost at least half
         of the loop moving all samples together (:meth:`samples`, probed only then). Half:
