@@ -48,7 +48,8 @@ _MIN_COLOURED_OUTPUTS = 64
 #: one whose second pass was coloured or batched it costs ``m / B`` more (its columns are
 #: computed again one VJP each): at ``B = 2`` that is all a pass saves, so two samples take
 #: the pass by samples only where the second pass is column by column (fewer than
-#: ``_MIN_COLOURED_OUTPUTS`` outputs), whose columns then stand for the failing check's
+#: ``_MIN_COLOURED_OUTPUTS`` outputs): its columns, one VJP each, are then the analytical
+#: Jacobian a failing check reports
 MIN_VJP_SAMPLES = 3
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the
 #: VJPs of the column-by-column pass (a CNN on a small image needs about half)
@@ -463,7 +464,8 @@ def _reentrancy_pass(p, k, inputs, blocks, how) -> None:
     difference there is a failed reentrancy check (:class:`EngineFallback`). Either
     compares whole gradients, so a backward that reaches another sample (which a first
     pass by samples would not see) fails it, and the reference engine decides. Once
-    checked, the first pass's columns are noted for a failing check to reuse."""
+    checked, the columns computed one VJP each (the first pass's, or the second's after a
+    first pass by samples) are noted for a failing check to reuse."""
     exact = None
     if not _coloured_second_pass(p, k, inputs, blocks):
         exact = _exact_second_pass(p, k, inputs, blocks, how)
