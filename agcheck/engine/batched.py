@@ -44,13 +44,12 @@ __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGE
 
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
-#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check; on a failing
-#: one whose second pass was coloured or batched it costs ``m / B`` more (its columns are
-#: computed again one VJP each): at ``B = 2`` that is all a pass saves, so two samples take
-#: the pass by samples only where the second pass is column by column (fewer than
-#: ``_MIN_COLOURED_OUTPUTS`` outputs): its columns, one VJP each, are then the analytical
-#: Jacobian a failing check reports
-MIN_VJP_SAMPLES = 3
+#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check. A failing
+#: one reuses what the second pass computed one VJP per column (a pass column by column),
+#: or computes exactly only the columns its report prints (:func:`failure.decide`), and
+#: only where neither serves computes the first pass's columns again, ``m / B`` more: with
+#: two samples and a coloured second pass, about the ``2 m`` VJPs of torch's checker then
+MIN_VJP_SAMPLES = 2
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the
 #: VJPs of the column-by-column pass (a CNN on a small image needs about half)
 _MAX_COLOUR_SHARE = 2
@@ -501,11 +500,11 @@ def _first_pass_by_columns(p, k, inputs):
 
 def _output_samples(p, k) -> int | None:
     """``B`` when output ``k`` and every checked input hold ``B >= MIN_VJP_SAMPLES``
-    independent samples along their first dimension (:meth:`Problem.samples`), or two
-    where the output is too small for a coloured second pass, else ``None``."""
+    independent samples along their first dimension (:meth:`Problem.samples`), else
+    ``None``."""
     shape = tuple(p.outputs[k].shape)
     m = p.be.numel(p.outputs[k])
-    if not shape or shape[0] < 2 or (shape[0] < MIN_VJP_SAMPLES and m >= _MIN_COLOURED_OUTPUTS):
+    if not shape or shape[0] < MIN_VJP_SAMPLES:
         return None
     b = shape[0]
     # every input's form first (no call of fn), then the probes, where the VJPs the pass
