@@ -538,14 +538,15 @@ def test_batched_evaluations_pay_their_setup_once_the_loops_run_instead_have_cos
         logs.append(r.engine_log)
         if _via(r) == {"vmap"}:
             break
-    assert _via(r) == {"vmap"} and len(logs) >= 2 and all(declined in log for log in logs[:-1])
-    # batched once the rent reached the price, or where this check's own loop, as its plain
-    # calls were timed, cost more (a loaded machine can stretch one element's timing)
+    assert _via(r) == {"vmap"} and all(declined in log for log in logs[:-1])
+    # batched once the rent reached the price (after declining), or where this check's own
+    # loop, as its plain calls were timed, cost more (a loaded machine can stretch one
+    # element's timing, even in the first check)
     from agcheck.engine.rows import loop_check_seconds
 
     (batched,) = [e for e in r.engine_log if e.decision == "batched"]
     own_loop = loop_check_seconds(batched.figures["loop_row"], 16)
-    assert cost._spent_instead_of_setup >= setup or own_loop >= setup
+    assert (len(logs) >= 2 and cost._spent_instead_of_setup >= setup) or own_loop >= setup
 
 
 def test_the_batched_vjp_that_pays_the_one_time_setup_is_not_taken_for_its_speed(monkeypatch):
