@@ -134,3 +134,55 @@ def test_inference_follows_a_backend_registered_again(monkeypatch):
         infer_backend((make(3),))
     monkeypatch.undo()  # the registry as it was: asked afresh again
     assert infer_backend((make(3),)).name == "torch"
+
+
+_FIRST_TORCH_CHECK = r"""
+import sys
+import numpy, torch
+import agcheck
+
+class Scaled(torch.autograd.Function):
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos() * Scaled.factor
+
+x = torch.rand(5, dtype=torch.float64, requires_grad=True)
+verdicts = [agcheck.gradcheck(Scaled.apply, (x,), fast_mode=fast) for fast in (True, False)]
+Scaled.factor = 1.1
+verdicts += [agcheck.gradcheck(Scaled.apply, (x,), fast_mode=fast, raise_exception=False)
+             for fast in (True, False)]
+print(verdicts, sorted(m for m in ("numpy.random", "agcheck.backends.numpy_backend") if m in sys.modules))
+"""
+
+
+def test_a_torch_check_imports_neither_numpy_random_nor_the_numpy_backend():
+    """The first check of a process pays no import it does not need: NumPy's random module
+    (no global state to keep before it is imported) and the NumPy backend (the fallback of
+    inference, asked only for leaves no other backend owns)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FIRST_TORCH_CHECK], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "[True, True, False, False] []"
+
+
+def test_a_check_whose_fn_first_imports_numpy_random_leaves_its_draws_alone():
+    """With ``numpy.random`` imported by ``fn`` during the check, there was no state to keep:
+    the check runs and decides as usual."""
+    import subprocess
+    import sys
+
+    code = _FIRST_TORCH_CHECK.replace(
+        "return x.sin()", "import numpy.random; numpy.random.rand(2); return x.sin()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "[True, True, False, False] ['numpy.random']"

@@ -118,9 +118,15 @@ def _owners_cache() -> dict:
 
 
 def _owners(leaf) -> tuple:
-    """The names of the backends of imported frameworks that own ``leaf``."""
+    """The names of the backends of imported frameworks that own ``leaf``.
+
+    The fallback is asked only where no other backend owns ``leaf`` (inference would drop
+    it beside another backend anyway), so a torch check does not import the NumPy backend.
+    """
     names = []
-    for name in _OWNERS_IMPORTED:
+    for name in sorted(_OWNERS_IMPORTED, key=lambda n: n == _FALLBACK):
+        if name == _FALLBACK and names:
+            break
         try:
             backend = get_backend(name)
         except BackendUnavailableError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 from contextlib import contextmanager
 
 import numpy as np
@@ -30,7 +31,15 @@ _gauss_offset = _UNKNOWN
 
 @contextmanager
 def numpy_rng_preserved():
-    """NumPy's global random state as it was, whatever the check (``fn``) drew."""
+    """NumPy's global random state as it was, whatever the check (``fn``) drew.
+
+    Where ``numpy.random`` is not imported yet there is no state to keep (it is seeded from
+    the OS when first used), and importing it would cost the first check of a process
+    several milliseconds.
+    """
+    if "numpy.random" not in sys.modules:
+        yield
+        return
     global_state = np.random.mtrand._rand
     raw = _raw_state(global_state)
     if raw is None:
