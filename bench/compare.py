@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from cases import CASES, MARKER  # noqa: E402
+from precompile import compile_agcheck  # noqa: E402
 
 SIDES = ("torch", "agcheck")
 
@@ -280,6 +281,7 @@ def main(argv=None) -> int:
         p.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     opts = {} if a.opinfo_ops is None else {"opinfo_ops": a.opinfo_ops}
 
+    print(compile_agcheck(), flush=True)
     import torch  # only for the header
 
     try:

@@ -343,3 +343,24 @@ def test_an_input_holding_nan_is_not_taken_for_a_moved_one(plugin):
     x[0] = 2.0
     assert plugin._put_back(snapshot)
     assert x[0] == 1.0 and torch.isnan(x[1])
+
+
+def test_the_benchmarks_byte_compile_the_agcheck_their_workers_import(tmp_path):
+    """bench/precompile.py compiles the agcheck a worker imports (not this checkout's, when
+    PYTHONPATH names another), so no timed process compiles agcheck's source."""
+    import importlib.util
+    import os
+    import shutil
+
+    import agcheck
+
+    precompile = _load("precompile")
+    copy = tmp_path / "agcheck"
+    shutil.copytree(Path(agcheck.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    module = copy / "backends" / "torch_backend.py"
+    compiled = Path(importlib.util.cache_from_source(str(module)))
+    assert not compiled.exists()
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+    line = precompile.compile_agcheck(env=env)
+    assert line == f"agcheck at {copy} byte-compiled, as an installed package is"
+    assert compiled.exists()
