@@ -181,8 +181,7 @@ def _reverse(run, p, diff) -> None:
             analytical = {k: blocks for k, (blocks, _) in first.items()}
 
             def reentrancy():
-                for k, (blocks, how) in first.items():
-                    _reentrancy_pass(p, k, inputs, blocks, how)
+                return [k for k, (blocks, how) in first.items() if _reentrancy_pass(p, k, inputs, blocks, how)]
         # the reentrancy pass after the numerical side, as torch's checker orders them: an
         # evaluation of fn that raises does so before it is paid; before a mismatch is
         # reported, so that a backward that is not reentrant is reported as that first
@@ -193,7 +192,9 @@ def _reverse(run, p, diff) -> None:
                 reentrancy()
             raise
         if reentrancy is not None:
-            reentrancy()
+            corrected = reentrancy()
+            if corrected:
+                _compare_again(p, corrected, analytical, kept)
         _remember_rows(kept, checked)
         return
     if not any_batchable():
@@ -253,6 +254,22 @@ def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=Non
     if differs is not None:
         raise _RowsKept(analytical, kept, differs)
     return kept
+
+
+def _compare_again(p, corrected, analytical, kept) -> None:
+    """The kept numerical rows against the analytical Jacobians of the outputs
+    ``corrected`` (whose rows the reentrancy pass replaced by the exact ones) after they
+    agreed with the rows first computed; a difference is decided as any mismatch is
+    (:class:`_RowsKept`). Without every row kept the reference engine compares, with the
+    exact columns noted."""
+    numerical = kept.arrays() if kept is not None else None
+    if numerical is None:
+        raise EngineFallback(MISMATCH)
+    opts = p.run.opts
+    for j, q in enumerate(p.checked):
+        for k in corrected:
+            if not compressed.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol):
+                raise _RowsKept(analytical, kept, (q, k, 0, p.be.numel(p.args[q])))
 
 
 def _differing_block(kept, where):
@@ -454,7 +471,7 @@ def _analytical_first_pass(p, k, inputs):
     return [coloured.DenseBlock(r) for r in rows], how
 
 
-def _reentrancy_pass(p, k, inputs, blocks, how) -> None:
+def _reentrancy_pass(p, k, inputs, blocks, how) -> bool:
     """The second analytical pass over output ``k``, which only has to reproduce the
     first (``blocks``, computed as ``how`` says): coloured where the first pass's pattern
     allows (output elements that share no input element get one VJP, signed, and each
@@ -462,12 +479,15 @@ def _reentrancy_pass(p, k, inputs, blocks, how) -> None:
     (within ``nondet_tol``), it is computed column by column as the first was, and only a
     difference there is a failed reentrancy check (:class:`EngineFallback`). Either
     compares whole gradients, so a backward that reaches another sample (which a first
-    pass by samples would not see) fails it, and the reference engine decides. Once
-    checked, the columns computed one VJP each (the first pass's, or the second's after a
-    first pass by samples) are noted for a failing check to reuse."""
-    exact = None
+    pass by samples would not see) does not pass unseen. Once checked, the columns
+    computed one VJP each (the first pass's, or the second's after a first pass by
+    samples) are noted for a failing check to reuse.
+
+    Returns True where a first pass by samples was corrected (:func:`_exact_second_pass`):
+    ``blocks`` then hold the exact Jacobian, to be compared with the numerical side again."""
+    exact, corrected = None, False
     if not _coloured_second_pass(p, k, inputs, blocks):
-        exact = _exact_second_pass(p, k, inputs, blocks, how)
+        exact, corrected = _exact_second_pass(p, k, inputs, blocks, how)
     rows = [block.by_output for block in blocks]
     if exact is not None:
         # a pass by samples checked by one VJP per column: those columns are the ones the
@@ -477,6 +497,7 @@ def _reentrancy_pass(p, k, inputs, blocks, how) -> None:
         p.sample_columns[k] = rows  # verified again first, where a failure reuses them
     else:
         p.note_exact_columns(k, [(c0, c1) for c0, c1, looped in how if looped], rows)
+    return corrected
 
 
 def _first_pass_by_columns(p, k, inputs):
@@ -550,37 +571,66 @@ def _first_pass_by_samples(p, k, inputs):
     return rows
 
 
-def _exact_second_pass(p, k, inputs, blocks, how=None) -> list | None:
+def _exact_second_pass(p, k, inputs, blocks, how=None) -> tuple[list | None, bool]:
     """The reentrancy pass column by column, each block computed as the first pass
     computed it (``how``: its ``(c0, c1, looped)`` blocks), so that a deterministic
     backward reproduces it bit for bit: a batched VJP and one VJP per column may round
     differently, which ``nondet_tol = 0`` would take for a backward that is not
     reentrant. Without ``how`` (a first pass by samples) the blocks are chosen anew, and
     where every one was computed one VJP per column, as the reference engine computes
-    its first pass, their rows (per input, ``(m, n)``) are returned; else ``None``."""
+    its first pass, their rows (per input, ``(m, n)``) are returned; else ``None``.
+
+    A first pass by samples computed its columns differently (merged cotangents, some
+    blocks batched while the loop was priced), so a block that differs from it is
+    computed once more, as this pass computed it: only where those two differ is the
+    backward not reentrant. Where they agree, the block's rows replace the first pass's
+    (theirs are the exact Jacobian) and the second value returned is True."""
     m = p.be.numel(p.outputs[k])
     by_samples = how is None
     if by_samples:
         how = ((c0, c1, None) for c0, c1 in _column_blocks(p, m, sum(p.be.numel(x) for x in inputs)))
     exact = [np.empty_like(block.by_output) for block in blocks] if by_samples else None
+    corrected = False
     for c0, c1, looped in how:
         if looped is None:
             second, looped = _columns_and_how(p, k, c0, c1, inputs)
             if not looped:
                 exact = None
-        elif looped:
-            second = _looped_columns(p, k, c0, c1, inputs)
         else:
-            second = _unless_batching_fails(p, _batched_columns, p, k, c0, c1, inputs)
-            if second is None:
-                raise EngineFallback("batched VJPs failed in the reentrancy pass")
-        for i, (block, a2) in enumerate(zip(blocks, second)):
-            a2 = p.be.to_numpy(a2).T
-            if a2.size and np.max(np.abs(block.by_output[c0:c1] - a2)) > p.opts.nondet_tol:
+            second = _columns_as_computed(p, k, c0, c1, inputs, looped)
+        second = [p.be.to_numpy(a).T for a in second]
+        if _differ(p, [block.by_output[c0:c1] for block in blocks], second):
+            if not by_samples:
                 raise EngineFallback("backward not reentrant")
-            if exact is not None:
+            third = [p.be.to_numpy(a).T for a in _columns_as_computed(p, k, c0, c1, inputs, looped)]
+            if _differ(p, second, third):
+                raise EngineFallback("backward not reentrant")
+            for block, a2 in zip(blocks, second):
+                block.by_output[c0:c1] = a2
+                block.forget_pattern()
+            corrected = True
+        if exact is not None:
+            for i, a2 in enumerate(second):
                 exact[i][c0:c1] = a2
-    return exact
+    if corrected:
+        p.run.engine_log.append(EngineEvent("vjp", "corrected", None, "the pass by samples rounded differently"))
+    return exact, corrected
+
+
+def _columns_as_computed(p, k, c0, c1, inputs, looped):
+    """Columns ``c0:c1`` of output ``k`` one VJP each (``looped``) or batched."""
+    if looped:
+        return _looped_columns(p, k, c0, c1, inputs)
+    second = _unless_batching_fails(p, _batched_columns, p, k, c0, c1, inputs)
+    if second is None:
+        raise EngineFallback("batched VJPs failed in the reentrancy pass")
+    return second
+
+
+def _differ(p, first, second) -> bool:
+    """Whether two passes' rows of one column block (per input) differ by more than
+    ``nondet_tol``."""
+    return any(a.size and np.max(np.abs(a - b)) > p.opts.nondet_tol for a, b in zip(first, second))
 
 
 def _coloured_second_pass(p, k, inputs, blocks) -> bool:

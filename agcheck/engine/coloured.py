@@ -37,6 +37,10 @@ class DenseBlock:
             return 0
         return int(np.count_nonzero(self.by_output, axis=axis).max())
 
+    def forget_pattern(self) -> None:
+        """Rows were written since :meth:`pattern` was read."""
+        self._pattern = None
+
     def pattern(self):
         """``(output indices, input indices)`` of the nonzero (or NaN) entries."""
         if self._pattern is None:
