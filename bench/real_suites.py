@@ -51,7 +51,8 @@ from precompile import compile_agcheck  # noqa: E402
 
 #: name -> how to run its gradient checks. ``dir`` is relative to --src; ``paths`` are the
 #: test paths inside it; ``args`` extra pytest arguments; ``plugins`` pytest plugins from
-#: bench/ to load; ``env`` extra environment.
+#: bench/ to load; ``env`` extra environment; ``select: False`` keeps tests whose own source
+#: does not name a checker (they call it through a helper of the suite's).
 SUITES = {
     "kornia": {
         "framework": "torch",
@@ -166,6 +167,19 @@ SUITES = {
                   "the snapshot lacks the package's data files) against the installed tad-dftd3 0.5.0 "
                   "and tad-mctc 0.5.3",
     },
+    "tad-multicharge": {
+        "framework": "torch",
+        "dir": "tad-multicharge",
+        # the EEQ charge model (a linear solve per molecule) of single molecules and batches:
+        # charges and energies differentiated in positions and in the model's parameters, the
+        # Hessian of the energy, each as a gradcheck and a gradgradcheck through tad-mctc's
+        # wrappers (fast mode as the suite ships; `-- --slow` runs them in slow mode)
+        "paths": ["test/test_grad"],
+        "args": [],
+        "env": {},
+        "source": "github tad-mctc/tad-multicharge at tag v0.3.3 (7e7811f): its test/ against the installed "
+                  "tad-multicharge 0.3.3 and tad-mctc 0.5.3",
+    },
     "torch-interpol": {
         "framework": "torch",
         "dir": "torch-interpol-0.2.6",
@@ -181,6 +195,20 @@ SUITES = {
         "env": {},
         "source": "torch-interpol 0.2.6 sdist (pip download --no-deps --no-binary :all: torch-interpol==0.2.6); "
                   "its tests ship inside the package",
+    },
+    "torchlie": {
+        "framework": "torch",
+        "dir": "torchlie",
+        # Lie-group operations of SO(3) and SE(3) (theseus' torchlie): left_project of a group
+        # element and a tangent tensor, every pair of six batch shapes broadcast against each
+        # other and three output ranks, 216 small slow-mode gradchecks through the suite's own
+        # helper (whose test functions do not name the checker)
+        "paths": ["tests/torchlie_tests/functional"],
+        "args": ["-k", "left_project_broadcasting"],
+        "select": False,
+        "env": {},
+        "source": "github facebookresearch/theseus at commit 5385180 (torchlie 0.1.0): git archive of "
+                  "tests/__init__.py and tests/torchlie_tests, against the installed torchlie 0.1.0",
     },
     "e3nn-jax": {
         "framework": "jax",
@@ -252,7 +280,7 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
     plugin_checker = "torch" if checker == "torch" else via
     cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-p", "suites_plugin",
            "--suite-record", out, "--suite-checker", plugin_checker, "--suite-repeat", str(repeat),
-           "--suite-select", "--suite-frameworks", spec["framework"],
+           *(["--suite-select"] if spec.get("select", True) else []), "--suite-frameworks", spec["framework"],
            "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--no-header", "-rN", "--rootdir", str(root),
            *(spec["paths"] if not any(not a.startswith("-") for a in extra) else []), *spec["args"], *extra]
     for plugin in spec.get("plugins", ()):
@@ -704,7 +732,7 @@ def main(argv=None):
 
 def _versions(framework):
     code = ("import importlib.metadata as m, json; out = {}\n"
-            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro','xitorch','entmax','torch-interpol'):\n"
+            "for n in ('torch','jax','jaxlib','numpy','agcheck','kornia','roma','e3nn','e3nn-jax','optax','numpyro','xitorch','entmax','torch-interpol','tad-dftd3','tad-mctc','tad-multicharge','torchlie'):\n"
             "    try: out[n] = m.version(n)\n"
             "    except m.PackageNotFoundError: pass\n"
             "print(json.dumps(out))")
