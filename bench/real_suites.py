@@ -47,7 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from precompile import compile_agcheck  # noqa: E402
+from precompile import compile_agcheck, prime_pytest_rewrites  # noqa: E402
 
 #: name -> how to run its gradient checks. ``dir`` is relative to --src; ``paths`` are the
 #: test paths inside it; ``args`` extra pytest arguments; ``plugins`` pytest plugins from
@@ -699,6 +699,7 @@ def main(argv=None):
         ap.error("--control needs --interleave (the control runs in the agcheck process, beside agcheck's runs)")
     spec = SUITES[args.suite]
     print(compile_agcheck(), file=sys.stderr, flush=True)
+    print(prime_pytest_rewrites(), file=sys.stderr, flush=True)
     via = args.via
     if via == "auto":
         via = "dropin" if _has_dropin(spec["framework"]) else "plugin"

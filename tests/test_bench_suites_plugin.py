@@ -364,3 +364,25 @@ def test_the_benchmarks_byte_compile_the_agcheck_their_workers_import(tmp_path):
     line = precompile.compile_agcheck(env=env)
     assert line == f"agcheck at {copy} byte-compiled, as an installed package is"
     assert compiled.exists()
+
+
+def test_the_suites_are_timed_with_pytests_rewritten_agcheck_modules_written(tmp_path):
+    """agcheck's distribution is a pytest plugin, so pytest compiles its modules through
+    the assertion rewriter; bench/precompile.py writes pytest's files for them (as a first
+    pytest run does), so that a suite's first check is not billed for it."""
+    import os
+    import shutil
+
+    import agcheck
+
+    precompile = _load("precompile")
+    copy = tmp_path / "agcheck"
+    # the backends of other frameworks are left out: importing them is slow, not the point
+    shutil.copytree(Path(agcheck.__file__).parent, copy,
+                    ignore=shutil.ignore_patterns("__pycache__", "jax*", "tensorflow*"))
+    cache = copy / "backends" / "__pycache__"
+    assert not cache.exists()
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+    line = precompile.prime_pytest_rewrites(env=env)
+    assert line == "pytest's rewritten agcheck modules written, as after a first pytest run"
+    assert any(f.name.startswith("torch_backend.") and "-pytest-" in f.name for f in cache.iterdir())
