@@ -109,7 +109,10 @@ def test_a_backward_that_reaches_another_sample_is_found_by_the_second_pass(monk
     assert BY_SAMPLES in r.engine_log
     assert r.verdict is not expected
     if expected:
-        assert r.engine_fallbacks  # the second pass saw it, and the reference engine decided
+        # the second pass saw it; its exact rows replace the first pass's, the numerical
+        # rows kept fail against them, and the failure is confirmed from those rows
+        assert r.engine_fallbacks
+        assert [(e.path, e.decision) for e in r.engine_log if e.path == "failure"] == [("failure", "confirmed")]
         assert _matches_torch()
 
 

@@ -266,10 +266,13 @@ def _compare_again(p, corrected, analytical, kept) -> None:
     if numerical is None:
         raise EngineFallback(MISMATCH)
     opts = p.run.opts
-    for j, q in enumerate(p.checked):
-        for k in corrected:
-            if not compressed.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol):
-                raise _RowsKept(analytical, kept, (q, k, 0, p.be.numel(p.args[q])))
+    failing = [(q, k) for j, q in enumerate(p.checked) for k in corrected
+               if not compressed.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol)]
+    if failing:
+        for q, _ in failing:  # agreed with the rows first computed, not with these
+            kept.passed.discard(q)
+        q, k = failing[0]
+        raise _RowsKept(analytical, kept, (q, k, 0, p.be.numel(p.args[q])))
 
 
 def _differing_block(kept, where):
