@@ -227,3 +227,45 @@ def test_a_pass_by_samples_is_not_probed_for_fewer_vjps_than_the_probe_costs(mon
         assert not any(e.path == "vjp" and e.decision == "by samples" for e in r.engine_log)
         assert r.verdict is (scale == 1.0)
         assert r.verdict is torch.autograd.gradcheck(fn, (_x(2),), raise_exception=False)
+
+
+class _TwoInputs(torch.autograd.Function):
+    """``tanh(W x_s + V z_s)`` per sample; ``x``'s gradient leaks ``leak`` of the next
+    sample's cotangent and ``z``'s is scaled by ``scale``."""
+
+    leak, scale = 0.0, 1.0
+
+    @staticmethod
+    def forward(ctx, x, z):
+        w, v = _PerSample.weights, _PerSample.weights.T.flip(0)
+        y = torch.tanh(x @ w.T + z @ v.T)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        w, v = _PerSample.weights, _PerSample.weights.T.flip(0)
+        d = g * (1 - y * y)
+        return d @ w + _TwoInputs.leak * torch.roll(g, -1, dims=0), d @ v * _TwoInputs.scale
+
+
+@pytest.mark.parametrize("leak", [0.0, 1e-4])
+def test_a_leak_the_second_pass_finds_is_reported_before_a_later_inputs_mismatch(monkeypatch, leak):
+    """``z``'s gradient 10% off fails the first comparison; ``x``'s leak is within what
+    that comparison tolerates by samples and is seen only by the second pass. torch's
+    checker reports the first failing block in its order, ``x``'s where it leaks: so
+    does agcheck, once the corrected rows unmark ``x`` as agreeing, from the rows it kept
+    (no fallback to the reference engine's own passes)."""
+    monkeypatch.setattr(_TwoInputs, "leak", leak)
+    monkeypatch.setattr(_TwoInputs, "scale", 1.1)
+    args = (_x(), _x().detach().flip(1).requires_grad_())
+    r = run_check(_TwoInputs.apply, args)
+    assert r.verdict is False and BY_SAMPLES in r.engine_log
+    assert [(e.path, e.decision) for e in r.engine_log if e.path == "failure"] == [("failure", "confirmed")]
+    with pytest.raises(agcheck.GradcheckError) as ours:
+        agcheck.gradcheck(_TwoInputs.apply, args)
+    with pytest.raises(RuntimeError) as torchs:
+        torch.autograd.gradcheck(_TwoInputs.apply, args)
+    assert str(torchs.value).startswith(f"Jacobian mismatch for output 0 with respect to input {0 if leak else 1}")
+    assert str(ours.value).startswith(str(torchs.value))

@@ -189,7 +189,9 @@ def _reverse(run, p, diff) -> None:
             kept = _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
         except EngineFallback as reason:
             if reentrancy is not None and str(reason) == MISMATCH:
-                reentrancy()
+                corrected = reentrancy()
+                if corrected and isinstance(reason, _RowsKept):
+                    _failing_again(p, corrected, analytical, reason.kept)
             raise
         if reentrancy is not None:
             corrected = reentrancy()
@@ -262,17 +264,28 @@ def _compare_again(p, corrected, analytical, kept) -> None:
     agreed with the rows first computed; a difference is decided as any mismatch is
     (:class:`_RowsKept`). Without every row kept the reference engine compares, with the
     exact columns noted."""
+    failing = _failing_again(p, corrected, analytical, kept)
+    if failing is None:
+        raise EngineFallback(MISMATCH)
+    if failing:
+        q, k = failing[0]
+        raise _RowsKept(analytical, kept, (q, k, 0, p.be.numel(p.args[q])))
+
+
+def _failing_again(p, corrected, analytical, kept) -> list | None:
+    """The blocks ``(input, output)`` of the outputs ``corrected`` whose kept numerical rows
+    differ from the corrected analytical rows; their inputs, which agreed with the rows
+    first computed, are no longer counted as agreeing (for :func:`failure.decide`).
+    ``None`` where not every row was kept."""
     numerical = kept.arrays() if kept is not None else None
     if numerical is None:
-        raise EngineFallback(MISMATCH)
+        return None
     opts = p.run.opts
     failing = [(q, k) for j, q in enumerate(p.checked) for k in corrected
                if not compressed.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol)]
-    if failing:
-        for q, _ in failing:  # agreed with the rows first computed, not with these
-            kept.passed.discard(q)
-        q, k = failing[0]
-        raise _RowsKept(analytical, kept, (q, k, 0, p.be.numel(p.args[q])))
+    for q, _ in failing:
+        kept.passed.discard(q)
+    return failing
 
 
 def _differing_block(kept, where):
