@@ -269,3 +269,33 @@ def test_a_leak_the_second_pass_finds_is_reported_before_a_later_inputs_mismatch
         torch.autograd.gradcheck(_TwoInputs.apply, args)
     assert str(torchs.value).startswith(f"Jacobian mismatch for output 0 with respect to input {0 if leak else 1}")
     assert str(ours.value).startswith(str(torchs.value))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_blocks_batched_to_price_the_loop_are_computed_again_one_vjp_each(monkeypatch, scale):
+    """A pass by samples whose VJPs were batched for a block, to price batching, and then
+    looped (the loop won): batched VJPs that round differently would leave that block
+    unlike the one-hot VJPs of the second pass, which would then be computed column by
+    column and corrected. The block is computed again one VJP per position instead, and
+    the coloured second pass reproduces the whole pass; a wrong backward still fails
+    with torch's message."""
+    from agcheck.engine import batched
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
+    looped = batched._looped_columns
+
+    def rounding_differently(p, k, c0, c1, inputs, cotangents=None):
+        return [c * (1 + 2.0 ** -50) for c in looped(p, k, c0, c1, inputs, cotangents)]
+
+    monkeypatch.setattr(batched, "_batched_columns", rounding_differently)
+    monkeypatch.setattr(cost, "next_batch_size", lambda *a, **k: (None, "batched was not faster"))
+    monkeypatch.setattr(_PerSample, "scale", scale)
+    r = run_check(_PerSample.apply, (_x(2),))
+    decisions = [e.decision for e in r.engine_log if e.path == "vjp"]
+    assert decisions[:2] == ["looped", "by samples"], decisions
+    assert r.verdict is (scale == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(_PerSample.apply, (_x(2),), raise_exception=False)
+    if scale == 1.0:
+        assert decisions[2:] == ["coloured"], decisions
+    else:
+        assert _matches_torch(2)

@@ -576,13 +576,26 @@ def _first_pass_by_samples(p, k, inputs):
         return be.reshape(be.array_like(cot, out), (c1 - c0, *out.shape))
 
     rows = [np.zeros((m, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
-    for c0, c1 in _column_blocks(p, per, sum(be.numel(x) for x in inputs)):
-        cols, _ = _columns_and_how(p, k, c0, c1, inputs, merged)
+
+    def write(cols, c0, c1):
         for i, (a, x) in enumerate(zip(cols, inputs)):
             n_per = be.numel(x) // b
             g = be.to_numpy(a).T.reshape(c1 - c0, b, n_per)
             for s in range(b):
                 rows[i][s * per + c0:s * per + c1, s * n_per:(s + 1) * n_per] = g[:, s]
+
+    batched = []
+    for c0, c1 in _column_blocks(p, per, sum(be.numel(x) for x in inputs)):
+        cols, looped = _columns_and_how(p, k, c0, c1, inputs, merged)
+        if not looped:
+            batched.append((c0, c1))
+        write(cols, c0, c1)
+    if batched and p._vjp_batched is False:
+        # the loop won after these blocks were batched to price it: one VJP per position
+        # again, so that the second pass (one VJP per column, or coloured) can reproduce
+        # the whole pass bit for bit where the backward keeps the samples apart
+        for c0, c1 in batched:
+            write(_looped_columns(p, k, c0, c1, inputs, merged), c0, c1)
     p.run.engine_log.append(EngineEvent("vjp", "by samples", None, figures={"samples": b}))
     return rows
 
