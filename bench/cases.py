@@ -703,7 +703,12 @@ def _neutral_warm_up() -> None:
     sympy (``_make_grads`` -> ``torch.fx.experimental.symbolic_shapes``: about 0.5 s and
     40 MB); torch's own checker reaches it in its warm-up check, agcheck's VJPs do not, and
     a case whose check imports ``torch._dynamo`` (which needs sympy) would otherwise bill
-    that import to agcheck alone.  ``--cold`` shows the first check without any warm-up."""
+    that import to agcheck alone.  NumPy's random module is imported too, on both sides:
+    agcheck's engine draws its signs and projections from it and imports it at its first
+    check (6-8 ms, 0.5 MB), which the tiny warm-up check, too small for the engine, does
+    not reach (torch's checker never needs it, and a torch ``_dynamo`` import makes it in
+    either side's timed check).  ``--cold`` shows the first check without any warm-up."""
+    import numpy.random  # noqa: F401
     import torch
 
     x = torch.ones(2, dtype=torch.float64, requires_grad=True)
