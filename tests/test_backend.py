@@ -136,29 +136,20 @@ def test_inference_follows_a_backend_registered_again(monkeypatch):
     assert infer_backend((make(3),)).name == "torch"
 
 
+#: the checkout, so that ``tests.helpers`` imports in a fresh interpreter
+_ROOT = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+
 _FIRST_TORCH_CHECK = r"""
 import sys
 import numpy, torch
 import agcheck
+from tests.helpers import ScaledSin
 
-class Scaled(torch.autograd.Function):
-    factor = 1.0
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * x.cos() * Scaled.factor
-
+fn = ScaledSin.apply
 x = torch.rand(5, dtype=torch.float64, requires_grad=True)
-verdicts = [agcheck.gradcheck(Scaled.apply, (x,), fast_mode=fast) for fast in (True, False)]
-Scaled.factor = 1.1
-verdicts += [agcheck.gradcheck(Scaled.apply, (x,), fast_mode=fast, raise_exception=False)
-             for fast in (True, False)]
+verdicts = [agcheck.gradcheck(fn, (x,), fast_mode=fast) for fast in (True, False)]
+ScaledSin.factor = 1.1
+verdicts += [agcheck.gradcheck(fn, (x,), fast_mode=fast, raise_exception=False) for fast in (True, False)]
 print(verdicts, sorted(m for m in ("numpy.random", "agcheck.backends.numpy_backend") if m in sys.modules))
 """
 
@@ -170,7 +161,7 @@ def test_a_torch_check_imports_neither_numpy_random_nor_the_numpy_backend():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _FIRST_TORCH_CHECK], capture_output=True, text=True, cwd="/")
+    out = subprocess.run([sys.executable, "-c", _FIRST_TORCH_CHECK], capture_output=True, text=True, cwd=_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "[True, True, False, False] []"
 
@@ -181,8 +172,11 @@ def test_a_check_whose_fn_first_imports_numpy_random_leaves_its_draws_alone():
     import subprocess
     import sys
 
-    code = _FIRST_TORCH_CHECK.replace(
-        "return x.sin()", "import numpy.random; numpy.random.rand(2); return x.sin()")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    drawing = ("def fn(a):\n"
+               "    import numpy.random\n"
+               "    numpy.random.rand(2)\n"
+               "    return ScaledSin.apply(a)\n")
+    code = _FIRST_TORCH_CHECK.replace("fn = ScaledSin.apply\n", drawing)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "[True, True, False, False] ['numpy.random']"
