@@ -1,7 +1,6 @@
 """``agcheck.gradcheck``: which checks run, in which order, on which pieces of ``fn``."""
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Callable
 
@@ -13,6 +12,7 @@ from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import resolve_problem
 from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.stencil import auto_eps, get_stencil
+from agcheck.core.stopwatch import Stopwatch
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET
@@ -173,6 +173,12 @@ class _Run:
         #: the reverse-mode pass's numerical Jacobians, for the forward-mode pass that follows
         self.numerical_memo = NumericalMemo(
             wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
+        self._timed_on_thread = be.computes_on_calling_thread(args)
+
+    def stopwatch(self) -> Stopwatch:
+        """A stopwatch for the engine's cost figures, started now: it counts this
+        thread's CPU seconds where the backend computes on it (:mod:`agcheck.core.stopwatch`)."""
+        return Stopwatch(self._timed_on_thread)
 
     def eps_for(self, x) -> float:
         """The finite-difference step for input ``x``."""
@@ -202,10 +208,10 @@ class _Run:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
         before = [be.snapshot(self.args[p]) for p in self.checked]
-        began = time.perf_counter()
+        watch = self.stopwatch()
         trace = be.trace(self.fn, self.args, self.checked)
         #: seconds of one evaluation of fn with its graph: the engine's first cost figure
-        self.evaluation_seconds = time.perf_counter() - began
+        self.evaluation_seconds = watch.seconds()
         self._assert_inputs_untouched(before)
         diff = self._differentiable(trace.outputs)
         be.validate_outputs([trace.outputs[k] for k in diff])

@@ -1,5 +1,6 @@
 """Small shared helpers of agcheck's tests: inputs from private generators, snapshots."""
 import os
+import time
 
 import pytest
 import torch
@@ -67,6 +68,14 @@ class Snapshot:
             assert x.requires_grad == rg, "requires_grad changed"
             assert x.grad is g, ".grad changed"
         assert torch.equal(torch.get_rng_state(), self.rng), "global RNG state changed"
+
+
+def busy(seconds: float) -> None:
+    """Work (not wait) for ``seconds``: the engine times its choices in seconds of work
+    (``agcheck.core.stopwatch``), so a slow step is simulated busy, never asleep."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 class ScaledSin(torch.autograd.Function):

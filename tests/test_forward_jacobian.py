@@ -1,7 +1,6 @@
 """The analytical Jacobian by forward mode (``agcheck.engine.forward_jacobian``): taken when
 the outputs far outnumber the inputs, and only once random VJPs tie the backward to it;
 every backward it cannot tie goes back to the VJPs and gets torch's verdict."""
-import time
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import torch
 import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.engine.outcome import EngineEvent
-from .helpers import run_check as run
+from .helpers import busy, run_check as run
 
 
 #: the cost model's weight of the reverse passes, for the tests of its decisions
@@ -297,7 +296,7 @@ def test_forward_mode_found_dearer_stops_at_once(monkeypatch, slow_from):
     def slow_rows(self, fn, args, checked, j, flat):
         rows.append(len(flat))
         if len(rows) > slow_from:
-            time.sleep(0.5)  # far above the reverse passes' estimate (tens of ms), even under load
+            busy(0.3)  # far above the reverse passes' estimate (tens of ms)
         return original(self, fn, args, checked, j, flat)
 
     monkeypatch.setattr(be_type, "jvp_rows", slow_rows)

@@ -2,7 +2,6 @@
 (``Problem.samples``): an element and its counterparts in the other samples move in one
 call, and each sample's outputs give its own row, bitwise as a call moving the element
 alone gives it; a function that mixes samples is found out and moved element by element."""
-import time
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from agcheck.engine import cost
 from agcheck.engine.rows import Problem
 from agcheck.gradcheck import _Run
 from agcheck.options import GradcheckOptions
-from .helpers import ScaledSin, run_check
+from .helpers import ScaledSin, busy, run_check
 
 B, SIDE = 3, 10
 
@@ -212,7 +211,7 @@ def _per_sample_cost(x):
     per entry of its first dimension, stacked copies included: batched rows cost what rows
     one call at a time cost, as float64 CPU convolutions do, so only moving the samples
     together saves calls."""
-    time.sleep(PER_SAMPLE_SECONDS * x.shape[0])
+    busy(PER_SAMPLE_SECONDS * x.shape[0])
     return ScaledSin.apply(x)
 
 
@@ -298,7 +297,7 @@ class _LastColumnOff(torch.autograd.Function):
 
 
 def _late_mismatch(x):
-    time.sleep(PER_SAMPLE_SECONDS * x.shape[0])
+    busy(PER_SAMPLE_SECONDS * x.shape[0])
     return _LastColumnOff.apply(x)
 
 

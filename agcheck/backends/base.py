@@ -425,6 +425,14 @@ class Backend:
         Capability :attr:`Capability.BATCHED_EVALUATION`."""
         raise UnsupportedError("one_hots")
 
+    def computes_on_calling_thread(self, args: tuple) -> bool:
+        """Whether evaluating a function of ``args`` and its derivatives works on the
+        calling thread (CPU arrays of an eager framework), so that the engine may time
+        its choices in that thread's CPU seconds, which a busy machine does not inflate
+        (:mod:`agcheck.core.stopwatch`). ``False`` (wall-clock time) by default: where the
+        work runs on a device or on the runtime's own threads while the caller waits."""
+        return False
+
     def batch_setup_cost(self, fn: Callable, position: int | None = None) -> float:
         """Seconds of one-time setup (e.g. an import) that the first batched evaluation
         of ``fn`` (moving ``args[position]``, when given) would pay; the engine batches

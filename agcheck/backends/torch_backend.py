@@ -553,6 +553,11 @@ class TorchBackend(Backend):
         return (0.0 if "torch._decomp.decompositions_for_jvp" in sys.modules else JVP_DECOMPOSITIONS_IMPORT_SECONDS) + \
             _func_vjp_first_cost()
 
+    def computes_on_calling_thread(self, args) -> bool:
+        # CPU kernels and CPU backward passes run on the caller's thread (an intra-op
+        # pool's parallel regions keep it busy until they end); a GPU's do not
+        return all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+
     def batch_setup_cost(self, fn, position=None) -> float:
         fn = _vjp_function(fn)
         if fn is None:

@@ -30,7 +30,6 @@ closure would not see the move) and loops over that input if not.
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
@@ -364,9 +363,9 @@ def _timed_columns(p, k, c0, c1, inputs, cotangents):
     be = p.be
     parts, seconds = [], []
     for c in range(c0, c1):
-        began = time.perf_counter()
+        watch = p.run.stopwatch()
         parts.append(_looped_columns(p, k, c, c + 1, inputs, cotangents))
-        seconds.append(time.perf_counter() - began)
+        seconds.append(watch.seconds())
     p._vjp_column_cost = min(seconds)
     p._vjp_batched = not _vjp_setup_outweighs_saving(p)
     if not p._vjp_batched:
@@ -394,11 +393,11 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
     setup_pending = p.be.batched_vjp_setup_cost(p.trace) > 0
     modules = len(sys.modules)
-    began = time.perf_counter()
+    watch = p.run.stopwatch()
     call = _unless_batching_fails(p, memory.measured, _batched_columns, p, k, c0, c1, inputs, cotangents)
     if call is None:
         return _looped_columns(p, k, c0, c1, inputs, cotangents), True
-    seconds = time.perf_counter() - began
+    seconds = watch.seconds()
     cols = call.result
     if setup_pending or len(sys.modules) > modules:
         # the block's time and memory are mostly a one-time setup's (weighed beforehand

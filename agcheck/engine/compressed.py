@@ -27,7 +27,6 @@ hands every failure to the reference engine, which gives torch's verdict and mes
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
@@ -198,7 +197,7 @@ class CompressedSides:
         start = 0
         while start < n_rows:
             stop = min(n_rows, start + chunk)
-            began = time.perf_counter()
+            watch = p.run.stopwatch()
             if batched:
                 rows = move_rows(start, stop, False)
                 stacked = be.reshape(be.array_like(rows, x), (stop - start, *x.shape))
@@ -209,7 +208,7 @@ class CompressedSides:
             for k in self.diff:
                 parts[k].append(outs[k] if reduce is None else reduce(outs[k]))
             if stop < n_rows and after_chunk is not None:
-                after_chunk((time.perf_counter() - began) / (stop - start), n_rows - stop)
+                after_chunk(watch.seconds() / (stop - start), n_rows - stop)
             start, chunk = stop, min(size, 2 * chunk)
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
@@ -226,7 +225,7 @@ class CompressedSides:
         # a few dozen VJPs: batched, unless the first batched one would pay a one-time
         # setup (torch: importing sympy, 0.3-0.7 s) that plain VJPs have not yet cost
         batched = cost.setup_worth_paying(be.batched_vjp_setup_cost(self.p.trace))
-        began = time.perf_counter()
+        watch = self.p.run.stopwatch()
         try:
             grads = self.p.vjps(k, stacked, n_rounds * n_colours, batched=batched)
         except ValueError as e:
@@ -234,7 +233,7 @@ class CompressedSides:
                 raise
             raise NotCompressible(str(e)) from None
         if not batched:
-            cost.spent_instead_of_setup(time.perf_counter() - began)
+            cost.spent_instead_of_setup(watch.seconds())
         result = []
         for g, q in zip(grads, self.checked):
             x = self.p.args[q]

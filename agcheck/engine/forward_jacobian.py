@@ -23,7 +23,6 @@ the Jacobian to the VJPs, as before.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -150,9 +149,9 @@ def _projections(p, diff, inputs, vjps):
         stacked = be.reshape(be.array_like(u, out), (ROUNDS, *out.shape))
         passes, seconds = [], []
         for _ in range(2):
-            began = time.perf_counter()
+            watch = p.run.stopwatch()
             passes.append(_flat_vjps(p, vjps, k, stacked, inputs))
-            seconds.append(time.perf_counter() - began)
+            seconds.append(watch.seconds())
         # the better of the two: a first backward may pay one-time costs
         reverse_seconds += _REVERSE_PASSES * m * min(seconds) / ROUNDS
         first, second = passes
@@ -199,12 +198,12 @@ def _forward_blocks(p, diff, inputs, reverse_seconds):
         n, s = be.numel(x), 0
         while s < n:
             e = min(n, s + size)
-            began = time.perf_counter()
+            watch = p.run.stopwatch()
             try:
                 call = memory.measured(be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
             except Exception as err:  # noqa: BLE001 - no forward-mode formula, no batching rule...
                 raise _Declined(f"{type(err).__name__}: {err}") from None
-            seconds = time.perf_counter() - began
+            seconds = watch.seconds()
             spent += seconds
             rows = call.result
             if len(rows) != len(p.floats):

@@ -10,7 +10,6 @@ engine to reuse on a failure.
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -202,10 +201,10 @@ class Problem:
             # the best of two: the first plain calls of a check may pay one-time costs
             timings = []
             for _ in range(2 if be.numel(x) >= _RETIMED_NUMEL else 1):
-                start = time.perf_counter()
+                watch = self.run.stopwatch()
                 sequential = self.run.user_errors.call(jac.numerical_directional, be, self.fn, self.args, pos, u,
                                                        eps, self.run.stencil)
-                timings.append(time.perf_counter() - start)
+                timings.append(watch.seconds())
         except Exception as e:
             if e in self.run.user_errors:
                 raise
@@ -280,9 +279,9 @@ class Problem:
         (:meth:`copy_bytes`)."""
         be = self.be
         try:
-            start = time.perf_counter()
+            watch = self.run.stopwatch()
             call = memory.measured(evaluate, self.fn, self.args, pos, moved)
-            seconds = time.perf_counter() - start
+            seconds = watch.seconds()
             batched = call.result
         except Exception as e:
             if e in self.run.user_errors:
@@ -487,9 +486,9 @@ class Problem:
         while start < n:
             stop = min(n, start + size)
             setup_pending = self._setup_pending(self._via[pos], pos)
-            began = time.perf_counter()
+            watch = self.run.stopwatch()
             call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
-            seconds = time.perf_counter() - began
+            seconds = watch.seconds()
             if call.added_peak is not None and not setup_pending:  # memory as measured
                 self._row_bytes[pos] = max(self._row_bytes[pos], call.added_peak // (stop - start))
             yield start, stop, call.result
