@@ -47,6 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from busy import busy_loops  # noqa: E402
 from precompile import compile_agcheck, prime_pytest_rewrites  # noqa: E402
 
 #: name -> how to run its gradient checks. ``dir`` is relative to --src; ``paths`` are the
@@ -575,7 +576,8 @@ def print_report(data, summary, out=sys.stdout):
     fwname = "jax" if data["framework"] == "jax" else "torch"
     p(f"== {data['suite']} ({data['framework']}): {data['source']}")
     p(f"   via={data['via']} repeat={data['repeat']} force_slow={data['force_slow']} "
-      f"warm_fn={data.get('warm_fn', False)}")
+      f"warm_fn={data.get('warm_fn', False)}"
+      + (f" beside {data['busy']} busy loop(s)" if data.get("busy") else ""))
     versions = data.get("versions", {})
     if "agcheck_source" in versions:
         p(f"   agcheck from {versions['agcheck_source']} at {versions.get('agcheck_commit', '?')}")
@@ -682,6 +684,9 @@ def main(argv=None):
                     help="count the checked function's calls and torch's backward passes in every timed run, "
                          "and the CPU time inside each (reported as 'where the time goes': how much of each "
                          "checker's time is evaluation, differentiation and its own work)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="run this many busy loops beside the suite, at its niceness, for the whole run: the "
+                         "load of a shared machine (a CI runner running tests in parallel), made repeatable")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/real-suites-SUITE-DATE[-slow].json)")
     ap.add_argument("--report", default=None, help="print the report of a saved JSON file and exit")
@@ -709,16 +714,17 @@ def main(argv=None):
     data = {"suite": args.suite, "framework": spec["framework"], "source": spec["source"], "via": via,
             "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave,
             "warm_fn": args.warm_fn, "count_fn": args.count_fn, "control": args.control,
-            "pytest_args": args.pytest_args,
+            "pytest_args": args.pytest_args, "busy": args.busy,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "python": sys.version.split()[0], "versions": _versions(spec["framework"]), "runs": {}}
-    for checker in args.checkers.split(","):
-        print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
-        records, rc, seconds, cmd, log = run_suite(args.suite, spec, args.src, checker, via_plugin, args.repeat,
-                                                   args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir,
-                                                   interleave=args.interleave, warm_fn=args.warm_fn,
-                                                   count_fn=args.count_fn, control=args.control)
-        data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
+    with busy_loops(args.busy):
+        for checker in args.checkers.split(","):
+            print(f"running {args.suite} with {checker} ...", file=sys.stderr, flush=True)
+            records, rc, seconds, cmd, log = run_suite(
+                args.suite, spec, args.src, checker, via_plugin, args.repeat,
+                args.force_slow and args.force_slow_max_numel, args.pytest_args, args.timeout, log_dir,
+                interleave=args.interleave, warm_fn=args.warm_fn, count_fn=args.count_fn, control=args.control)
+            data["runs"][checker] = {"rc": rc, "seconds": seconds, "command": cmd, "log": log, "records": records}
     summary = analyse(data)
     data["summary"] = summary
     out = args.out or HERE / "results" / (f"real-suites-{args.suite}-{_dt.date.today().isoformat()}"

@@ -386,3 +386,21 @@ def test_the_suites_are_timed_with_pytests_rewritten_agcheck_modules_written(tmp
     line = precompile.prime_pytest_rewrites(env=env)
     assert line == "pytest's rewritten agcheck modules written, as after a first pytest run"
     assert any(f.name.startswith("torch_backend.") and "-pytest-" in f.name for f in cache.iterdir())
+
+
+def test_busy_loops_spin_for_the_block_and_stop_after_it():
+    import os
+    import time
+
+    busy = _load("busy")
+    with busy.busy_loops(1) as procs:
+        (proc,) = procs
+        time.sleep(0.3)
+        assert proc.poll() is None  # spinning
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        assert int(fields[16]) == min(19, os.nice(0) + 10)  # the bench's niceness
+        assert int(fields[11]) + int(fields[12]) > 0  # it used CPU time (ticks)
+    assert proc.poll() is not None
+    with busy.busy_loops(0) as none:
+        assert none == []
