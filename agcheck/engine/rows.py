@@ -69,6 +69,7 @@ class Problem:
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
         self._batched = {}
         self._element_cost = {}  # seconds one element's rows take one at a time
+        self._repriced = set()  # inputs whose loop was priced again once batching lost
         self._reference = {}  # per input: the probe's plain difference quotient (None: it raised)
         self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
@@ -201,10 +202,8 @@ class Problem:
             # the best of two: the first plain calls of a check may pay one-time costs
             timings = []
             for _ in range(2 if be.numel(x) >= _RETIMED_NUMEL else 1):
-                watch = self.run.stopwatch()
-                sequential = self.run.user_errors.call(jac.numerical_directional, be, self.fn, self.args, pos, u,
-                                                       eps, self.run.stencil)
-                timings.append(watch.seconds())
+                seconds, sequential = self._timed_plain_quotient(pos, u, eps)
+                timings.append(seconds)
         except Exception as e:
             if e in self.run.user_errors:
                 raise
@@ -213,6 +212,29 @@ class Problem:
         self._figures.setdefault(pos, {})["loop_row"] = loop_row
         self._reference[pos] = sequential
         return sequential
+
+    def _timed_plain_quotient(self, pos, u, eps) -> tuple:
+        """The plain calls' difference quotient along ``u``, and the seconds they took."""
+        watch = self.run.stopwatch()
+        quotient = self.run.user_errors.call(jac.numerical_directional, self.be, self.fn, self.args, pos, u, eps,
+                                             self.run.stencil)
+        return watch.seconds(), quotient
+
+    def _loop_repriced(self, pos) -> float | None:
+        """Seconds one element's rows of ``args[pos]`` take one at a time, measured again
+        now (the probe's plain calls once more), or ``None`` where they raise. The loop was
+        priced when the input was probed, and batches are measured later: on a machine
+        whose load changes in between (other processes' work pollutes caches and shares
+        the memory bus), a batch can look no faster than a price taken in a quieter
+        moment. Measured again, the two figures are of one moment."""
+        x = self.args[pos]
+        try:
+            seconds, _ = self._timed_plain_quotient(pos, self._probe_direction(pos), self.run.eps_for(x))
+        except Exception as e:
+            if e in self.run.user_errors:
+                raise
+            return None
+        return seconds * (2 if self.be.is_complex(x) else 1)
 
     def element_seconds(self, pos) -> float | None:
         """Seconds one element's rows of ``args[pos]`` take computed one at a time, as the
@@ -499,10 +521,25 @@ class Problem:
                 if len(per_row_of) == 1 else None
             chunk = cost.rows_per_chunk(self._row_bytes[pos], self.batch_bytes, n)
             size, why = self._next_batch_size(pos, per_row_of, looped, chunk, seconds, slope)
+            repriced = None
+            if size is None and pos not in self._repriced:
+                # before giving the rest of the input to the loop, its price again, now
+                self._repriced.add(pos)
+                repriced = self._loop_repriced(pos)
+                if repriced is not None and repriced > looped:
+                    looped = self._element_cost[pos] = repriced
+                    size, why = self._next_batch_size(pos, per_row_of, looped, chunk, seconds, slope)
+                    if size is not None:
+                        self.run.engine_log.append(EngineEvent("numerical", "repriced", pos, "batching goes on",
+                                                               via=self._via[pos], figures={
+                                                                   "loop_row": looped,
+                                                                   "batched_row": per_row_of[max(per_row_of)]}))
             start = stop
             if size is None:
                 self._looped.add(pos)
                 figures = {"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}
+                if repriced is not None:
+                    figures["loop_repriced"] = repriced
                 if self._samples.get(pos):
                     figures["samples"] = self._samples[pos]
                 self.run.engine_log.append(EngineEvent("numerical", "looped", pos, why, via=self._via[pos],
