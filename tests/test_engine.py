@@ -340,9 +340,9 @@ def test_batched_evaluations_are_not_dropped_for_time_spent_waiting(broken, monk
     r = run(fn, (make(64),), engine="batched")
     assert r.verdict is (not broken)
     assert r.verdict is torch.autograd.gradcheck(fn, (make(64),), raise_exception=False)
-    assert "batched" in paths(r) and ("looped", "batched was slower") not in paths(r)
-    if not broken:  # (a mismatch ends the pass at the rows that show it)
-        assert paths(r) <= {"batched", ("repriced", "batching goes on")} and len(calls) > 1
+    if not broken:  # (a mismatch ends the pass at the rows that show it, in the first batch)
+        assert "batched" in paths(r) and paths(r) <= {"batched", ("repriced", "batching goes on")}
+        assert len(calls) > 1
 
 
 @pytest.mark.parametrize("broken", [False, True])
@@ -361,7 +361,7 @@ def test_batched_vjps_are_not_dropped_for_time_spent_waiting(broken, monkeypatch
 @pytest.mark.parametrize("broken", [False, True])
 def test_a_loop_priced_in_a_quieter_moment_is_priced_again_before_it_wins(broken, monkeypatch):
     # the machine gets slower once the batches start (other processes' work): every call
-    # of fn costs 3 ms more from then on. Against the loop's price from the probe, taken
+    # of fn costs 20 ms more from then on. Against the loop's price from the probe, taken
     # before, the batches look no faster; priced again, the loop costs two such calls a
     # row, and the batches go on
     from agcheck.engine.rows import Problem as _Problem
@@ -379,16 +379,16 @@ def test_a_loop_priced_in_a_quieter_moment_is_priced_again_before_it_wins(broken
     def fn(x):
         calls.append(1)
         if slow:
-            busy(0.003)
+            busy(0.02)
         return sines(x)
 
     r = run(fn, (make(64),), engine="batched")
     assert r.verdict is (not broken)
     assert r.verdict is torch.autograd.gradcheck(sines, (make(64),), raise_exception=False)
-    probed, repriced = ([e for e in r.engine_log if e.path == "numerical" and e.decision == decision]
-                        for decision in ("batched", "repriced"))
-    assert repriced and repriced[0].figures["loop_row"] > 0.003 > probed[0].figures["loop_row"]
-    if not broken:  # (a mismatch ends the pass at the rows that show it)
+    if not broken:  # (a mismatch ends the pass at the rows that show it, maybe in the first batch)
+        probed, repriced = ([e for e in r.engine_log if e.path == "numerical" and e.decision == decision]
+                            for decision in ("batched", "repriced"))
+        assert repriced and repriced[0].figures["loop_row"] >= 0.04 > probed[0].figures["loop_row"]
         assert ("looped", "batched was slower") not in paths(r) and len(calls) < 30
 
 
