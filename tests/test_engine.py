@@ -244,20 +244,26 @@ def test_batching_loses_only_when_clearly_slower_and_not_explained_by_fixed_cost
     assert _batching_loses(1e-3, 1e-4, 64, 0.064)  # large enough to amortise fixed costs
 
 
-def _slowed(monkeypatch, name, owner=None):
-    """Make the engine's batched call ``name`` take 0.2 s more per call; count the calls."""
+def _delayed(monkeypatch, name, delay, owner=None):
+    """Make the engine's batched call ``name`` run ``delay()`` first on every call (a slow
+    op works: ``busy``; a process on a busy machine waits: ``time.sleep``); count the calls."""
     import agcheck.engine.batched as engine
 
     owner = owner or engine
     original, calls = getattr(owner, name), []
 
-    def slow(*args, **kwargs):
+    def delayed(*args, **kwargs):
         calls.append(1)
-        busy(0.2)  # a slow batched op works: waiting is not its cost (_waiting)
+        delay()
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(owner, name, slow)
+    monkeypatch.setattr(owner, name, delayed)
     return calls
+
+
+def _slowed(monkeypatch, name, owner=None):
+    """The batched call ``name`` works 0.2 s more per call."""
+    return _delayed(monkeypatch, name, lambda: busy(0.2), owner)
 
 
 def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monkeypatch):
@@ -296,20 +302,9 @@ def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_bat
 
 
 def _waiting(monkeypatch, name, owner=None):
-    """Make the engine's batched call ``name`` wait 0.05 s per call without working, as a
-    process does while a busy machine runs other processes; count the calls."""
-    import agcheck.engine.batched as engine
-
-    owner = owner or engine
-    original, calls = getattr(owner, name), []
-
-    def waiting(*args, **kwargs):
-        calls.append(1)
-        time.sleep(0.05)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, waiting)
-    return calls
+    """The batched call ``name`` waits 0.05 s per call without working, as a process does
+    while a busy machine runs other processes."""
+    return _delayed(monkeypatch, name, lambda: time.sleep(0.05), owner)
 
 
 def _sines(broken, dense=False):

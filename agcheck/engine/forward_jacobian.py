@@ -23,7 +23,6 @@ the Jacobian to the VJPs, as before.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from agcheck.backends.base import Capability

@@ -208,17 +208,19 @@ class Problem:
             if e in self.run.user_errors:
                 raise
             return None
-        loop_row = self._element_cost[pos] = min(timings) * (2 if be.is_complex(x) else 1)
+        loop_row = self._element_cost[pos] = min(timings)
         self._figures.setdefault(pos, {})["loop_row"] = loop_row
         self._reference[pos] = sequential
         return sequential
 
     def _timed_plain_quotient(self, pos, u, eps) -> tuple:
-        """The plain calls' difference quotient along ``u``, and the seconds they took."""
+        """The plain calls' difference quotient along ``u``, and the seconds one element's
+        rows take at that rate (twice the calls' for a complex input: its real and
+        imaginary parts are moved apart)."""
         watch = self.run.stopwatch()
         quotient = self.run.user_errors.call(jac.numerical_directional, self.be, self.fn, self.args, pos, u, eps,
                                              self.run.stencil)
-        return watch.seconds(), quotient
+        return watch.seconds() * (2 if self.be.is_complex(self.args[pos]) else 1), quotient
 
     def _loop_repriced(self, pos) -> float | None:
         """Seconds one element's rows of ``args[pos]`` take one at a time, measured again
@@ -234,7 +236,7 @@ class Problem:
             if e in self.run.user_errors:
                 raise
             return None
-        return seconds * (2 if self.be.is_complex(x) else 1)
+        return seconds
 
     def element_seconds(self, pos) -> float | None:
         """Seconds one element's rows of ``args[pos]`` take computed one at a time, as the
