@@ -354,6 +354,45 @@ def test_batched_vjps_are_not_dropped_for_time_spent_waiting(broken, monkeypatch
 
 
 @pytest.mark.parametrize("broken", [False, True])
+def test_a_vjp_loop_priced_in_a_quieter_moment_is_priced_again_before_it_wins(broken, monkeypatch):
+    # the machine gets slower once the batched VJPs start: every VJP call costs 50 ms more
+    # of work from then on. Against the loop's price from the first columns, taken before,
+    # the first batch looks slower; priced again, a column on its own costs such a call,
+    # and the batches go on
+    import agcheck.engine.batched as engine
+    from agcheck.backends.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)  # as once it is paid
+    slow, looped_while_slow = [], []
+    batched_columns, looped_columns = engine._batched_columns, engine._looped_columns
+
+    def first_batch_slows_the_machine(*args, **kwargs):
+        slow.append(1)
+        busy(0.05)
+        return batched_columns(*args, **kwargs)
+
+    def looped(p, k, c0, c1, *args, **kwargs):
+        if slow:
+            looped_while_slow.append(c1 - c0)
+            busy(0.05 * (c1 - c0))
+        return looped_columns(p, k, c0, c1, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_batched_columns", first_batch_slows_the_machine)
+    monkeypatch.setattr(engine, "_looped_columns", looped)
+    fn = _sines(broken, dense=True)
+    r = run(fn, (make(64),))
+    assert r.verdict is (not broken)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(64),), raise_exception=False)
+    if not broken:  # (a mismatch may end the pass at the first batch's columns)
+        repriced = [e for e in r.engine_log if e.path == "vjp" and e.decision == "repriced"]
+        assert repriced and repriced[0].figures["loop_column"] >= 0.05 > repriced[0].figures["batched_column"]
+        assert not [e for e in r.engine_log if e.path == "vjp" and e.decision == "looped"]
+        # the repricing column, and the reentrancy pass's second computation of the
+        # columns that priced the loop first (computed one VJP each, as then)
+        assert sum(looped_while_slow) <= 1 + engine._TIMED_COLUMNS
+
+
+@pytest.mark.parametrize("broken", [False, True])
 def test_a_loop_priced_in_a_quieter_moment_is_priced_again_before_it_wins(broken, monkeypatch):
     # the machine gets slower once the batches start (other processes' work): every call
     # of fn costs 20 ms more from then on. Against the loop's price from the probe, taken

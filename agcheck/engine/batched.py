@@ -410,13 +410,36 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         return cols, False  # a short last block says little
     p._vjp_per_col[c1 - c0] = seconds / (c1 - c0)
     size, why = cost.next_batch_size(p._vjp_per_col, p._vjp_column_cost, _NO_LIMIT, seconds=seconds)
+    repriced = None
+    if size is None and not p._vjp_repriced:
+        # before the loop takes the other columns, its price again, now: priced on the
+        # first columns, it may be of a quieter moment than this batch's (as the numerical
+        # side's loop: Problem._loop_repriced)
+        p._vjp_repriced = True
+        repriced = _loop_column_repriced(p, k, c0, inputs, cotangents)
+        if repriced > p._vjp_column_cost:
+            p._vjp_column_cost = repriced
+            size, why = cost.next_batch_size(p._vjp_per_col, repriced, _NO_LIMIT, seconds=seconds)
+            if size is not None:
+                p.run.engine_log.append(EngineEvent("vjp", "repriced", None, "batching goes on", figures={
+                    "loop_column": repriced, "batched_column": p._vjp_per_col[c1 - c0]}))
     if size is None:
         p._vjp_batched = False
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, why, figures={
-            "loop_column": p._vjp_column_cost, "batched_column": p._vjp_per_col[c1 - c0]}))
+        figures = {"loop_column": p._vjp_column_cost, "batched_column": p._vjp_per_col[c1 - c0]}
+        if repriced is not None:
+            figures["loop_repriced"] = repriced
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, why, figures=figures))
     else:
         p._vjp_size = size
     return cols, False
+
+
+def _loop_column_repriced(p, k, c, inputs, cotangents) -> float:
+    """Seconds of one VJP computed on its own now: column ``c`` of output ``k`` again
+    (its result is already at hand; only the time is taken)."""
+    watch = p.run.stopwatch()
+    _looped_columns(p, k, c, c + 1, inputs, cotangents)
+    return watch.seconds()
 
 
 #: no limit from the timings (the memory budget sets one)

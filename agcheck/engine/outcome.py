@@ -24,9 +24,9 @@ class EngineEvent:
         computed), ``"compressed"`` or ``"coloured"`` (the compressed-difference paths),
         ``"failure"`` (a mismatch decided from the engine's rows).
     decision : str
-        ``"batched"`` / ``"looped"`` (numerical, vjp), ``"repriced"`` (numerical: a batch
-        that did not pay against the loop's price from the probe, the loop priced again
-        and found dearer, so that batching goes on), ``"shared"`` (numerical: the
+        ``"batched"`` / ``"looped"`` (numerical, vjp), ``"repriced"`` (numerical, vjp: a
+        batch that did not pay against the loop's price from the probe or the first
+        columns, the loop priced again and found dearer, so that batching goes on), ``"shared"`` (numerical: the
         real parts' pass over complex outputs took the imaginary parts' evaluations,
         ``figures["served"]`` of them), ``"coloured"`` / ``"column by
         column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` / ``"disagreement"``

@@ -79,6 +79,7 @@ class Problem:
         self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
         self._vjp_per_col = {}  # seconds per column of each batch size tried
         self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
+        self._vjp_repriced = False  # the VJP loop was priced again once batching lost
         self._looped = set()  # inputs whose batched rows were found clearly slower
         jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
