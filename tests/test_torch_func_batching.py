@@ -247,15 +247,29 @@ def test_batched_cotangent_moves_take_the_kept_forward(detached, monkeypatch):
 def test_complex_outputs_vjp_primals_stack_with_their_cotangents_tiled(factor, monkeypatch):
     # a batch of samples and no vmap rule (Cube): copies of the primal laid end to end
     # fit the VJP function with the cotangent, which shares the batch, repeated beside
-    # them; tried for complex outputs (both passes), not for real ones
+    # them; tried for complex outputs (both passes), not for real ones, where they are
+    # left out without a call (the engine log says why)
+    from agcheck.backends import torch_backend
+
     monkeypatch.setattr(Square, "factor", factor)
-    forms = {}
+    stacked_calls = []
+    original = torch_backend.TorchBackend.evaluate_stacked
+
+    def counted(self, fn, args, position, stacked, tiled=()):
+        stacked_calls.append(stacked.dtype)
+        return original(self, fn, args, position, stacked, tiled)
+
+    monkeypatch.setattr(torch_backend.TorchBackend, "evaluate_stacked", counted)
+    forms, details = {}, {}
     for dtype in (torch.complex128, torch.float64):
         r, _, _ = _gradgrad_run(Cube.apply, (make(4, 5, dtype=dtype),), engine="batched")
         forms[dtype] = {(e.decision, e.via, e.figures.get("tiled")) for e in r.engine_log
                         if e.path == "numerical" and e.subject == 0}
+        details[dtype] = " ".join(e.detail for e in r.engine_log if e.path == "numerical" and e.subject == 0)
         assert r.verdict is (factor == 1.0)
         assert torch.autograd.gradgradcheck(Cube.apply, (make(4, 5, dtype=dtype),), raise_exception=False) is \
             (factor == 1.0)
     assert ("batched", "stacked", 1) in forms[torch.complex128]
     assert not any(via == "stacked" for _, via, _ in forms[torch.float64])
+    assert torch.float64 not in stacked_calls and torch.complex128 in stacked_calls
+    assert "stacked with 1 tiled: a VJP of real outputs is not stacked" in details[torch.float64]

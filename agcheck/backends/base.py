@@ -445,6 +445,13 @@ class Backend:
         when nothing shows; by default :meth:`Trace.batching_obstacle`."""
         return trace.batching_obstacle()
 
+    def stacking_obstacle(self, fn: Callable, position: int, tiled: Sequence[int] = ()) -> str | None:
+        """Why :meth:`evaluate_stacked` certainly cannot evaluate ``fn`` with
+        ``args[position]`` stacked (beside the arguments ``tiled``), as ``fn``'s kind
+        shows it, or ``None`` when nothing shows. The engine then skips that form without
+        calling ``fn``; ``None`` promises nothing."""
+        return None
+
     def batched_vjp_setup_cost(self, trace: Trace | None = None) -> float:
         """Seconds of one-time setup that the first :meth:`Trace.vjp_batched` of the
         process (of ``trace``'s, when given) would pay; the engine batches VJPs only when

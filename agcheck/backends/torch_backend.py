@@ -396,13 +396,9 @@ class TorchBackend(Backend):
         b = stacked.shape[0]
         if x.dim() == 0 or x.layout != torch.strided:
             raise ValueError("only a strided input with a first dimension can be stacked")
-        vjp_fn = _vjp_function(fn)
-        if vjp_fn is not None and (not tiled or vjp_fn is fn):
-            # copies of one primal or cotangent alone never match the arguments that share
-            # its first dimension; tiled beside them they fit, and pay for complex outputs
-            # (two passes, two moves per element), not for real ones, where the probe cost
-            # the checks that raise at a step more than it gave the others (xitorch)
-            raise ValueError("a VJP's primals and cotangents cannot be stacked one at a time")
+        obstacle = self.stacking_obstacle(fn, position, tiled)
+        if obstacle:
+            raise ValueError(obstacle)
         moved = list(args)
         moved[position] = stacked.reshape(b * x.shape[0], *x.shape[1:])
         for q in tiled:
@@ -567,6 +563,17 @@ class TorchBackend(Backend):
             return _batched_backward_first_cost()
         # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
         return _func_vjp_first_cost()
+
+    def stacking_obstacle(self, fn, position, tiled=()):
+        vjp_fn = _vjp_function(fn)
+        if vjp_fn is not None and (not tiled or vjp_fn is fn):
+            # copies of one primal or cotangent alone never match the arguments that share
+            # its first dimension; tiled beside them they fit, and pay for complex outputs
+            # (two passes, two moves per element), not for real ones, where the probe cost
+            # the checks that raise at a step more than it gave the others (xitorch)
+            return "a VJP's primals and cotangents are not stacked one at a time" if not tiled else \
+                "a VJP of real outputs is not stacked"
+        return None
 
     def batching_obstacle(self, fn, position, trace):
         vjp_fn = _vjp_function(fn)

@@ -251,8 +251,9 @@ class Problem:
         """The batched forms worth a probe, in the order they are tried: ``(via, tiled,
         evaluate)``. Left out without a call of ``fn`` (the reason noted for the engine's
         log): ``stacked`` where an output has no first dimension to carry the copies end to
-        end, ``vmap`` (and ``functional``, always tried last) where the traced evaluation
-        shows an obstacle (:meth:`Backend.batching_obstacle`)."""
+        end or ``fn``'s kind rules it out (:meth:`Backend.stacking_obstacle`), ``vmap``
+        (and ``functional``, always tried last) where the traced evaluation shows an
+        obstacle (:meth:`Backend.batching_obstacle`)."""
         be, reasons = self.be, []
         obstacle = be.batching_obstacle(self.fn, pos, self.trace)
         forms = [] if obstacle else [("vmap", (), be.evaluate_batch)]
@@ -260,8 +261,15 @@ class Problem:
             reasons.append(f"vmap: {obstacle}")
         if be.supports(Capability.STACKED_EVALUATION):
             if all(be.is_array(o) and len(o.shape) >= 1 for o in self.outputs):
-                stacked = [("stacked", tiled, be.evaluate_stacked)
-                           for tiled in ((), self._sharing_first_dimension(pos)) if tiled is not None]
+                stacked = []
+                for tiled in ((), self._sharing_first_dimension(pos)):
+                    if tiled is None:
+                        continue
+                    why = be.stacking_obstacle(self.fn, pos, tiled)
+                    if why:
+                        reasons.append(f"stacked with {len(tiled)} tiled: {why}" if tiled else f"stacked: {why}")
+                    else:
+                        stacked.append(("stacked", tiled, be.evaluate_stacked))
                 forms = stacked + forms if self._batch_first(pos) else forms + stacked
             else:
                 reasons.append("stacked: an output has no first dimension")
