@@ -48,15 +48,18 @@ def test_tiny_inputs_use_the_loop():
     assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
 
 
+@pytest.mark.parametrize("vjps_may_batch", [True, False])
 @pytest.mark.parametrize("moved_raises", [True, False])
-def test_an_input_is_probed_only_when_its_rows_are_reached(moved_raises, monkeypatch):
+def test_an_input_is_probed_only_when_its_rows_are_reached(moved_raises, vjps_may_batch, monkeypatch):
     # torch's checker meets an error of fn at the first input's rows; agcheck's probes of
     # the later inputs (a vmapped backward each, for gradgradcheck's cotangents) are not
-    # paid before them
+    # paid before them: on the engine's numerical-first path (VJPs worth batching), and
+    # where the engine asks whether any input can be batched at all (an input that
+    # cannot has its rows computed before the next is probed)
     from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
-    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the engine's numerical-first path
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0 if vjps_may_batch else float("inf"))
     probed = []
     original = _Problem._probe
 
@@ -84,6 +87,39 @@ def test_an_input_is_probed_only_when_its_rows_are_reached(moved_raises, monkeyp
         assert run(fn, (x, y)).verdict and probed == [0, 1]
         monkeypatch.setattr(ScaledSin, "factor", 1.1)
         assert not run(fn, (x, y)).verdict
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_rows_computed_before_no_input_is_found_batchable_are_not_computed_again(factor, monkeypatch):
+    # neither input can be batched (vmap: float() of a batch; stacked: W @ copies end to
+    # end): each input's rows are computed before the next is probed, and the reference
+    # engine, which then decides, takes them instead of moving every element again
+    import agcheck.checks.jacobian as reference
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", float("inf"))  # not the numerical-first path
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    w, calls, in_reference = make(16, 16, seed=2).detach(), [], []
+
+    def fn(a, b):
+        calls.append(1)
+        y = (w @ ScaledSin.apply(a)) * b
+        return y * (1.0 if float(y.detach().sum()) > -1e9 else 2.0)
+
+    original = reference._reference_slow
+
+    def counted(*args, **kwargs):
+        before = len(calls)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            in_reference.append(len(calls) - before)
+
+    monkeypatch.setattr(reference, "_reference_slow", counted)
+    r = run(fn, (make(16), make(16, seed=1)), engine="batched")
+    assert r.verdict is (factor == 1.0)
+    assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
+    assert set(r.engine_fallbacks[0].numerical) == {0, 1} and in_reference == [0]
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.1])

@@ -78,7 +78,7 @@ def compare_slow_reverse(run, piece) -> Outcome:
         _reverse(run, p, piece.diff)
     except EngineFallback as reason:
         if str(reason) != MISMATCH:
-            return undecided(str(reason))
+            return undecided(str(reason), p.exact_numerical())
         inputs = [piece.args[q] for q in piece.checked]
         if isinstance(reason, _RowsKept):
             try:
@@ -157,6 +157,17 @@ def _reverse(run, p, diff) -> None:
     def any_batchable():
         return any(p.batched_ok(q) for q in checked)
 
+    def any_batchable_in_order():
+        # an input that cannot be batched has its rows computed, element by element and
+        # kept (the numerical-first path below, or the reference engine, takes them),
+        # before the next input is probed
+        for q in checked:
+            if p.batched_ok(q):
+                return True
+            for _ in p.numerical_row_chunks(q, report=False):
+                pass
+        return False
+
     # compressed differences need a few dozen evaluations: worth it also one call at a time
     if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
         run.progress.advance(n_in_total(be, args, checked))
@@ -165,7 +176,7 @@ def _reverse(run, p, diff) -> None:
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
-    if full <= p.budget // 2 and (colourable or _columns_may_batch(p, diff) or any_batchable()):
+    if full <= p.budget // 2 and (colourable or _columns_may_batch(p, diff) or any_batchable_in_order()):
         # the analytical side first where its pattern may let the numerical side be
         # coloured (in batches, or one plain call per colour class where the input cannot
         # be batched); elsewhere every numerical row first, as torch's checker orders
