@@ -26,11 +26,12 @@ class EngineEvent:
     decision : str
         ``"batched"`` / ``"looped"`` (numerical, vjp), ``"repriced"`` (numerical, vjp: a
         batch that did not pay against the loop's price from the probe or the first
-        columns, the loop priced again and found dearer, so that batching goes on), ``"shared"`` (numerical: the
-        real parts' pass over complex outputs took the imaginary parts' evaluations,
-        ``figures["served"]`` of them), ``"coloured"`` / ``"column by
-        column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` / ``"disagreement"``
-        (compressed, coloured), ``"confirmed"`` / ``"unconfirmed"`` (failure).
+        columns, the loop priced again and found dearer, so that batching goes on),
+        ``"shared"`` (numerical: the real parts' pass over complex outputs took the
+        imaginary parts' evaluations, ``figures["served"]`` of them), ``"coloured"`` /
+        ``"column by column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` /
+        ``"disagreement"`` (compressed, coloured), ``"confirmed"`` / ``"unconfirmed"``
+        (failure).
     subject : int or None
         The input position (numerical) or checked-input index the event is about.
     detail : str
