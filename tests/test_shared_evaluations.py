@@ -10,7 +10,8 @@ from agcheck.core import shared_evaluations
 from agcheck.core.shared_evaluations import SharedEvaluations, sharing
 from agcheck.core.wirtinger import output_part
 
-from .helpers import Cube, Square, assert_gradgradcheck_verdicts, first_paragraph, make, run_check as run, torch_message
+from .helpers import (Cube, Square, assert_gradgradcheck_verdicts, busy, first_paragraph, make, run_check as run,
+                      torch_message)
 
 _W = torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) / 4
 
@@ -108,6 +109,38 @@ def test_sharing_stops_where_digests_cost_more_than_the_evaluations_they_save(mo
     assert r.verdict and not [e for e in r.engine_log if e.decision == "shared"]
     _Phase.factor = 1.01
     assert not run(_Phase.apply, (make(12, seed=3),), engine="reference").verdict
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_a_digest_the_scheduler_kept_waiting_does_not_stop_sharing(factor, monkeypatch):
+    # a busy machine preempts a digest of microseconds for milliseconds: timed in seconds
+    # of work (the calling thread's CPU time), the digests still cost little against the
+    # evaluations, and the real parts' pass still takes the first pass's evaluations
+    import time
+
+    monkeypatch.setattr(shared_evaluations, "DIGEST_SHARE_LIMIT", 0.4)  # the rule as shipped
+    monkeypatch.setattr(_Phase, "factor", factor)
+    be = agcheck.get_backend("torch")
+    digest, digests = type(be).content_digest, []
+
+    def kept_waiting(self, x):
+        digests.append(1)
+        if len(digests) == 6:
+            time.sleep(0.05)
+        return digest(self, x)
+
+    monkeypatch.setattr(type(be), "content_digest", kept_waiting)
+
+    def fn(z):  # evaluations of half a millisecond of work, beside digests of microseconds
+        busy(0.0005)
+        return _Phase.apply(z)
+
+    r = run(fn, (make(12, seed=3),), engine="reference")
+    assert r.verdict is (factor == 1.0)
+    assert r.verdict is torch.autograd.gradcheck(fn, (make(12, seed=3),), raise_exception=False)
+    if factor == 1.0:  # (a wrong real part fails in the pass that takes them, before the log says so)
+        shared = [e for e in r.engine_log if e.decision == "shared"]
+        assert len(digests) > 6 and shared and shared[0].figures["served"] >= 2 * 12
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.01])

@@ -16,7 +16,12 @@ fresh one does not and the graph refuses another backward (the evaluation then r
 fresh). Where the fresh one raises too, the call is at fault: its error is raised, and
 only the graph that raised is dropped; where the graph takes another backward, the user's
 code raised once, and that error is raised, as a fresh evaluation would have raised it.
-It also stops when digesting the inputs costs a good part of the forwards it would save.
+It also stops when digesting the inputs costs a good part of the forwards it would save,
+as the first calls' digests and forwards measure it (:data:`DIGEST_RULE_CALLS`), in seconds
+of work: the calling thread's CPU time where the inputs are on the CPU. A digest of a few
+microseconds that the scheduler preempted on a busy machine would otherwise count
+milliseconds and close the memo (it did in 6 of 16 gradgradchecks of a 5 x 5
+eigenproblem beside three busy loops, one of them then calling ``fn`` twice as often).
 """
 from __future__ import annotations
 
@@ -30,6 +35,9 @@ __all__ = ["RetainedForward"]
 DIGEST_SHARE_LIMIT = 0.4
 #: forwards timed before that rule applies
 DIGEST_TIMED_CALLS = 4
+#: calls timed for that rule: digests and forwards keep their sizes through a check, so
+#: the rule is decided on the first ones, and later calls pay no clock readings
+DIGEST_RULE_CALLS = 64
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
 
 
@@ -46,6 +54,9 @@ class RetainedForward:
         self._digest_seconds = 0.0
         self._forward_seconds = 0.0
         self._forwards = 0
+        self._clock = None  # chosen at the first timing (_seconds)
+        self._timed = 0  # digests timed so far (up to DIGEST_RULE_CALLS)
+        self._timing = True  # the last digest was timed: so is the forward after it
 
     def seed(self, inputs: tuple, outputs: tuple) -> None:
         """Keep a forward the caller already ran (``outputs`` of ``fn(*inputs)``)."""
@@ -124,16 +135,29 @@ class RetainedForward:
         entry[3] += 1
         return backward(entry[2])
 
+    def _seconds(self, inputs: tuple) -> float:
+        """A reading of the clock the digest rule is timed on: the calling thread's CPU
+        time where the backend computes on it, else wall-clock time."""
+        if self._clock is None:
+            self._clock = time.thread_time if self.backend.computes_on_calling_thread(inputs) else time.perf_counter
+        return self._clock()
+
     def _timed_key(self, inputs: tuple):
-        began = time.perf_counter()
+        self._timing = self._timed < DIGEST_RULE_CALLS
+        if not self._timing:
+            return self._key(inputs)
+        self._timed += 1
+        began = self._seconds(inputs)
         key = self._key(inputs)
-        self._digest_seconds += time.perf_counter() - began
+        self._digest_seconds += self._seconds(inputs) - began
         return key
 
     def _forward(self, inputs: tuple, key):
-        began = time.perf_counter()
+        timed = self.enabled and self._timing
+        began = self._seconds(inputs) if timed else 0.0
         outputs = _requiring_grad(self.fn(*inputs))
-        self._forward_seconds += time.perf_counter() - began
+        if timed:
+            self._forward_seconds += self._seconds(inputs) - began
         self._forwards += 1
         entry = [key, inputs, outputs, 0]
         if self._forwards >= DIGEST_TIMED_CALLS and self._digest_seconds > DIGEST_SHARE_LIMIT * self._forward_seconds:

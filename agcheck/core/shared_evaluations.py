@@ -12,14 +12,17 @@ call ``fn``.
 A key is a digest of each moving input's values (:meth:`Backend.content_digest`) with
 every other argument the very object the check was given, so a kept evaluation is served
 only for the same arguments. Sharing stops when digests cost more than a good part of the
-evaluations they would save (:data:`DIGEST_SHARE_LIMIT`), and kept outputs stay within
-a budget (the caller's: about one evaluation per move); each is dropped once taken.
+evaluations they would save (:data:`DIGEST_SHARE_LIMIT`; both timed in seconds of work,
+:func:`agcheck.core.stopwatch.work_clock`, so that a preempted digest on a busy machine
+does not stop it), and kept outputs stay within a budget (the caller's: about one
+evaluation per move); each is dropped once taken.
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from typing import Callable, Sequence
+
+from agcheck.core.stopwatch import work_clock
 
 __all__ = ["SharedEvaluations", "sharing"]
 
@@ -29,6 +32,9 @@ __all__ = ["SharedEvaluations", "sharing"]
 DIGEST_SHARE_LIMIT = 0.4
 #: evaluations timed before that rule applies
 DIGEST_TIMED_CALLS = 4
+#: evaluations timed for that rule: digests and evaluations keep their sizes through a
+#: pass, so the rule is decided on the first ones, and later ones pay no clock readings
+DIGEST_RULE_CALLS = 64
 
 
 class SharedEvaluations:
@@ -61,6 +67,7 @@ class SharedEvaluations:
         self._kept = {}
         self._digest_seconds = 0.0
         self._evaluation_seconds = 0.0
+        self._clock = work_clock(be.computes_on_calling_thread(self.args))
 
     def evaluate(self, part_fn, args: tuple) -> tuple:
         """``part_fn(*args)`` (an :class:`OutputPart` whose ``shared`` is this object):
@@ -69,9 +76,10 @@ class SharedEvaluations:
         keeping = part_fn.part == self.first
         if not self.enabled or (keeping and self.full) or (not keeping and not self._kept):
             return part_fn.taken(part_fn.fn(*args))
-        began = time.perf_counter()
+        timed = keeping and self.kept_calls < DIGEST_RULE_CALLS
+        began = self._clock() if timed else 0.0
         key = self._key(args)
-        digested = time.perf_counter()
+        digested = self._clock() if timed else 0.0
         if key is None:
             return part_fn.taken(part_fn.fn(*args))
         if not keeping:
@@ -82,8 +90,9 @@ class SharedEvaluations:
             self.served += 1
             return kept[0]
         outputs = self.be.as_tuple(part_fn.fn(*args))
-        self._evaluation_seconds += time.perf_counter() - digested
-        self._digest_seconds += digested - began
+        if timed:
+            self._evaluation_seconds += self._clock() - digested
+            self._digest_seconds += digested - began
         self._keep(key, part_fn.taken(outputs, "real" if self.first == "imag" else "imag"))
         return part_fn.taken(outputs)
 

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["Stopwatch"]
+__all__ = ["Stopwatch", "work_clock"]
+
+
+def work_clock(on_thread: bool):
+    """The clock costs are read on: the calling thread's CPU seconds (``time.thread_time``)
+    where the work timed runs on that thread, else wall-clock seconds (``time.perf_counter``)."""
+    return time.thread_time if on_thread else time.perf_counter
 
 
 class Stopwatch:
@@ -36,7 +42,7 @@ class Stopwatch:
     __slots__ = ("_clock", "_start")
 
     def __init__(self, on_thread: bool) -> None:
-        self._clock = time.thread_time if on_thread else time.perf_counter
+        self._clock = work_clock(on_thread)
         self._start = self._clock()
 
     def seconds(self) -> float:
