@@ -79,6 +79,25 @@ def busy(seconds: float) -> None:
         pass
 
 
+def digest_kept_waiting(monkeypatch, call: int = 6, seconds: float = 0.05) -> list:
+    """Make the torch backend's ``content_digest`` wait ``seconds`` (asleep, as a process
+    the scheduler preempted on a busy machine) on its ``call``-th call; returns the list
+    the calls are counted in."""
+    import agcheck
+
+    backend = type(agcheck.get_backend("torch"))
+    digest, calls = backend.content_digest, []
+
+    def kept_waiting(self, x):
+        calls.append(1)
+        if len(calls) == call:
+            time.sleep(seconds)
+        return digest(self, x)
+
+    monkeypatch.setattr(backend, "content_digest", kept_waiting)
+    return calls
+
+
 class ScaledSin(torch.autograd.Function):
     """sin with a backward scaled by ``ScaledSin.factor`` (1.0 is correct), without a vmap
     rule; its backward calls are counted in ``ScaledSin.calls``."""

@@ -10,8 +10,8 @@ from agcheck.core import shared_evaluations
 from agcheck.core.shared_evaluations import SharedEvaluations, sharing
 from agcheck.core.wirtinger import output_part
 
-from .helpers import (Cube, Square, assert_gradgradcheck_verdicts, busy, first_paragraph, make, run_check as run,
-                      torch_message)
+from .helpers import (Cube, Square, assert_gradgradcheck_verdicts, busy, digest_kept_waiting, first_paragraph, make,
+                      run_check as run, torch_message)
 
 _W = torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) / 4
 
@@ -116,20 +116,9 @@ def test_a_digest_the_scheduler_kept_waiting_does_not_stop_sharing(factor, monke
     # a busy machine preempts a digest of microseconds for milliseconds: timed in seconds
     # of work (the calling thread's CPU time), the digests still cost little against the
     # evaluations, and the real parts' pass still takes the first pass's evaluations
-    import time
-
     monkeypatch.setattr(shared_evaluations, "DIGEST_SHARE_LIMIT", 0.4)  # the rule as shipped
     monkeypatch.setattr(_Phase, "factor", factor)
-    be = agcheck.get_backend("torch")
-    digest, digests = type(be).content_digest, []
-
-    def kept_waiting(self, x):
-        digests.append(1)
-        if len(digests) == 6:
-            time.sleep(0.05)
-        return digest(self, x)
-
-    monkeypatch.setattr(type(be), "content_digest", kept_waiting)
+    digests = digest_kept_waiting(monkeypatch)
 
     def fn(z):  # evaluations of half a millisecond of work, beside digests of microseconds
         busy(0.0005)

@@ -7,7 +7,7 @@ import torch
 import agcheck
 from agcheck.backends import torch_forward_memo
 
-from .helpers import Cube, Square, assert_gradgradcheck_verdicts, busy, make
+from .helpers import Cube, Square, assert_gradgradcheck_verdicts, busy, digest_kept_waiting, make
 
 
 @pytest.fixture(autouse=True)
@@ -134,27 +134,16 @@ def test_a_digest_the_scheduler_kept_waiting_does_not_stop_the_memo(factor, monk
     # a busy machine preempts a digest of a few microseconds for milliseconds: timed in
     # seconds of work (the calling thread's CPU time), the digests still cost little
     # against the forwards, and the memo goes on (timed in wall-clock seconds, it closed)
-    import time
-
     monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", 0.4)  # the rule as shipped
     Square.factor = factor
-    be = agcheck.get_backend("torch")
-    digest, digests = type(be).content_digest, []
-
-    def kept_waiting(self, x):
-        digests.append(1)
-        if len(digests) == 6:
-            time.sleep(0.05)
-        return digest(self, x)
-
-    monkeypatch.setattr(type(be), "content_digest", kept_waiting)
+    digests = digest_kept_waiting(monkeypatch)
 
     def fn(x):  # a forward of half a millisecond of work, beside a digest of microseconds
         busy(0.0005)
         return Cube.apply(x)
 
     x, cotangent = make(8, seed=1), make(8, seed=2)
-    vjp_fn = be.differentiable_vjp(fn, 1, [0], [0])
+    vjp_fn = agcheck.get_backend("torch").differentiable_vjp(fn, 1, [0], [0])
     verdict = agcheck.gradcheck(vjp_fn, (x, cotangent), engine="reference", raise_exception=False)
     assert verdict is (factor == 1.0)
     assert verdict is torch.autograd.gradgradcheck(fn, (x,), raise_exception=False)
