@@ -199,6 +199,8 @@ def test_the_digest_tells_values_shapes_and_signed_zeros_apart():
     assert be.content_digest(x) == be.content_digest(x.detach().clone())
     assert be.content_digest(x) != be.content_digest(x.reshape(3, 2))
     assert be.content_digest(torch.tensor([0.0])) != be.content_digest(torch.tensor([-0.0]))
+    half = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)  # a dtype NumPy lacks, twice
+    assert be.content_digest(half) == be.content_digest(half.clone()) != be.content_digest(half + 1)
     z = torch.randn(3, dtype=torch.complex128)
     assert be.content_digest(z.conj()) == be.content_digest(z.conj().resolve_conj())
     assert be.content_digest(z.conj()) != be.content_digest(z)

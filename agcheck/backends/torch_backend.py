@@ -728,8 +728,15 @@ class TorchBackend(Backend):
             data = data.resolve_conj().resolve_neg()
         if not data.is_contiguous():
             data = data.contiguous()
-        values = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy(), digest_size=16).digest()
-        return tuple(data.shape), data.dtype, values
+        values = None
+        if data.dtype not in _NOT_IN_NUMPY:
+            try:
+                values = data.numpy()  # its bytes as they are, without a reshaped byte view
+            except TypeError:
+                _NOT_IN_NUMPY.add(data.dtype)
+        if values is None:  # a dtype NumPy lacks (bfloat16, float8): the bytes as uint8
+            values = data.reshape(-1).view(torch.uint8).numpy()
+        return tuple(data.shape), data.dtype, hashlib.blake2b(values, digest_size=16).digest()
 
     def unchanged(self, x, snapshot) -> bool:
         if x.layout != torch.strided:  # indices and values, bitwise
@@ -838,6 +845,10 @@ class _DifferentiableVjp:
 
     def __call__(self, *args):
         return self._vjp_of_fn(*args)
+
+
+#: tensor dtypes that ``Tensor.numpy()`` refuses (bfloat16, float8, ...), as met
+_NOT_IN_NUMPY: set = set()
 
 
 def _vjp_function(fn) -> _DifferentiableVjp | None:
