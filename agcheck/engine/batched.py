@@ -155,17 +155,15 @@ def _reverse(run, p, diff) -> None:
     # first input's rows raise (as torch's checker meets the error, at its first rows)
     # pays no probe of the others
     def any_batchable():
-        return any(p.batched_ok(q) for q in checked)
-
-    def any_batchable_in_order():
-        # an input that cannot be batched has its rows computed, element by element and
-        # kept (the numerical-first path below, or the reference engine, takes them),
-        # before the next input is probed
+        # where rows are kept, an input that cannot be batched has its rows computed,
+        # element by element (the numerical-first path below, or the reference engine,
+        # takes them), before the next input is probed
         for q in checked:
             if p.batched_ok(q):
                 return True
-            for _ in p.numerical_row_chunks(q, report=False):
-                pass
+            if p.keep_rows:
+                for _ in p.numerical_row_chunks(q, report=False):
+                    pass
         return False
 
     # compressed differences need a few dozen evaluations: worth it also one call at a time
@@ -176,7 +174,7 @@ def _reverse(run, p, diff) -> None:
     n_in = sum(be.numel(x) for x in inputs)
     full = n_in * p.out_numel * p.itemsize
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
-    if full <= p.budget // 2 and (colourable or _columns_may_batch(p, diff) or any_batchable_in_order()):
+    if full <= p.budget // 2 and (colourable or _columns_may_batch(p, diff) or any_batchable()):
         # the analytical side first where its pattern may let the numerical side be
         # coloured (in batches, or one plain call per colour class where the input cannot
         # be batched); elsewhere every numerical row first, as torch's checker orders
