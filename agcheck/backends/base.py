@@ -13,12 +13,19 @@ receives and returns; its :meth:`Backend.is_array` then accepts both.
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "UnsupportedError",
-           "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS", "summary_edges"]
+           "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS", "summary_edges", "work_clock"]
+
+
+def work_clock(on_thread: bool):
+    """The clock costs are read on: the calling thread's CPU seconds (``time.thread_time``)
+    where the work timed runs on that thread, else wall-clock seconds (``time.perf_counter``)."""
+    return time.thread_time if on_thread else time.perf_counter
 
 
 class Capability:
@@ -432,6 +439,11 @@ class Backend:
         (:mod:`agcheck.core.stopwatch`). ``False`` (wall-clock time) by default: where the
         work runs on a device or on the runtime's own threads while the caller waits."""
         return False
+
+    def work_clock(self, args: tuple):
+        """The clock to time work on ``args`` with (:func:`work_clock`, chosen by
+        :meth:`computes_on_calling_thread`)."""
+        return work_clock(self.computes_on_calling_thread(args))
 
     def batch_setup_cost(self, fn: Callable, position: int | None = None) -> float:
         """Seconds of one-time setup (e.g. an import) that the first batched evaluation

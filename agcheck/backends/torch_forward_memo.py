@@ -25,8 +25,6 @@ eigenproblem beside three busy loops, one of them then calling ``fn`` twice as o
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 __all__ = ["RetainedForward"]
@@ -139,7 +137,7 @@ class RetainedForward:
         """A reading of the clock the digest rule is timed on: the calling thread's CPU
         time where the backend computes on it, else wall-clock time."""
         if self._clock is None:
-            self._clock = time.thread_time if self.backend.computes_on_calling_thread(inputs) else time.perf_counter
+            self._clock = self.backend.work_clock(inputs)
         return self._clock()
 
     def _timed_key(self, inputs: tuple):

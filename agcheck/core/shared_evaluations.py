@@ -13,7 +13,7 @@ A key is a digest of each moving input's values (:meth:`Backend.content_digest`)
 every other argument the very object the check was given, so a kept evaluation is served
 only for the same arguments. Sharing stops when digests cost more than a good part of the
 evaluations they would save (:data:`DIGEST_SHARE_LIMIT`; both timed in seconds of work,
-:func:`agcheck.core.stopwatch.work_clock`, so that a preempted digest on a busy machine
+:meth:`Backend.work_clock`, so that a preempted digest on a busy machine
 does not stop it), and kept outputs stay within a budget (the caller's: about one
 evaluation per move); each is dropped once taken.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
-from agcheck.core.stopwatch import work_clock
 
 __all__ = ["SharedEvaluations", "sharing"]
 
@@ -67,7 +66,7 @@ class SharedEvaluations:
         self._kept = {}
         self._digest_seconds = 0.0
         self._evaluation_seconds = 0.0
-        self._clock = work_clock(be.computes_on_calling_thread(self.args))
+        self._clock = be.work_clock(self.args)
 
     def evaluate(self, part_fn, args: tuple) -> tuple:
         """``part_fn(*args)`` (an :class:`OutputPart` whose ``shared`` is this object):

@@ -18,15 +18,9 @@ CPU time says nothing of the work, and the stopwatch reads wall-clock time.
 """
 from __future__ import annotations
 
-import time
+from agcheck.backends.base import work_clock
 
 __all__ = ["Stopwatch", "work_clock"]
-
-
-def work_clock(on_thread: bool):
-    """The clock costs are read on: the calling thread's CPU seconds (``time.thread_time``)
-    where the work timed runs on that thread, else wall-clock seconds (``time.perf_counter``)."""
-    return time.thread_time if on_thread else time.perf_counter
 
 
 class Stopwatch:

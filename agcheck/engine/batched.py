@@ -171,10 +171,9 @@ def _reverse(run, p, diff) -> None:
         run.progress.advance(n_in_total(be, args, checked))
         return
     inputs = [args[q] for q in checked]
-    n_in = sum(be.numel(x) for x in inputs)
-    full = n_in * p.out_numel * p.itemsize
+    n_in = n_in_total(be, args, checked)
     colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
-    if full <= p.budget // 2 and (colourable or _columns_may_batch(p, diff) or any_batchable()):
+    if p.keep_rows and (colourable or _columns_may_batch(p, diff) or any_batchable()):
         # the analytical side first where its pattern may let the numerical side be
         # coloured (in batches, or one plain call per colour class where the input cannot
         # be batched); elsewhere every numerical row first, as torch's checker orders
