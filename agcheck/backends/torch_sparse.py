@@ -291,7 +291,7 @@ def reject_forward_ad(x) -> None:
 
 
 def _detached_outputs(as_tuple, outs) -> tuple:
-    return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in as_tuple(outs))
+    return tuple([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in as_tuple(outs)])
 
 
 class _InPlacePerturber(Perturber):
@@ -329,13 +329,14 @@ class _InPlacePerturber(Perturber):
             target.copy_(original)
 
     def evaluate_element_moves(self, fn, flat, moves) -> list:
-        # as evaluate_element, with the entry found and saved once for all the moves
+        # as evaluate_element, with the entry found and saved once for all the moves, and
+        # each moved value written into it directly (the same sum, with no temporary)
         target = self._entry(flat)
         original = target.clone()
         values = []
         try:
             for step, sign in moves:
-                target.copy_(original - step if sign < 0 else original + step)
+                (torch.sub if sign < 0 else torch.add)(original, step, out=target)
                 values.append(_detached_outputs(self._as_tuple, fn(*self._arguments())))
             return values
         finally:
