@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from agcheck.report.errors import GradcheckError, not_reentrant_message
+from agcheck.core.held_differences import HeldDifferences
 from agcheck.core.row_block import RowBlock
 from agcheck.core.shared_evaluations import sharing
 from agcheck.core.stencil import STENCILS
@@ -50,20 +51,25 @@ def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
         )
 
 
-def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None) -> list:
+def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None, held=()) -> list:
     """The stencil's derivative estimate for every array output, flattened (None otherwise).
 
     ``values[i]`` are the outputs of ``fn`` at ``x + stencil.offsets[i] * eps``; with the
     central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``. ``index`` (the moved
     element, for messages) may be a callable that returns it when a message needs it.
+    Outputs at positions ``held`` are checked but not combined (None): the caller
+    combines them later (:mod:`agcheck.core.held_differences`).
     """
     result = []
-    for outs in zip(*values):
+    for k, outs in enumerate(zip(*values)):
         if not be.is_array(outs[0]):
             result.append(None)
             continue
         for other in outs[1:]:
             _check_same_shape_and_dtype(be, outs[0], other, eps, index)
+        if k in held:
+            result.append(None)
+            continue
         if be.is_bool(outs[0]):
             outs = [be.as_int(o) for o in outs]
         result.append(be.flatten(stencil.combine(list(outs), eps)))
@@ -143,12 +149,23 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
             flats = list(flats)
         rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
                 for k in float_positions}
+        # a real input's real outputs: each element's evaluations held, combined by chunks
+        held = HeldDifferences(be, stencil, eps, {k: rows[k] for k in float_positions if not be.is_complex(outputs[k])}) \
+            if len(moves) == 1 else None
         for flat in flats:
-            cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil)
+            if held is None:
+                cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil)
+            else:
+                values = perturber.evaluate_element_moves(fn, flat, moves[0])
+                cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows)
+                held.add(values)
             for k in float_positions:
-                rows[k].add(cols[k])
+                if cols[k] is not None or held is None:
+                    rows[k].add(cols[k])
             if on_element is not None:
                 on_element()
+        if held is not None:
+            held.flush()
         placement = _dense_rows(perturber) if elements is None else None
     if placement is None:
         return {k: rows[k].result() for k in float_positions}

@@ -45,6 +45,11 @@ class RowBlock:
         if self._block is not None and len(self._rows) == PENDING_ROWS:
             self._flush()
 
+    def add_rows(self, rows) -> None:
+        """Add the rows of a 2-D array, in order."""
+        for row in rows:
+            self.add(row)
+
     def _flush(self) -> None:
         if self._rows:
             self._be.write_rows(self._block, self._written, self._rows)
