@@ -211,6 +211,30 @@ SUITES = {
         "source": "github facebookresearch/theseus at commit 5385180 (torchlie 0.1.0): git archive of "
                   "tests/__init__.py and tests/torchlie_tests, against the installed torchlie 0.1.0",
     },
+    "gpytorch": {
+        "framework": "torch",
+        "dir": "gpytorch-1.15.2",
+        # the Matern and RBF covariance functions (custom autograd Functions over a
+        # distance module) of batched and unbatched point sets, in slow mode
+        "paths": ["test/functions/test_matern_covariance.py", "test/functions/test_rbf_covariance.py"],
+        "stage": ["test"],
+        "args": [],
+        "env": {},
+        "source": "gpytorch 1.15.2 sdist (pip download --no-deps --no-binary :all: gpytorch==1.15.2); "
+                  "its test/ against the installed gpytorch 1.15.2 and linear_operator 0.6.1",
+    },
+    "e3nn": {
+        "framework": "torch",
+        "dir": "e3nn-0.6.0",
+        # the soft unit step on 1,000 points (a scalar sum) and the spherical harmonics of
+        # degrees 0 to 3 of four points (generated code), in slow mode
+        "paths": ["tests/math/soft_unit_step_test.py", "tests/o3/cartesian_spherical_harmonics_test.py"],
+        "stage": ["tests"],
+        "args": [],
+        "env": {},
+        "source": "e3nn 0.6.0 sdist (pip download --no-deps --no-binary :all: e3nn==0.6.0); its tests/ "
+                  "against the installed e3nn 0.6.0",
+    },
     "e3nn-jax": {
         "framework": "jax",
         "dir": "e3nn_jax-0.21.0",
