@@ -22,7 +22,7 @@ __all__ = ["HeldDifferences", "HELD_ELEMENTS", "HELD_BYTES"]
 #: elements whose evaluations are held before they are combined
 HELD_ELEMENTS = 32
 #: bytes of evaluations held, at most (real entries: at most 8 bytes each)
-HELD_BYTES = 1 << 20
+HELD_BYTES = 1 << 16
 
 
 class HeldDifferences:
