@@ -13,24 +13,17 @@ and so each checker's own work per element. ``--e3nn`` checks e3nn's ``soft_unit
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import agcheck
 
-
-class _Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import Square  # noqa: E402 - x * x as a custom Function without setup_context
 
 
 def _function(e3nn: bool):
@@ -38,7 +31,7 @@ def _function(e3nn: bool):
         from e3nn.math import soft_unit_step
 
         return lambda t: soft_unit_step(t).sum()
-    return lambda t: _Square.apply(t).sum()
+    return lambda t: Square.apply(t).sum()
 
 
 def _cpu_seconds(call) -> float:
