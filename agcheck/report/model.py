@@ -20,8 +20,8 @@ import numpy as np
 
 from agcheck.options import GradcheckOptions
 from agcheck.report.render import write_html, write_png
-from agcheck.report.values import (DICT_ARRAY_LIMIT, decode_array, decode_number, encode_array, encode_number, fmt,
-                                   index_text, jsonable, unravel)
+from agcheck.report.values import (DICT_ARRAY_LIMIT, abs_difference, decode_array, decode_number, encode_array,
+                                   encode_number, fmt, index_text, jsonable, unravel)
 
 __all__ = ["FailureReport", "JacobianBlock", "Entry", "Diagnosis"]
 
@@ -124,7 +124,7 @@ class JacobianBlock:
         if n.size == 0:
             return
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            diff = np.abs(a - n).astype(np.float64, copy=False)
+            diff = abs_difference(a, n).astype(np.float64, copy=False)
             absn = np.abs(n).astype(np.float64, copy=False)
             nan = np.isnan(diff)
             has_nan = bool(nan.any())

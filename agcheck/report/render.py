@@ -21,7 +21,7 @@ import textwrap
 
 import numpy as np
 
-from agcheck.report.values import fmt, index_text
+from agcheck.report.values import abs_difference, fmt, index_text
 
 __all__ = ["pool_max_abs", "write_html", "write_png", "render_html", "render_png"]
 
@@ -75,7 +75,7 @@ def _panels(block):
     """(title, matrix, kind) for each heatmap of a block; kind is 'signed' or 'magnitude'."""
     N, A = block.numerical, block.analytical
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(A - N).astype(np.float64)
+        diff = abs_difference(A, N).astype(np.float64)
     if np.iscomplexobj(N) or np.iscomplexobj(A):
         with np.errstate(invalid="ignore"):
             outside = (~(diff <= block.atol + block.rtol * np.abs(N))).astype(np.float64)

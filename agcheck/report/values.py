@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 __all__ = ["DICT_ARRAY_LIMIT", "encode_number", "decode_number", "encode_array", "decode_array", "jsonable",
-           "fmt", "index_text", "unravel"]
+           "fmt", "index_text", "unravel", "abs_difference"]
 
 #: blocks up to this many entries carry their arrays in ``to_dict()`` by default
 DICT_ARRAY_LIMIT = 10_000
@@ -125,3 +125,9 @@ def unravel(flat: int, shape) -> tuple:
     except ValueError:
         return (int(flat),)
 
+
+def abs_difference(a, b) -> np.ndarray:
+    """``|a - b|`` with one temporary of their size, not two: the difference made absolute
+    in place (complex differences take a new real array for their moduli)."""
+    d = np.subtract(a, b)
+    return np.abs(d) if np.iscomplexobj(d) else np.abs(d, out=d)

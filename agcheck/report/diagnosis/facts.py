@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agcheck.report.model import Diagnosis
-from agcheck.report.values import fmt, index_text, unravel
+from agcheck.report.values import abs_difference, fmt, index_text, unravel
 
 __all__ = ["BlockFacts", "machine_eps", "where", "entry_text", "coefficient_text"]
 
@@ -74,7 +74,7 @@ class BlockFacts:
     def of(cls, block, index: int) -> "BlockFacts":
         N, A = block.numerical, block.analytical
         with np.errstate(over="ignore", invalid="ignore"):
-            diff = np.abs(A - N)
+            diff = abs_difference(A, N)
         r0 = float(diff.max())
         scale = float(max(np.abs(N).max(), np.abs(A).max()))
         eps = block.eps or 1e-6
@@ -89,7 +89,7 @@ class BlockFacts:
         """``(ok, residual)``: does ``A`` equal ``X`` far more closely than it equals ``N``
         (to within 1 % of the mismatch, and the error floor)?"""
         with np.errstate(over="ignore", invalid="ignore"):
-            rx = float(np.abs(self.A - X).max())
+            rx = float(abs_difference(self.A, X).max())
         return rx <= max(0.01 * self.r0, self.floor) and rx <= 0.1 * self.r0, rx
 
     def entry_text(self, r, c) -> str:
