@@ -78,11 +78,11 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
 
     for level in range(order - 1):
         given = grad_outputs if level == 0 else None
-        fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level)
+        fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level, fast_mode)
     return run_gradcheck(fn, args, opts, be)
 
 
-def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level):
+def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=False):
     """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments."""
     evaluated = None
     if grad_outputs is None:
@@ -96,5 +96,6 @@ def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level):
         cotangents = be.as_tuple(grad_outputs)
     input_positions = be.checked_positions(args)
     cotangent_positions = be.checked_positions(cotangents)
-    vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions, evaluated=evaluated)
+    vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions, evaluated=evaluated,
+                                   few_calls=fast_mode)
     return vjp_fn, tuple(args) + tuple(cotangents)

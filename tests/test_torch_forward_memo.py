@@ -17,6 +17,7 @@ def _right_backward_and_cheap_digests(monkeypatch):
     tested on its own)."""
     monkeypatch.setattr(Square, "factor", 1.0)
     monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", float("inf"))
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_NEVER_PAYS", float("inf"))
 
 
 def _calls(check, fn, x, **options):
@@ -221,3 +222,46 @@ def test_a_users_error_in_a_repeated_backward_is_raised_not_taken_for_the_graphs
             assert "failed once" in str(error)
         else:
             assert _RaisesOnce.runs < at, f"the error at backward {at} was swallowed"
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_a_digest_dearer_than_a_forward_stops_the_memo_at_the_first_forward(factor, monkeypatch):
+    # each call pays a digest and a reuse saves at most a forward: where a digest costs
+    # more than a forward, no reuse repays it, and the memo stops at once (here any digest
+    # counts as dearer), not after DIGEST_TIMED_CALLS forwards
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_NEVER_PAYS", 0.0)
+    Square.factor = factor
+    x, cotangent = make(8, seed=1), make(8, seed=2)
+    seeded = ((x,), (Cube.apply(x),))  # as gradgradcheck's first forward
+    vjp_fn = agcheck.get_backend("torch").differentiable_vjp(Cube.apply, 1, [0], [0], evaluated=seeded)
+    vjp_fn(x, cotangent)
+    assert vjp_fn.forward.enabled  # the seeded forward reused: no forward timed yet
+    vjp_fn(x + 1, cotangent)
+    assert not vjp_fn.forward.enabled
+    assert agcheck.gradgradcheck(Cube.apply, (x,), raise_exception=False) is (factor == 1.0)
+    assert torch.autograd.gradgradcheck(Cube.apply, (x,), raise_exception=False) is (factor == 1.0)
+
+
+def test_where_only_a_few_calls_follow_the_share_rule_applies_from_the_first_forward(monkeypatch):
+    # fast mode calls the VJP function six or seven times, two or three of them reusing a
+    # forward: the rule that digests cost no good part of the forwards is applied from the
+    # first forward instead of the fourth
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", 0.0)  # any digest costs too much
+    be = agcheck.get_backend("torch")
+    x, cotangent = make(8, seed=1), make(8, seed=2)
+    many, few = (be.differentiable_vjp(Cube.apply, 1, [0], [0], few_calls=flag) for flag in (False, True))
+    for vjp_fn in (many, few):
+        vjp_fn(x, cotangent)
+        vjp_fn(x + 1, cotangent)
+    assert many.forward.enabled and not few.forward.enabled
+    made = []
+    original = torch_forward_memo.RetainedForward.__init__
+    monkeypatch.setattr(torch_forward_memo.RetainedForward, "__init__",
+                        lambda self, *a, **k: (original(self, *a, **k), made.append(self.decide_after))[0])
+    for fast in (False, True):
+        assert agcheck.gradgradcheck(Cube.apply, (x,), fast_mode=fast)
+    assert made == [torch_forward_memo.DIGEST_TIMED_CALLS, 1]
+    Square.factor = 1.01
+    for fast in (False, True):
+        with pytest.raises(agcheck.GradcheckError):
+            agcheck.gradgradcheck(Cube.apply, (x,), fast_mode=fast)

@@ -499,7 +499,8 @@ class NumpyBackend(Backend):
         values = generator.random(tuple(like.shape)) * 2 - 1
         return self.xp(like).asarray(values, dtype=dtype, device=array_api_compat.device(like))
 
-    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None):
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
+                           few_calls=False):
         raise NotImplementedError(
             "the numpy backend cannot check second derivatives: its derivatives are the "
             "first-order vjp/jvp you supply, which it cannot differentiate again. Check the "

@@ -475,7 +475,8 @@ class TorchBackend(Backend):
             values = values[..., ::2]
         return values.requires_grad_(True)
 
-    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None):
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
+                           few_calls=False):
         """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)``, built with
         ``create_graph=True`` so that it can be differentiated again. Where consecutive
         calls move only the cotangents, ``fn``'s forward (and the one ``evaluated`` holds)
@@ -483,7 +484,7 @@ class TorchBackend(Backend):
         inputs_set, cotangents_set = set(input_positions), set(cotangent_positions)
         ordered = sorted(inputs_set)
         densify_grads = self.sparse_vjp == "dense"
-        forward = RetainedForward(self, fn)
+        forward = RetainedForward(self, fn, decide_after=1 if few_calls else None)
         if evaluated is not None:
             forward.seed(*evaluated)
 

@@ -33,6 +33,11 @@ __all__ = ["RetainedForward"]
 DIGEST_SHARE_LIMIT = 0.4
 #: forwards timed before that rule applies
 DIGEST_TIMED_CALLS = 4
+#: the memo stops at once where a digest costs this many forwards (on the calls timed so
+#: far, from the first): each call pays a digest and a reuse saves at most one forward, so
+#: no reuse can repay it (a fast-mode gradgradcheck of a small function makes six or seven
+#: calls, and paid a digest for each before the rule above applied)
+DIGEST_NEVER_PAYS = 1.0
 #: calls timed for that rule: digests and forwards keep their sizes through a check, so
 #: the rule is decided on the first ones, and later calls pay no clock readings
 DIGEST_RULE_CALLS = 64
@@ -43,8 +48,10 @@ class RetainedForward:
     """``fn``'s last forward: its inputs' key, its outputs that require grad (graph
     retained), and how many backward passes ran on it."""
 
-    def __init__(self, backend, fn):
+    def __init__(self, backend, fn, decide_after: int | None = None):
         self.backend, self.fn = backend, fn
+        #: forwards timed before the share rule applies (fewer where few calls follow)
+        self.decide_after = DIGEST_TIMED_CALLS if decide_after is None else decide_after
         self.enabled = True
         self.validated = False  # a repeated backward matched a fresh one, bit for bit
         self.reused = 0
@@ -158,11 +165,20 @@ class RetainedForward:
             self._forward_seconds += self._seconds(inputs) - began
         self._forwards += 1
         entry = [key, inputs, outputs, 0]
-        if self._forwards >= DIGEST_TIMED_CALLS and self._digest_seconds > DIGEST_SHARE_LIMIT * self._forward_seconds:
-            self.close()  # digests cost more than the forwards they would save
+        if self._digests_do_not_pay(timed):
+            self.close()
         else:
             self._entry = entry if key is not None else None
         return entry
+
+    def _digests_do_not_pay(self, timed: bool) -> bool:
+        """Whether digests cost more than the forwards they would save: a good part of
+        them over the first forwards, or, on the calls timed so far, more than a forward
+        each (no reuse can repay that)."""
+        if self._forwards >= self.decide_after and self._digest_seconds > DIGEST_SHARE_LIMIT * self._forward_seconds:
+            return True
+        return timed and self._timed > 0 and \
+            self._digest_seconds / self._timed > DIGEST_NEVER_PAYS * self._forward_seconds / self._forwards
 
     def _bitwise_equal(self, a: tuple, b: tuple) -> bool:
         """Whether two tuples of gradients (or ``None``) hold the same bits."""
