@@ -377,3 +377,41 @@ def test_tensorflow_functions_with_many_outputs(monkeypatch, scale):
     # one is not tied
     expected = ("passed", "") if scale == 1.0 else ("disagreement", "output 0, input 0: projections differ")
     assert forward_log(r) == [expected]
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_an_empty_input_takes_its_jacobians_shapes_from_the_outputs_without_a_call(factor):
+    # torch's checker moves no element of an empty input and calls fn for none; the
+    # forward-mode Jacobians of an empty input are (0, output size), and their shapes come
+    # from the outputs the check already has
+    class TangentScaled(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x.sin()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_forward(inputs[0])
+
+        @staticmethod
+        def jvp(ctx, t):
+            (x,) = ctx.saved_tensors
+            return t * x.cos() * factor
+
+    dual_calls = []
+
+    def fn(x, empty):
+        if torch.autograd.forward_ad._current_level >= 0:  # noqa: SLF001 - inside a dual level
+            dual_calls.append(empty.numel())
+        return TangentScaled.apply(x) + empty.sum()
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    empty = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+    options = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False,
+                   check_batched_grad=False, engine="reference", raise_exception=False)
+    assert agcheck.gradcheck(fn, (x, empty), **options) is (factor == 1.0)
+    ours = len(dual_calls)
+    dual_calls.clear()
+    assert torch.autograd.gradcheck(fn, (x, empty), **{k: v for k, v in options.items() if k != "engine"}) is \
+        (factor == 1.0)
+    assert ours == len(dual_calls) == x.numel()  # one per element of x, none for the empty input

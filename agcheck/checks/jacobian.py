@@ -174,7 +174,7 @@ class _analytical_pairs:
         if piece.forward:
             self.forward = jac.analytical_jacobians_forward(run.be, piece.fn, piece.args, piece.checked,
                                                             check_grad_dtypes=run.opts.check_grad_dtypes,
-                                                            reuse=self.reuse)
+                                                            reuse=self.reuse, outputs=piece.outputs)
 
     def compute(self, i, checks) -> None:
         if self.piece.forward:
@@ -313,7 +313,7 @@ def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[
     numerical = jac.numerical_jacobians(be, piece.fn, piece.args, pos, piece.outputs, run.eps_for(piece.args[pos]),
                                         run.stencil)[output_position]
     if piece.forward:
-        analytical = jac.analytical_jacobians_forward(be, piece.fn, piece.args, [pos])[0][
+        analytical = jac.analytical_jacobians_forward(be, piece.fn, piece.args, [pos], outputs=piece.outputs)[0][
             piece.floats.index(output_position)]
     else:
         analytical = jac.analytical_jacobians_reverse(be, piece.trace, output_position, piece.inputs,

@@ -331,11 +331,13 @@ def _flat_tangent(be, primal, tangent):
 
 
 def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False,
-                                 reuse: dict | None = None) -> list:
+                                 reuse: dict | None = None, outputs: tuple | None = None) -> list:
     """Forward-mode Jacobians: ``[input][float output]`` matrices ``(input.numel, output.numel)``,
     one JVP per input element (the other inputs carry zero tangents). ``reuse``, when
     given, holds whole Jacobians of some inputs (``{input index: [float output]
-    matrices}``), taken as they are."""
+    matrices}``), taken as they are. ``outputs`` (``fn``'s, when the caller has them) give
+    an empty input's Jacobians their shapes, with no call of ``fn``, as torch's checker
+    makes none for an empty input."""
     jacobians = []
     for i, pos in enumerate(checked):
         if reuse and i in reuse:
@@ -343,10 +345,11 @@ def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_
             continue
         rows = analytical_rows_forward(be, fn, args, checked, i, range(be.numel(args[pos])),
                                        check_grad_dtypes=check_grad_dtypes)
-        if rows is None:  # an empty input: evaluate once for the outputs' shapes
-            zero_tangents = [be.zeros_like(args[p]) for p in checked]
-            rows = [RowBlock(be, 0, be.numel(p), p, p.dtype).result()
-                    for p, _ in be.jvp(fn, args, checked, zero_tangents)]
+        if rows is None:  # an empty input: no JVP, only the outputs' shapes
+            if outputs is None:
+                zero_tangents = [be.zeros_like(args[p]) for p in checked]
+                outputs = tuple(p for p, _ in be.jvp(fn, args, checked, zero_tangents))
+            rows = [RowBlock(be, 0, be.numel(o), o, o.dtype).result() for o in outputs if be.is_floating_or_complex(o)]
         jacobians.append(rows)
     return jacobians
 
