@@ -160,7 +160,7 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
                 cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows)
                 held.add(values)
             for k in float_positions:
-                if cols[k] is not None or held is None:
+                if held is None or k not in held.rows:
                     rows[k].add(cols[k])
             if on_element is not None:
                 on_element()

@@ -22,7 +22,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
-
 __all__ = ["SharedEvaluations", "sharing"]
 
 #: sharing stops once the digests of a first pass cost this fraction of its evaluations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from agcheck.backends.base import work_clock
 
-__all__ = ["Stopwatch", "work_clock"]
+__all__ = ["Stopwatch"]
 
 
 class Stopwatch:
