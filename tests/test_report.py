@@ -549,3 +549,39 @@ def test_abs_difference_holds_one_temporary_and_leaves_its_arguments():
     assert peak(lambda: abs_difference(a, b)) < 1.2 * a.nbytes < 1.8 * a.nbytes < peak(lambda: np.abs(a - b))
     z, w = a + 1j * b, b - 2j * a
     assert np.array_equal(abs_difference(z, w), np.abs(z - w)) and abs_difference(z, w).dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
+@pytest.mark.parametrize("shapes", [((6,), (2, 3)), ((3, 2), (6,)), ((1, 2, 3), (3, 1, 2)), (None, None)])
+def test_entries_read_their_element_and_its_multi_index(dtype, shapes):
+    """Each entry the statistics gather (worst, max abs, max rel) is the element it names:
+    its values read one by one, its multi-indices those of np.unravel_index."""
+    rng = np.random.default_rng(1)
+    n = rng.standard_normal((6, 6)).astype(dtype)
+    a = (n * (1 + rng.standard_normal((6, 6)) * 1e-2)).astype(dtype)
+    n[2, 3] = 0
+    input_shape, output_shape = shapes
+    block = JacobianBlock.from_arrays(n, a, output=0, input=0, atol=1e-5, rtol=1e-3,
+                                      input_shape=input_shape, output_shape=output_shape)
+    entries = block.worst + [block.max_abs_entry, block.max_rel_entry]
+    assert len(block.worst) == 20
+    assert block.max_rel_entry.row == 2 and block.max_rel_entry.col == 3 and block.max_rel_diff == np.inf
+    for e in entries:
+        assert e.numerical == n[e.row, e.col].item() and type(e.numerical) is type(n[e.row, e.col].item())
+        assert e.analytical == a[e.row, e.col].item()
+        assert e.abs_diff == float(abs(a[e.row, e.col] - n[e.row, e.col]))
+        for flat, shape, index in ((e.row, input_shape, e.input_index), (e.col, output_shape, e.output_index)):
+            assert index == (tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else (flat,))
+
+
+def test_unravel_all_is_unravel_of_each():
+    from agcheck.report.values import unravel, unravel_all
+
+    for shape in [None, (), (5,), (2, 3), (3, 1, 4), (2, 0, 3)]:
+        size = int(np.prod(shape)) if shape else 3
+        for flat in (list(range(size)), list(range(-2, size + 3)), []):
+            assert unravel_all(flat, shape) == [unravel(f, shape) for f in flat]
+        for f in range(size):
+            if shape:
+                assert unravel(f, shape) == tuple(int(i) for i in np.unravel_index(f, shape))
+    assert unravel(7, (2, 3)) == (7,) and unravel(-1, (2, 3)) == (-1,) and unravel(4, ()) == ()

@@ -21,7 +21,7 @@ import numpy as np
 from agcheck.options import GradcheckOptions
 from agcheck.report.render import write_html, write_png
 from agcheck.report.values import (DICT_ARRAY_LIMIT, abs_difference, decode_array, decode_number, encode_array,
-                                   encode_number, fmt, index_text, jsonable, unravel)
+                                   encode_number, fmt, index_text, jsonable, unravel_all)
 
 __all__ = ["FailureReport", "JacobianBlock", "Entry", "Diagnosis"]
 
@@ -115,9 +115,14 @@ class JacobianBlock:
             block._statistics(top_k)
         return block
 
-    def _entry(self, row: int, col: int, diff) -> Entry:
-        return Entry(int(row), int(col), unravel(row, self.input_shape), unravel(col, self.output_shape),
-                     self.numerical[row, col].item(), self.analytical[row, col].item(), float(diff[row, col]))
+    def _entries(self, flat, diff) -> list:
+        """The entries at flat positions ``flat`` of the block, their values gathered at once."""
+        rows, cols = np.divmod(np.asarray(flat, dtype=np.int64), self.numerical.shape[1])
+        rows_at, cols_at = rows.tolist(), cols.tolist()
+        values = zip(rows_at, cols_at, unravel_all(rows_at, self.input_shape), unravel_all(cols_at, self.output_shape),
+                     self.numerical[rows, cols].tolist(), self.analytical[rows, cols].tolist(),
+                     diff[rows, cols].tolist())
+        return [Entry(r, c, i, o, nv, av, float(d)) for r, c, i, o, nv, av, d in values]
 
     def _statistics(self, top_k: int) -> None:
         n, a = self.numerical, self.analytical
@@ -138,17 +143,19 @@ class JacobianBlock:
             del absn
             np.copyto(rel, 0.0, where=diff == 0)
         ranked = np.where(nan, np.inf, diff) if has_nan else diff
-        flat = int(np.argmax(ranked))
-        r, c = divmod(flat, n.shape[1])
-        self.max_abs_diff = float(diff[r, c])
-        self.max_abs_entry = self._entry(r, c, diff)
+        worst_abs = int(np.argmax(ranked))
         rel_nan = np.isnan(rel)  # NaN entries, and an infinite numerical entry (inf / inf)
+        worst_rel = None
         if not rel_nan.all():
-            flat = int(np.nanargmax(rel) if rel_nan.any() else np.argmax(rel))
-            r, c = divmod(flat, n.shape[1])
-            self.max_rel_diff = float(rel[r, c])
-            self.max_rel_entry = self._entry(r, c, diff)
-        self.worst = [self._entry(*divmod(int(f), n.shape[1]), diff) for f in _largest(ranked.ravel(), top_k)]
+            worst_rel = int(np.nanargmax(rel) if rel_nan.any() else np.argmax(rel))
+            self.max_rel_diff = float(rel.flat[worst_rel])
+        chosen = [worst_abs] + ([] if worst_rel is None else [worst_rel])
+        entries = self._entries(chosen + _largest(ranked.ravel(), top_k).tolist(), diff)
+        self.max_abs_diff = entries[0].abs_diff
+        self.max_abs_entry = entries[0]
+        if worst_rel is not None:
+            self.max_rel_entry = entries[1]
+        self.worst = entries[len(chosen):]
 
     @property
     def has_arrays(self) -> bool:

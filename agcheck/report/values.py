@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 __all__ = ["DICT_ARRAY_LIMIT", "encode_number", "decode_number", "encode_array", "decode_array", "jsonable",
-           "fmt", "index_text", "unravel", "abs_difference"]
+           "fmt", "index_text", "unravel", "unravel_all", "abs_difference"]
 
 #: blocks up to this many entries carry their arrays in ``to_dict()`` by default
 DICT_ARRAY_LIMIT = 10_000
@@ -115,15 +115,34 @@ def index_text(idx) -> str:
 def unravel(flat: int, shape) -> tuple:
     """The multi-index of flat element ``flat`` in an array of ``shape`` (``(flat,)`` when
     the shape is unknown or does not hold it)."""
+    flat = int(flat)
     if shape is None:
-        return (int(flat),)
-    shape = tuple(int(s) for s in shape)
+        return (flat,)
     if len(shape) == 0:
         return ()
-    try:
-        return tuple(int(i) for i in np.unravel_index(int(flat), shape))
-    except ValueError:
-        return (int(flat),)
+    rest, index = flat, []
+    for size in reversed(shape):  # C order, as np.unravel_index (a scalar call costs it microseconds)
+        size = int(size)
+        if size <= 0:
+            return (flat,)
+        rest, i = divmod(rest, size)
+        index.append(i)
+    return (flat,) if rest else tuple(reversed(index))
+
+
+def unravel_all(flat, shape) -> list:
+    """:func:`unravel` of each of the flat indices ``flat``, in one vectorised call where
+    the shape holds them all."""
+    flat = [int(f) for f in flat]
+    if shape is not None and len(shape) == 0:
+        return [()] * len(flat)
+    if shape is None or len(shape) == 1:  # held or not, a one-dimensional index is the flat one
+        return [(f,) for f in flat]
+    shape = tuple(int(s) for s in shape)
+    size = math.prod(shape)
+    if not flat or any(not 0 <= f < size for f in flat):
+        return [unravel(f, shape) for f in flat]
+    return list(zip(*(c.tolist() for c in np.unravel_index(np.asarray(flat, dtype=np.int64), shape))))
 
 
 def abs_difference(a, b) -> np.ndarray:
