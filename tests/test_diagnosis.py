@@ -357,10 +357,10 @@ def test_synthetic_kink_from_the_resample_callable():
     """Diagnosis gets numerical rows at other steps only through the caller's callable."""
     asked = []
 
-    def resample(eps, rows, side="central"):
-        asked.append((eps, tuple(rows), side))
-        value = {"central": 0.5, "right": 1.0, "left": 0.0}[side]  # a jump: right and left differ
-        return np.full((len(rows), 1), value)
+    def resample(steps, rows):
+        asked.extend((eps, tuple(rows), side) for eps, side in steps)
+        # a jump: right and left differ
+        return [np.full((len(rows), 1), {"central": 0.5, "right": 1.0, "left": 0.0}[side]) for _, side in steps]
 
     b = block([[0.5]], [[1.0]], eps=1e-6, input_dtype="float64", input_double=True)
     assert [d.kind for d in diagnose_block(b, resample=resample)] == ["kink"]
@@ -368,7 +368,7 @@ def test_synthetic_kink_from_the_resample_callable():
     assert sorted({eps for eps, _, _ in asked}) == pytest.approx([1e-7, 1e-6, 1e-5])
     assert [d.kind for d in diagnose_block(b)] == ["factor"]  # without it: no step-size evidence
 
-    def broken(eps, rows, side="central"):
+    def broken(steps, rows):
         raise ValueError("fn fails there")
 
     found = diagnose_block(b, resample=broken)
@@ -400,3 +400,33 @@ def test_no_differentiable_outputs_end_to_end():
     assert rep.check == "no_differentiable_outputs"
     assert kinds(rep) == ["depends_on_input"]
     assert rep.details["max_abs_numerical"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_probes_evaluate_each_distinct_point_once_with_the_rows_of_each_step(dtype):
+    """The six step-size probes of an entry share their points: x, x ± h/10, x ± h and
+    x ± 10h are seven evaluations of fn per element and axis (not twelve), and each probe's
+    rows are those numerical_rows computes for that step alone."""
+    from agcheck.backend import get_backend
+    from agcheck.core.jacobian import numerical_rows, numerical_rows_at
+    from agcheck.core.stencil import STENCILS
+    from agcheck.report.collect import ONE_SIDED
+
+    be = get_backend("torch")
+    x = make(6, seed=4, dtype=dtype)
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        return (t.sin() * t[0], t.sum())
+
+    eps = 1e-6
+    steps = [(eps / 10, STENCILS["central"]), (eps * 10, STENCILS["central"]), (eps / 10, ONE_SIDED["right"]),
+             (eps / 10, ONE_SIDED["left"]), (eps, ONE_SIDED["right"]), (eps, ONE_SIDED["left"])]
+    together = numerical_rows_at(be, fn, (x,), 0, 0, [1, 4], steps)
+    axes = 2 if dtype.is_complex else 1
+    assert len(calls) == 2 * 7 * axes
+    for rows, (step, stencil) in zip(together, steps):
+        alone = numerical_rows(be, fn, (x,), 0, 0, [1, 4], step, stencil)
+        assert len(rows) == 2 and all(torch.equal(a, b) for a, b in zip(rows, alone))
+    assert numerical_rows_at(be, fn, (x,), 0, 0, [1], []) == []

@@ -19,6 +19,7 @@ __all__ = [
     "stencil_difference",
     "numerical_jacobians",
     "numerical_rows",
+    "numerical_rows_at",
     "numerical_directional",
     "analytical_jacobians_reverse",
     "analytical_vjps",
@@ -95,8 +96,13 @@ def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil):
     def index():
         return perturber.index(flat)
 
-    differences = [stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index)
-                   for moves in moves_per_axis]
+    return _along_axes([stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index)
+                        for moves in moves_per_axis])
+
+
+def _along_axes(differences: list) -> list:
+    """The derivative estimates of one element from those along its real axis and (complex
+    input) its imaginary one."""
     if len(differences) == 1:
         return differences[0]
     d_real, d_imag = differences
@@ -110,14 +116,38 @@ def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position
     numerical Jacobian of output ``output_position`` with respect to ``args[position]``,
     computed by the same code as the check's Jacobians with step ``eps`` and ``stencil``:
     one array (the output's derivative along that element) per element.
+    """
+    return numerical_rows_at(be, fn, args, position, output_position, elements, [(eps, stencil)])[0]
+
+
+def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_position: int, elements,
+                      steps: Sequence) -> list:
+    """:func:`numerical_rows` for each ``(eps, stencil)`` of ``steps``, one list of rows per
+    step; a point that several steps share (``x`` itself in one-sided stencils, ``x + h``
+    in a central and a one-sided one) is evaluated once per element.
 
     Failure reports use it to re-evaluate entries with other steps
     (:mod:`agcheck.report.collect`).
     """
-    moves = _element_moves(stencil, eps, be.is_complex(args[position]))
+    if not steps:
+        return []
+    complex_input = be.is_complex(args[position])
+    plans = [_element_moves(stencil, eps, complex_input) for eps, stencil in steps]
+    distinct = [list(dict.fromkeys(move for plan in plans for move in plan[axis])) for axis in range(len(plans[0]))]
+    found = [[] for _ in plans]
     with be.perturber(args, position) as perturber, sharing(fn):
-        return [_columns_for_element(be, perturber, fn, int(flat), eps, moves, stencil)[output_position]
-                for flat in elements]
+        for flat in elements:
+            flat = int(flat)
+
+            def index():
+                return perturber.index(flat)
+
+            at = [dict(zip(moves, perturber.evaluate_element_moves(fn, flat, moves))) for moves in distinct]
+            for rows, plan, (eps, stencil) in zip(found, plans, steps):
+                differences = [stencil_difference(be, [at[axis][move] for move in moves], eps, stencil, index)
+                               for axis, moves in enumerate(plan)]
+                rows.append(_along_axes(differences)[output_position])
+    return found
 
 
 def _stack_rows(be, rows: list, n_cols: int, like, dtype):

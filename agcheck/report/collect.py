@@ -5,7 +5,7 @@ appended to the exception message (:func:`complete_report`).
 The only part of :mod:`agcheck.report` that knows the checks' machinery: it converts the
 backend's arrays to NumPy and builds, for each block, the ``resample`` callable through
 which diagnosis recomputes numerical rows with other steps (by
-:func:`agcheck.core.jacobian.numerical_rows`, the check's own finite differences).
+:func:`agcheck.core.jacobian.numerical_rows_at`, the check's own finite differences).
 Nothing here runs on the passing path.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from agcheck.core.jacobian import numerical_rows
+from agcheck.core.jacobian import numerical_rows_at
 from agcheck.core.stencil import Stencil
 from agcheck.report.diagnosis import diagnose
 from agcheck.report.errors import GradcheckError, complex_part
@@ -73,12 +73,13 @@ def _to_scalar(be, v):
 
 
 def _resampler(run, fn, args, position, output_position):
-    """Rows of the block's numerical Jacobian with step ``eps`` and the check's stencil
-    (``side="central"``) or a one-sided difference, as ``(len(rows), output.numel)``."""
-    def resample(eps, rows, side="central"):
-        stencil = run.stencil if side == "central" else ONE_SIDED[side]
-        found = numerical_rows(run.be, fn, args, position, output_position, rows, eps, stencil)
-        return np.stack([np.asarray(run.be.to_numpy(row)).reshape(-1) for row in found])
+    """Rows of the block's numerical Jacobian for each ``(eps, side)`` asked for, with the
+    check's stencil (``side="central"``) or a one-sided difference, each as
+    ``(len(rows), output.numel)``; the points they share are evaluated once."""
+    def resample(steps, rows):
+        found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
+                                  [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps])
+        return [np.stack([np.asarray(run.be.to_numpy(row)).reshape(-1) for row in step]) for step in found]
 
     return resample
 

@@ -22,7 +22,7 @@ STRUCTURE_LIMIT = 20_000_000
 def diagnose_block(block, index: int = 0, resample: Callable | None = None) -> list:
     """The diagnoses of one failing Jacobian block (``report.blocks[index]``).
 
-    ``resample(eps, rows, side="central")`` recomputes numerical rows with other steps
+    ``resample(steps, rows)`` recomputes numerical rows with other steps
     (see :mod:`agcheck.report.diagnosis.probes`); without it the kink test is skipped.
     """
     if not block.has_arrays:

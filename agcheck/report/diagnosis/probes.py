@@ -1,12 +1,12 @@
 """Step-size evidence: the worst entries re-evaluated with other steps tell a kink, rounding
 (``precision``) and finite-difference ``noise`` apart from a wrong derivative.
 
-The re-evaluation is the caller's: ``resample(eps, rows, side="central")`` returns rows
-``rows`` of the block's numerical Jacobian computed with step ``eps`` — with the check's
-own stencil (``side="central"``) or a one-sided difference (``"right"``, ``"left"``) — as
-an array ``(len(rows), output.numel)``. :mod:`agcheck.report.collect` builds it from the
-checked function; without it (a report rebuilt from data, a synthetic block) only the
-error-floor estimate of noise is made.
+The re-evaluation is the caller's: ``resample(steps, rows)`` returns, for each
+``(eps, side)`` of ``steps``, rows ``rows`` of the block's numerical Jacobian computed with
+step ``eps`` — with the check's own stencil (``side="central"``) or a one-sided difference
+(``"right"``, ``"left"``) — as an array ``(len(rows), output.numel)``.
+:mod:`agcheck.report.collect` builds it from the checked function; without it (a report
+rebuilt from data, a synthetic block) only the error-floor estimate of noise is made.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from .facts import where
 
 __all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "Probe", "probe", "step_size_evidence"]
 
-#: entries re-evaluated with other steps on a failure (each costs about a dozen
-#: evaluations of fn: a failure should cost little more than the check)
+#: entries re-evaluated with other steps on a failure (seven evaluations of fn per input
+#: element probed: x, x ± h/10, x ± h and x ± 10h)
 PROBED_ENTRIES = 4
 #: failing blocks whose entries are re-evaluated (the others get the structural diagnoses)
 PROBED_BLOCKS = 2
@@ -104,12 +104,9 @@ def probe(block, resample: Callable | None) -> list | None:
     rows = sorted({e.row for e in chosen})
     at = {r: i for i, r in enumerate(rows)}
     eps = block.eps
-    small = resample(eps / 10, rows)
-    large = resample(eps * 10, rows)
-    right = resample(eps / 10, rows, "right")
-    left = resample(eps / 10, rows, "left")
-    right_eps = resample(eps, rows, "right")
-    left_eps = resample(eps, rows, "left")
+    small, large, right, left, right_eps, left_eps = resample(
+        [(eps / 10, "central"), (eps * 10, "central"), (eps / 10, "right"), (eps / 10, "left"),
+         (eps, "right"), (eps, "left")], rows)
     probes = []
     for e in chosen:
         i, c = at[e.row], e.col
