@@ -84,10 +84,13 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
 
 def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=False):
     """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments."""
-    evaluated = None
+    evaluated = seconds = None
     if grad_outputs is None:
+        clock = be.work_clock(args)
         with be.preserve_state(args), numpy_rng_preserved():
+            began = clock()
             outputs = be.as_tuple(fn(*args))
+            seconds = clock() - began
         evaluated = (tuple(args), outputs)  # the VJP's first call may reuse this forward
         differentiable = [o for o in outputs if be.is_array(o) and be.is_differentiable_output(o)]
         gen = be.generator(differentiable[0] if differentiable else None, GRAD_OUTPUTS_SEED + level)
@@ -97,5 +100,5 @@ def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=Fal
     input_positions = be.checked_positions(args)
     cotangent_positions = be.checked_positions(cotangents)
     vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions, evaluated=evaluated,
-                                   few_calls=fast_mode)
+                                   few_calls=fast_mode, evaluated_seconds=seconds)
     return vjp_fn, tuple(args) + tuple(cotangents)

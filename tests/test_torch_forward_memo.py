@@ -265,3 +265,31 @@ def test_where_only_a_few_calls_follow_the_share_rule_applies_from_the_first_for
     for fast in (False, True):
         with pytest.raises(agcheck.GradcheckError):
             agcheck.gradgradcheck(Cube.apply, (x,), fast_mode=fast)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_a_timed_seed_decides_before_any_call(factor, monkeypatch):
+    # gradgradcheck times the forward it runs to draw the cotangents and hands the time
+    # over with it: the seed is then the first timed forward, and a digest dearer than it
+    # stops the memo before the VJP function is called at all (one digest paid, not three)
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_NEVER_PAYS", 0.0)
+    Square.factor = factor
+    be = agcheck.get_backend("torch")
+    x = make(8, seed=1)
+    seeded = ((x,), (Cube.apply(x),))
+    untimed = be.differentiable_vjp(Cube.apply, 1, [0], [0], evaluated=seeded)
+    timed = be.differentiable_vjp(Cube.apply, 1, [0], [0], evaluated=seeded, evaluated_seconds=1e-3)
+    assert untimed.forward.enabled and not timed.forward.enabled
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_NEVER_PAYS", float("inf"))
+    kept = be.differentiable_vjp(Cube.apply, 1, [0], [0], evaluated=seeded, evaluated_seconds=1e-3)
+    assert kept.forward.enabled and kept.forward._forwards == 1
+    digests = []
+    original = torch_forward_memo.RetainedForward._key
+    monkeypatch.setattr(torch_forward_memo.RetainedForward, "_key",
+                        lambda self, inputs: (digests.append(1), original(self, inputs))[1])
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_NEVER_PAYS", 0.0)
+    for fast in (False, True):
+        digests.clear()
+        assert agcheck.gradgradcheck(Cube.apply, (x,), fast_mode=fast, raise_exception=False) is (factor == 1.0)
+        assert len(digests) == 1
+    assert torch.autograd.gradgradcheck(Cube.apply, (x,), raise_exception=False) is (factor == 1.0)

@@ -496,11 +496,12 @@ class Backend:
 
     def differentiable_vjp(self, fn: Callable, n_inputs: int, input_positions: Sequence[int],
                            cotangent_positions: Sequence[int], evaluated: tuple | None = None,
-                           few_calls: bool = False) -> Callable:
+                           few_calls: bool = False, evaluated_seconds: float | None = None) -> Callable:
         """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)`` that can itself
         be differentiated (returns the gradients of the inputs at ``input_positions``).
         ``evaluated``: ``(inputs, outputs)`` of a call of ``fn`` the caller already made,
-        which a backend may reuse instead of calling ``fn`` again at the same inputs.
+        which a backend may reuse instead of calling ``fn`` again at the same inputs;
+        ``evaluated_seconds``, what that call cost on :meth:`work_clock`.
         ``few_calls``: the caller will make only a few calls (fast mode), so a backend that
         reuses forwards decides from its first forward whether that pays.
         Capability :attr:`Capability.SECOND_ORDER`."""

@@ -531,7 +531,7 @@ class JaxBackend(TakesWrt, Backend):
         return self._from_numpy(values, like, dtype)
 
     def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
-                           few_calls=False):
+                           few_calls=False, evaluated_seconds=None):
         """The VJP of ``fn`` (torch's convention) as a JAX function of
         ``(*inputs, *cotangents)``, differentiable again by JAX. Concrete calls whose
         inputs keep their values (only the cotangents move) reuse the last forward and its

@@ -500,7 +500,7 @@ class NumpyBackend(Backend):
         return self.xp(like).asarray(values, dtype=dtype, device=array_api_compat.device(like))
 
     def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
-                           few_calls=False):
+                           few_calls=False, evaluated_seconds=None):
         raise NotImplementedError(
             "the numpy backend cannot check second derivatives: its derivatives are the "
             "first-order vjp/jvp you supply, which it cannot differentiate again. Check the "

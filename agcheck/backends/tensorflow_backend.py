@@ -554,7 +554,7 @@ class TensorFlowBackend(TakesWrt, Backend):
         return tf.cast(values, real)
 
     def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
-                           few_calls=False):
+                           few_calls=False, evaluated_seconds=None):
         """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)``, computed with a
         tape inside the caller's tapes (and forward accumulators), so that it can be
         differentiated again; inputs with an unconnected gradient are left out, as

@@ -476,17 +476,18 @@ class TorchBackend(Backend):
         return values.requires_grad_(True)
 
     def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
-                           few_calls=False):
+                           few_calls=False, evaluated_seconds=None):
         """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)``, built with
         ``create_graph=True`` so that it can be differentiated again. Where consecutive
         calls move only the cotangents, ``fn``'s forward (and the one ``evaluated`` holds)
-        is reused (:mod:`agcheck.backends.torch_forward_memo`)."""
+        is reused (:mod:`agcheck.backends.torch_forward_memo`); ``evaluated_seconds`` times
+        that one, so that the memo decides at once whether digests pay."""
         inputs_set, cotangents_set = set(input_positions), set(cotangent_positions)
         ordered = sorted(inputs_set)
         densify_grads = self.sparse_vjp == "dense"
         forward = RetainedForward(self, fn, decide_after=1 if few_calls else None)
         if evaluated is not None:
-            forward.seed(*evaluated)
+            forward.seed(*evaluated, seconds=evaluated_seconds)
 
         def batched_vjp_of_fn(args):
             # under vmap (the batched engine's numerical side): the same VJP through

@@ -63,12 +63,23 @@ class RetainedForward:
         self._timed = 0  # digests timed so far (up to DIGEST_RULE_CALLS)
         self._timing = True  # the last digest was timed: so is the forward after it
 
-    def seed(self, inputs: tuple, outputs: tuple) -> None:
-        """Keep a forward the caller already ran (``outputs`` of ``fn(*inputs)``)."""
-        if self.enabled:
+    def seed(self, inputs: tuple, outputs: tuple, seconds: float | None = None) -> None:
+        """Keep a forward the caller already ran (``outputs`` of ``fn(*inputs)``); where
+        the caller timed it (``seconds``, on the backend's work clock), it counts as the
+        first timed forward, and the digest rules apply at once."""
+        if not self.enabled:
+            return
+        if seconds is None:
             key = self._key(inputs)
-            if key is not None:
-                self._entry = [key, inputs, _requiring_grad(outputs), 0]
+        else:
+            key = self._timed_key(inputs)
+            self._forward_seconds += seconds
+            self._forwards += 1
+            if self._digests_do_not_pay(self._timing):
+                self.close()
+                return
+        if key is not None:
+            self._entry = [key, inputs, _requiring_grad(outputs), 0]
 
     def vjp(self, inputs: tuple, backward) -> tuple:
         """``backward(outputs)`` on ``fn(*inputs)``'s outputs that require grad, reusing the
