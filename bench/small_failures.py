@@ -1,0 +1,89 @@
+"""Failing checks of small functions: what each checker costs per failure.
+
+On a millisecond check that fails, torch's checker formats its message and raises; agcheck
+formats the same message and adds its report: the failing block's statistics and worst
+entries, and a diagnosis that re-evaluates up to four of the worst entries with other
+steps (seven calls of ``fn`` per input element probed). This prints, for a few small
+failures, the medians of torch's checker's CPU time, agcheck's, and agcheck's with
+``raise_exception=False`` (the verdict without the diagnosis or the summary), alternating
+the checkers in one process.
+
+    python bench/small_failures.py [--repeat 41]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import agcheck
+
+
+class _ScaledSin(torch.autograd.Function):
+    """sin with a backward 10% too large."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x.cos() * 1.1
+
+
+def _cases():
+    def leaf(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, dtype=torch.float64, generator=g).requires_grad_()
+
+    zeros = torch.zeros(5, dtype=torch.float64, requires_grad=True)
+    both = dict(check_fwd_over_rev=True, check_rev_over_rev=True)
+    return {
+        "wrong sin n=5, slow": ("gradcheck", _ScaledSin.apply, (leaf(5, 1),), {}),
+        "wrong sin n=5, fast": ("gradcheck", _ScaledSin.apply, (leaf(5, 1),), {"fast_mode": True}),
+        "wrong sin n=50, slow": ("gradcheck", _ScaledSin.apply, (leaf(50, 2),), {}),
+        "wrong sin n=50, fast": ("gradcheck", _ScaledSin.apply, (leaf(50, 2),), {"fast_mode": True}),
+        "norm at 0, gradgradcheck": ("gradgradcheck", torch.linalg.norm, (zeros,), both),
+    }
+
+
+def _cpu_seconds(check, fn, args, options) -> float:
+    start = time.thread_time()
+    try:
+        check(fn, args, **options)
+    except RuntimeError:  # the failure is the point (GradcheckError is a RuntimeError)
+        pass
+    return time.thread_time() - start
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=41, help="alternations of the checkers per case")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"failing checks, median of {args.repeat} alternations (CPU ms); every call fails under both checkers")
+    for name, (kind, fn, inputs, options) in _cases().items():
+        reference, ours = getattr(torch.autograd, kind), getattr(agcheck, kind)
+        silent = dict(options, raise_exception=False)
+        assert reference(fn, inputs, raise_exception=False, **options) is False
+        assert ours(fn, inputs, **silent) is False
+        for _ in range(5):  # warm both: lazy imports, first-call caches
+            _cpu_seconds(reference, fn, inputs, options)
+            _cpu_seconds(ours, fn, inputs, options)
+        torch_s, agcheck_s, verdict_s = [], [], []
+        for _ in range(args.repeat):
+            torch_s.append(_cpu_seconds(reference, fn, inputs, options))
+            agcheck_s.append(_cpu_seconds(ours, fn, inputs, options))
+            verdict_s.append(_cpu_seconds(ours, fn, inputs, silent))
+        ratio = statistics.median(t / a for t, a in zip(torch_s, agcheck_s))
+        ratio_silent = statistics.median(t / a for t, a in zip(torch_s, verdict_s))
+        print(f"  {name:26s} torch {statistics.median(torch_s) * 1e3:6.2f}  agcheck {statistics.median(agcheck_s) * 1e3:6.2f}"
+              f" ({ratio:.2f}x)  without the diagnosis {statistics.median(verdict_s) * 1e3:6.2f} ({ratio_silent:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
