@@ -180,8 +180,8 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
         rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
                 for k in float_positions}
         # a real input's real outputs: each element's evaluations held, combined by chunks
-        held = HeldDifferences(be, stencil, eps, {k: rows[k] for k in float_positions if not be.is_complex(outputs[k])}) \
-            if len(moves) == 1 else None
+        real_rows = {k: rows[k] for k in float_positions if not be.is_complex(outputs[k])}
+        held = HeldDifferences(be, stencil, eps, real_rows) if len(moves) == 1 and real_rows else None
         for flat in flats:
             if held is None:
                 cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil)
