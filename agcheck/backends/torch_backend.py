@@ -59,6 +59,15 @@ def _vmapped_vjps(outputs: tuple, inputs: tuple, stacked_cotangents, position: i
     return [None if missing else next(defined) for missing in undefined]
 
 
+def _unravel(flat: int, shape) -> tuple:
+    """The multi-index of flat (C-order) element ``flat`` of an array of ``shape``."""
+    index = []
+    for size in reversed(tuple(shape)):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
 def _fresh(t):
     """``t``, or a copy of it when it is a view (of the flat vector the core drew): user code
     (a custom Function's jvp or backward) gets tensors of its own, as torch's checker hands
@@ -324,13 +333,34 @@ class TorchBackend(Backend):
 
     def jvp(self, fn, args, checked, tangents) -> list:
         with fwAD.dual_level():
-            outs = self.as_tuple(fn(*self._dual_args(args, dict(zip(checked, tangents)))))
-            result = []
-            for o in outs:
-                if self.is_floating_or_complex(o):
-                    primal, tangent = fwAD.unpack_dual(o)
-                    result.append((primal.detach(), None if tangent is None else tangent.clone()))
-            return result
+            return self._primals_and_tangents(fn(*self._dual_args(args, dict(zip(checked, tangents)))))
+
+    def _primals_and_tangents(self, outputs) -> list:
+        result = []
+        for o in self.as_tuple(outputs):
+            if self.is_floating_or_complex(o):
+                primal, tangent = fwAD.unpack_dual(o)
+                result.append((primal.detach(), None if tangent is None else tangent.clone()))
+        return result
+
+    def jvp_elements(self, fn, args, checked, i, elements, receive) -> None:
+        # as torch's checker does: the dual inputs made once, with zero tangents, and each
+        # element's one written into its input's tangent for one evaluation
+        if any(args[p].layout != torch.strided for p in checked):
+            super().jvp_elements(fn, args, checked, i, elements, receive)
+            return
+        with fwAD.dual_level():
+            duals = self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
+            tangent = fwAD.unpack_dual(duals[checked[i]]).tangent  # the dual's own, maybe restrided
+            flat_view = tangent.view(-1) if tangent.is_contiguous() else None
+            for flat in elements:
+                target, at = (flat_view, flat) if flat_view is not None else (tangent, _unravel(flat, tangent.shape))
+                target[at] = 1
+                try:
+                    result = self._primals_and_tangents(fn(*duals))
+                finally:
+                    target[at] = 0
+                receive(result)
 
     def jvp_wrt(self, fn, args, position, tangent) -> tuple:
         with fwAD.dual_level():

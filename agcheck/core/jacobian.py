@@ -347,10 +347,14 @@ def project_reverse(be, vJ, u):
 def _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes):
     results = be.jvp(fn, args, checked, tangents)
     if check_grad_dtypes:
-        for primal, tangent in results:
-            if tangent is not None and be.is_complex(primal) != be.is_complex(tangent):
-                raise GradcheckError("Forward AD gradient has dtype mismatch.", check="grad_dtype")
+        _check_forward_dtypes(be, results)
     return results
+
+
+def _check_forward_dtypes(be, results) -> None:
+    for primal, tangent in results:
+        if tangent is not None and be.is_complex(primal) != be.is_complex(tangent):
+            raise GradcheckError("Forward AD gradient has dtype mismatch.", check="grad_dtype")
 
 
 def _flat_tangent(be, primal, tangent):
@@ -390,19 +394,19 @@ def analytical_rows_forward(be, fn, args, checked: Sequence[int], i: int, elemen
     per floating output a ``(len(elements), output.numel)`` matrix: one JVP per element,
     a one-hot tangent for it and zero tangents for the other inputs, as
     :func:`analytical_jacobians_forward` computes every row. ``None`` for no element."""
-    zero_tangents = [be.zeros_like(args[p]) for p in checked]
-    x = args[checked[i]]
     elements = list(elements)
-    blocks = None
-    for flat in elements:
-        tangents = list(zero_tangents)
-        tangents[i] = be.one_hot(x, flat)
-        results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
-        if blocks is None:
-            blocks = [RowBlock(be, len(elements), be.numel(p), p, p.dtype) for p, _ in results]
+    blocks = []
+
+    def receive(results):
+        if check_grad_dtypes:
+            _check_forward_dtypes(be, results)
+        if not blocks:
+            blocks.extend(RowBlock(be, len(elements), be.numel(p), p, p.dtype) for p, _ in results)
         for block, (primal, tangent) in zip(blocks, results):
             block.add(_flat_tangent(be, primal, tangent))
-    return None if blocks is None else [block.result() for block in blocks]
+
+    be.jvp_elements(fn, args, checked, i, elements, receive)
+    return [block.result() for block in blocks] if elements else None
 
 
 def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:

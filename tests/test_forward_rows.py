@@ -1,0 +1,136 @@
+"""The reference engine's forward-mode rows (``Backend.jvp_elements``): the torch backend
+makes the dual inputs once and writes each element's one into its input's tangent, as
+torch's checker does, where the generic form makes new duals for every element. The rows
+are the same, the verdicts torch's, and nothing of the dual level outlives the loop."""
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+import agcheck
+from agcheck.backends.base import Backend
+from agcheck.core.jacobian import analytical_rows_forward
+
+from .helpers import make
+
+BE = agcheck.get_backend("torch")
+
+
+class _ScaledJvpSin(torch.autograd.Function):
+    """sin with a jvp (and a backward) scaled by ``factor`` (1.0 is correct)."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(x):
+        return x.sin()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (x,) = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos()
+
+    @staticmethod
+    def jvp(ctx, t):
+        (x,) = ctx.saved_tensors
+        return t * x.cos() * _ScaledJvpSin.factor
+
+
+def _generic_rows(fn, args, checked, i, elements):
+    received = []
+    Backend.jvp_elements(BE, fn, args, checked, i, elements, received.append)
+    return received
+
+
+def _shared_rows(fn, args, checked, i, elements):
+    received = []
+    BE.jvp_elements(fn, args, checked, i, elements, received.append)
+    return received
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for row_a, row_b in zip(a, b):
+        assert len(row_a) == len(row_b)
+        for (pa, ta), (pb, tb) in zip(row_a, row_b):
+            assert torch.equal(pa, pb)
+            assert (ta is None) == (tb is None)
+            if ta is not None:
+                assert torch.equal(ta, tb)
+
+
+CASES = {
+    "one input": (lambda x: (x.sin() * x.sum(),), lambda: (make(3, 4),), [0], 0),
+    "second of two": (lambda x, y: (x * y.exp(), (x @ y.T).sum()), lambda: (make(2, 3), make(2, 3, seed=1)), [0, 1], 1),
+    "non-contiguous": (lambda x: (x.cos() * 2,), lambda: (make(4, 3).detach().T.requires_grad_(),), [0], 0),
+    "zero-dim": (lambda x: (x * x, x.expand(3)), lambda: (make(),), [0], 0),
+    "complex": (lambda z: (z * z.conj(), (z * 1j).real), lambda: (make(5, dtype=torch.complex128),), [0], 0),
+    "outputs that are views": (lambda x: (x.view(-1), x[1:]), lambda: (make(2, 3),), [0], 0),
+    "a custom jvp": (lambda x: (_ScaledJvpSin.apply(x),), lambda: (make(6),), [0], 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_shared_duals_give_the_rows_of_new_duals_per_element(name):
+    fn, inputs, checked, i = CASES[name]
+    args = inputs()
+    elements = range(args[checked[i]].numel())
+    _same(_shared_rows(fn, args, checked, i, elements), _generic_rows(fn, args, checked, i, elements))
+    assert fwAD._current_level == -1
+
+
+def test_the_duals_are_made_once_per_input_not_once_per_element(monkeypatch):
+    made = []
+    original = fwAD.make_dual
+    monkeypatch.setattr(fwAD, "make_dual", lambda *a, **k: (made.append(1), original(*a, **k))[1])
+    x, y = make(4), make(4, seed=1)
+    rows = analytical_rows_forward(BE, lambda a, b: a * b, (x, y), [0, 1], 0, range(4))
+    assert len(made) == 2  # x and y, for all four elements
+    assert torch.equal(rows[0], torch.diag(y.detach()))
+
+
+def test_an_error_while_receiving_a_row_leaves_no_dual_level_open():
+    x = make(3)
+
+    def receive(result):
+        raise ArithmeticError("the caller's own check")
+
+    with pytest.raises(ArithmeticError):
+        BE.jvp_elements(lambda t: t.sin(), (x,), [0], 0, range(3), receive)
+    assert fwAD._current_level == -1
+    with fwAD.dual_level():  # a new level opens: none was left behind
+        pass
+
+
+def test_an_error_inside_fn_restores_the_tangent_and_closes_the_level():
+    x = make(3)
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("fn fails at the second element")
+        return t * 2
+
+    with pytest.raises(ValueError, match="second element"):
+        BE.jvp_elements(fn, (x,), [0], 0, range(3), lambda result: None)
+    assert fwAD._current_level == -1
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.05])
+def test_a_wrong_jvp_fails_in_the_reference_loop_like_torch(factor, monkeypatch):
+    monkeypatch.setattr(_ScaledJvpSin, "factor", factor)
+    x = make(5, seed=2)
+    kw = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, raise_exception=False)
+    expected = factor == 1.0
+    assert torch.autograd.gradcheck(_ScaledJvpSin.apply, (x,), **kw) is expected
+    assert agcheck.gradcheck(_ScaledJvpSin.apply, (x,), engine="reference", **kw) is expected
+    if not expected:
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian computed with forward mode mismatch"):
+            agcheck.gradcheck(_ScaledJvpSin.apply, (x,), engine="reference", check_forward_ad=True,
+                              check_backward_ad=False, check_undefined_grad=False)
