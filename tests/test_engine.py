@@ -141,18 +141,23 @@ def test_a_check_whose_loop_costs_less_than_probing_goes_to_the_reference_at_onc
     assert big.verdict is (factor == 1.0)
 
 
-def test_the_engine_runs_on_checks_of_a_few_dozen_elements_by_default(monkeypatch):
-    # the loop's own cost per call alone puts 32 elements and 32 outputs above the limit,
-    # whatever fn's timing; such checks went to the reference at 0.85-0.9x torch's time
+def test_as_shipped_a_few_elements_go_to_the_loop_and_a_few_hundred_to_the_engine(monkeypatch):
+    # the reference loop costs less than the engine's probes up to some 8 ms of loop: 8
+    # elements (32 calls, unless one call of fn took some 0.2 ms) take the loop, 256 (the
+    # loop's own cost per call alone over the limit) the engine
     from agcheck.engine import cost
 
     monkeypatch.undo()  # the limit as shipped, not the module fixture's
-    assert 4 * 32 * cost.LOOP_CALL_SECONDS >= cost.ENGINE_WORTH_SECONDS
+    assert 4 * 256 * cost.LOOP_CALL_SECONDS >= cost.ENGINE_WORTH_SECONDS
     for factor in (1.0, 1.1):
         monkeypatch.setattr(ScaledSin, "factor", factor)
-        r = run(ScaledSin.apply, (make(4, 8),))
-        assert not [e for e in r.engine_log if e.path == "plan"] and paths(r)
-        assert r.verdict is (factor == 1.0)
+        small = run(ScaledSin.apply, (make(2, 4),))
+        (plan,) = [e for e in small.engine_log if e.path == "plan"]
+        assert plan.decision == "reference" and plan.figures["loop_estimate"] < cost.ENGINE_WORTH_SECONDS
+        assert small.verdict is (factor == 1.0)
+        large = run(ScaledSin.apply, (make(16, 16),))
+        assert not [e for e in large.engine_log if e.path == "plan"] and paths(large)
+        assert large.verdict is (factor == 1.0)
 
 
 def test_closure_is_detected_and_falls_back():

@@ -28,10 +28,12 @@ CLEARLY_FASTER = 1.5
 #: pathologically slow or memory-hungry (cost growing faster than the batch) is caught cheaply
 RAMP = (8, 64)
 #: checks whose element-by-element loop is estimated below this many seconds go to the
-#: reference engine at once: the engine's probes would cost about as much as they save
-#: (on torch's CPU the engine's fixed cost is about 0.6 ms; it wins from about 2 ms of
-#: loop on, e.g. 1.3x at 16 elements of ``sin``, 2.9x at 64)
-ENGINE_WORTH_SECONDS = 0.002
+#: reference engine at once: the engine's probes and ramps would cost about as much as
+#: they save. On torch's CPU, 150 checks of 10 to 160 elements (gradcheck with and without
+#: forward mode, gradgradcheck both ways; ``bench/engine_threshold.py``): below about 8 ms
+#: of estimated loop the reference took 0.5-0.9x the engine's time, from about 15 ms the
+#: engine 0.25-0.65x the reference's
+ENGINE_WORTH_SECONDS = 0.008
 #: where no input can be batched, batched VJPs are tried only when the two passes of one
 #: VJP per output element are estimated (from one evaluation) at this many seconds or
 #: more: a first batched VJP costs about a millisecond beside the loop's, and its first
