@@ -31,7 +31,7 @@ RAMP = (8, 64)
 #: reference engine at once: the engine's probes and ramps would cost about as much as
 #: they save. On torch's CPU, 150 checks of 10 to 160 elements (gradcheck with and without
 #: forward mode, gradgradcheck both ways; ``bench/engine_threshold.py``): below about 8 ms
-#: of estimated loop the reference took 0.5-0.9x the engine's time, from about 15 ms the
+#: of estimated loop the reference took 0.45-1.0x the engine's time, from about 15 ms the
 #: engine 0.25-0.65x the reference's
 ENGINE_WORTH_SECONDS = 0.008
 #: where no input can be batched, batched VJPs are tried only when the two passes of one
