@@ -13,26 +13,17 @@ the checkers in one process.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import agcheck
 
-
-class _ScaledSin(torch.autograd.Function):
-    """sin with a backward 10% too large."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * x.cos() * 1.1
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ScaledSin  # noqa: E402 - sin with a scaled backward, as a custom Function
 
 
 def _cases():
@@ -40,13 +31,14 @@ def _cases():
         g = torch.Generator().manual_seed(seed)
         return torch.randn(n, dtype=torch.float64, generator=g).requires_grad_()
 
+    ScaledSin.factor = 1.1  # a backward 10% too large
     zeros = torch.zeros(5, dtype=torch.float64, requires_grad=True)
     both = dict(check_fwd_over_rev=True, check_rev_over_rev=True)
     return {
-        "wrong sin n=5, slow": ("gradcheck", _ScaledSin.apply, (leaf(5, 1),), {}),
-        "wrong sin n=5, fast": ("gradcheck", _ScaledSin.apply, (leaf(5, 1),), {"fast_mode": True}),
-        "wrong sin n=50, slow": ("gradcheck", _ScaledSin.apply, (leaf(50, 2),), {}),
-        "wrong sin n=50, fast": ("gradcheck", _ScaledSin.apply, (leaf(50, 2),), {"fast_mode": True}),
+        "wrong sin n=5, slow": ("gradcheck", ScaledSin.apply, (leaf(5, 1),), {}),
+        "wrong sin n=5, fast": ("gradcheck", ScaledSin.apply, (leaf(5, 1),), {"fast_mode": True}),
+        "wrong sin n=50, slow": ("gradcheck", ScaledSin.apply, (leaf(50, 2),), {}),
+        "wrong sin n=50, fast": ("gradcheck", ScaledSin.apply, (leaf(50, 2),), {"fast_mode": True}),
         "norm at 0, gradgradcheck": ("gradgradcheck", torch.linalg.norm, (zeros,), both),
     }
 

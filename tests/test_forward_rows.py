@@ -11,34 +11,13 @@ from agcheck.backends.base import Backend
 from agcheck.core.jacobian import analytical_rows_forward
 
 from .helpers import make
+from .parity_cases import Sin, unary
 
 BE = agcheck.get_backend("torch")
 
 
-class _ScaledJvpSin(torch.autograd.Function):
-    """sin with a jvp (and a backward) scaled by ``factor`` (1.0 is correct)."""
-
-    factor = 1.0
-
-    @staticmethod
-    def forward(x):
-        return x.sin()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        (x,) = inputs
-        ctx.save_for_backward(x)
-        ctx.save_for_forward(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * x.cos()
-
-    @staticmethod
-    def jvp(ctx, t):
-        (x,) = ctx.saved_tensors
-        return t * x.cos() * _ScaledJvpSin.factor
+#: parity_cases.Sin with its jvp 5% too large
+_WrongJvpSin = unary("WrongJvpSin", torch.sin, torch.cos, jvp=lambda t, x: t * x.cos() * 1.05)
 
 
 def _generic_rows(fn, args, checked, i, elements):
@@ -71,7 +50,7 @@ CASES = {
     "zero-dim": (lambda x: (x * x, x.expand(3)), lambda: (make(),), [0], 0),
     "complex": (lambda z: (z * z.conj(), (z * 1j).real), lambda: (make(5, dtype=torch.complex128),), [0], 0),
     "outputs that are views": (lambda x: (x.view(-1), x[1:]), lambda: (make(2, 3),), [0], 0),
-    "a custom jvp": (lambda x: (_ScaledJvpSin.apply(x),), lambda: (make(6),), [0], 0),
+    "a custom jvp": (lambda x: (Sin.apply(x),), lambda: (make(6),), [0], 0),
 }
 
 
@@ -122,15 +101,14 @@ def test_an_error_inside_fn_restores_the_tangent_and_closes_the_level():
     assert fwAD._current_level == -1
 
 
-@pytest.mark.parametrize("factor", [1.0, 1.05])
-def test_a_wrong_jvp_fails_in_the_reference_loop_like_torch(factor, monkeypatch):
-    monkeypatch.setattr(_ScaledJvpSin, "factor", factor)
+@pytest.mark.parametrize("function", [Sin, _WrongJvpSin], ids=["right jvp", "wrong jvp"])
+def test_a_wrong_jvp_fails_in_the_reference_loop_like_torch(function):
     x = make(5, seed=2)
     kw = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, raise_exception=False)
-    expected = factor == 1.0
-    assert torch.autograd.gradcheck(_ScaledJvpSin.apply, (x,), **kw) is expected
-    assert agcheck.gradcheck(_ScaledJvpSin.apply, (x,), engine="reference", **kw) is expected
+    expected = function is Sin
+    assert torch.autograd.gradcheck(function.apply, (x,), **kw) is expected
+    assert agcheck.gradcheck(function.apply, (x,), engine="reference", **kw) is expected
     if not expected:
         with pytest.raises(agcheck.GradcheckError, match="Jacobian computed with forward mode mismatch"):
-            agcheck.gradcheck(_ScaledJvpSin.apply, (x,), engine="reference", check_forward_ad=True,
+            agcheck.gradcheck(function.apply, (x,), engine="reference", check_forward_ad=True,
                               check_backward_ad=False, check_undefined_grad=False)
