@@ -59,15 +59,6 @@ def _vmapped_vjps(outputs: tuple, inputs: tuple, stacked_cotangents, position: i
     return [None if missing else next(defined) for missing in undefined]
 
 
-def _unravel(flat: int, shape) -> tuple:
-    """The multi-index of flat (C-order) element ``flat`` of an array of ``shape``."""
-    index = []
-    for size in reversed(tuple(shape)):
-        flat, i = divmod(flat, size)
-        index.append(i)
-    return tuple(reversed(index))
-
-
 def _fresh(t):
     """``t``, or a copy of it when it is a view (of the flat vector the core drew): user code
     (a custom Function's jvp or backward) gets tensors of its own, as torch's checker hands
@@ -352,9 +343,12 @@ class TorchBackend(Backend):
         with fwAD.dual_level():
             duals = self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
             tangent = fwAD.unpack_dual(duals[checked[i]]).tangent  # the dual's own, maybe restrided
-            flat_view = tangent.view(-1) if tangent.is_contiguous() else None
+            if tangent.is_contiguous():
+                target, place = tangent.view(-1), int
+            else:
+                target, place = tangent, lambda flat: tuple(int(i) for i in np.unravel_index(flat, tangent.shape))
             for flat in elements:
-                target, at = (flat_view, flat) if flat_view is not None else (tangent, _unravel(flat, tangent.shape))
+                at = place(flat)
                 target[at] = 1
                 try:
                     result = self._primals_and_tangents(fn(*duals))
