@@ -3,10 +3,10 @@
 On a millisecond check that fails, torch's checker formats its message and raises; agcheck
 formats the same message and adds its report: the failing block's statistics and worst
 entries, and a diagnosis that re-evaluates up to four of the worst entries with other
-steps (seven calls of ``fn`` per input element probed). This prints, for a few small
-failures, the medians of torch's checker's CPU time, agcheck's, and agcheck's with
-``raise_exception=False`` (the verdict without the diagnosis or the summary), alternating
-the checkers in one process.
+steps (six calls of ``fn`` per input element probed, and one at the input itself). This
+prints, for a few small failures, the medians of torch's checker's CPU time, agcheck's,
+and agcheck's with ``raise_exception=False`` (the verdict without the diagnosis or the
+summary), alternating the checkers in one process.
 
     python bench/small_failures.py [--repeat 41]
 """

@@ -123,8 +123,9 @@ def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position
 def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_position: int, elements,
                       steps: Sequence) -> list:
     """:func:`numerical_rows` for each ``(eps, stencil)`` of ``steps``, one list of rows per
-    step; a point that several steps share (``x`` itself in one-sided stencils, ``x + h``
-    in a central and a one-sided one) is evaluated once per element.
+    step; a point that several steps share (``x + h`` in a central and a one-sided
+    stencil) is evaluated once per element, and ``x`` itself (in one-sided stencils) once
+    in all.
 
     Failure reports use it to re-evaluate entries with other steps
     (:mod:`agcheck.report.collect`).
@@ -134,6 +135,8 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
     complex_input = be.is_complex(args[position])
     plans = [_element_moves(stencil, eps, complex_input) for eps, stencil in steps]
     distinct = [list(dict.fromkeys(move for plan in plans for move in plan[axis])) for axis in range(len(plans[0]))]
+    moved = [[move for move in moves if move[0] != 0] for moves in distinct]
+    unmoved = []  # fn at x: the same point for every element and axis
     found = [[] for _ in plans]
     with be.perturber(args, position) as perturber, sharing(fn):
         for flat in elements:
@@ -142,7 +145,14 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
             def index():
                 return perturber.index(flat)
 
-            at = [dict(zip(moves, perturber.evaluate_element_moves(fn, flat, moves))) for moves in distinct]
+            at = []
+            for moves, away in zip(distinct, moved):
+                values = dict(zip(away, perturber.evaluate_element_moves(fn, flat, away)))
+                if len(away) < len(moves):
+                    if not unmoved:  # x - 0 is x, bit for bit
+                        unmoved.extend(perturber.evaluate_element_moves(fn, flat, [(0.0, -1)]))
+                    values.update((move, unmoved[0]) for move in moves if move[0] == 0)
+                at.append(values)
             for rows, plan, (eps, stencil) in zip(found, plans, steps):
                 differences = [stencil_difference(be, [at[axis][move] for move in moves], eps, stencil, index)
                                for axis, moves in enumerate(plan)]

@@ -21,8 +21,8 @@ from .facts import where
 
 __all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "Probe", "probe", "step_size_evidence"]
 
-#: entries re-evaluated with other steps on a failure (seven evaluations of fn per input
-#: element probed: x, x ± h/10, x ± h and x ± 10h)
+#: entries re-evaluated with other steps on a failure (six evaluations of fn per input
+#: element probed, x ± h/10, x ± h and x ± 10h, and one at x for all of them)
 PROBED_ENTRIES = 4
 #: failing blocks whose entries are re-evaluated (the others get the structural diagnoses)
 PROBED_BLOCKS = 2
