@@ -1,14 +1,15 @@
-"""The reference engine's forward-mode rows (``Backend.jvp_elements``): the torch backend
-makes the dual inputs once and writes each element's one into its input's tangent, as
-torch's checker does, where the generic form makes new duals for every element. The rows
-are the same, the verdicts torch's, and nothing of the dual level outlives the loop."""
+"""The reference engine's forward-mode rows (``Backend.jvp_elements``) and fast mode's
+projections (``Backend.jvp_each``): the torch backend makes the dual inputs once and writes
+each element's one (each input's probe vector) into its input's tangent, as torch's checker
+does, where the generic form makes new duals for every element (input). The results are
+the same, the verdicts torch's, and nothing of the dual level outlives the loop."""
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 
 import agcheck
 from agcheck.backends.base import Backend
-from agcheck.core.jacobian import analytical_rows_forward
+from agcheck.core.jacobian import analytical_jvps, analytical_rows_forward
 
 from .helpers import make
 from .parity_cases import Sin, unary
@@ -112,3 +113,59 @@ def test_a_wrong_jvp_fails_in_the_reference_loop_like_torch(function):
         with pytest.raises(agcheck.GradcheckError, match="Jacobian computed with forward mode mismatch"):
             agcheck.gradcheck(function.apply, (x,), engine="reference", check_forward_ad=True,
                               check_backward_ad=False, check_undefined_grad=False)
+
+
+def _tangents_for(args, checked):
+    return [torch.rand(args[p].shape, dtype=args[p].dtype, generator=torch.Generator().manual_seed(7 + k))
+            for k, p in enumerate(checked)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_shared_duals_give_each_inputs_jvp_of_new_duals(name):
+    fn, inputs, checked, _ = CASES[name]
+    args = inputs()
+    tangents = _tangents_for(args, checked)
+    generic, shared = [], []
+    Backend.jvp_each(BE, fn, args, checked, tangents, generic.append)
+    BE.jvp_each(fn, args, checked, tangents, shared.append)
+    assert len(shared) == len(checked)
+    _same(shared, generic)
+    assert fwAD._current_level == -1
+
+
+def test_fast_mode_makes_one_dual_per_input_for_all_its_projections(monkeypatch):
+    made = []
+    original = fwAD.make_dual
+    monkeypatch.setattr(fwAD, "make_dual", lambda *a, **k: (made.append(1), original(*a, **k))[1])
+    x, y = make(4), make(4, seed=1)
+    u = [torch.arange(1.0, 5.0, dtype=torch.float64), torch.full((4,), 2.0, dtype=torch.float64)]
+    (jx,), (jy,) = analytical_jvps(BE, lambda a, b: a * b, (x, y), [0, 1], u)
+    assert len(made) == 2  # x and y, for both projections (new duals per input would make four)
+    assert torch.equal(jx, y.detach() * u[0]) and torch.equal(jy, x.detach() * u[1])
+
+
+def test_an_error_inside_fn_during_the_projections_closes_the_level():
+    x, y = make(3), make(3, seed=1)
+    calls = []
+
+    def fn(a, b):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("fn fails at the second input's projection")
+        return a * b
+
+    with pytest.raises(ValueError, match="second input"):
+        BE.jvp_each(fn, (x, y), [0, 1], _tangents_for((x, y), [0, 1]), lambda result: None)
+    assert fwAD._current_level == -1
+
+
+@pytest.mark.parametrize("function", [Sin, _WrongJvpSin], ids=["right jvp", "wrong jvp"])
+def test_a_wrong_jvp_fails_in_fast_mode_like_torch(function):
+    x = make(5, seed=2)
+    kw = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, fast_mode=True)
+    expected = function is Sin
+    assert torch.autograd.gradcheck(function.apply, (x,), raise_exception=False, **kw) is expected
+    assert agcheck.gradcheck(function.apply, (x,), raise_exception=False, **kw) is expected
+    if not expected:
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian computed with forward mode mismatch"):
+            agcheck.gradcheck(function.apply, (x,), **kw)

@@ -384,6 +384,18 @@ class Backend:
             tangents[i] = self.one_hot(x, flat)
             receive(self.jvp(fn, args, checked, tangents))
 
+    def jvp_each(self, fn: Callable, args: tuple, checked: Sequence[int], tangents: Sequence,
+                 receive: Callable[[list], None]) -> None:
+        """Forward-mode evaluations of ``fn``, one per checked input: ``tangents[i]`` on
+        ``args[checked[i]]`` and zero tangents on the other checked inputs; ``receive`` is
+        called with what :meth:`jvp` returns, input by input, in order. A backend may set
+        the evaluations up once for all of them (by default: one :meth:`jvp` each)."""
+        zero_tangents = [self.zeros_like(args[p]) for p in checked]
+        for i, t in enumerate(tangents):
+            moved = list(zero_tangents)
+            moved[i] = t
+            receive(self.jvp(fn, args, checked, moved))
+
     def jvp_wrt(self, fn: Callable, args: tuple, position: int, tangent) -> tuple:
         """Output tangents of ``fn`` with ``tangent`` on ``args[position]`` alone (the other
         inputs held constant): one array per output, zeros where a tangent is undefined.

@@ -356,6 +356,23 @@ class TorchBackend(Backend):
                     target[at] = 0
                 receive(result)
 
+    def jvp_each(self, fn, args, checked, tangents, receive) -> None:
+        # as torch's fast mode does: the dual inputs made once, with zero tangents, and each
+        # input's tangent copied into its dual's own for one evaluation
+        if any(args[p].layout != torch.strided for p in checked):
+            super().jvp_each(fn, args, checked, tangents, receive)
+            return
+        with fwAD.dual_level():
+            duals = self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
+            for p, t in zip(checked, tangents):
+                own = fwAD.unpack_dual(duals[p]).tangent
+                own.copy_(t)
+                try:
+                    result = self._primals_and_tangents(fn(*duals))
+                finally:
+                    own.zero_()
+                receive(result)
+
     def jvp_wrt(self, fn, args, position, tangent) -> tuple:
         with fwAD.dual_level():
             outs = self.as_tuple(fn(*self._dual_args(args, {position: tangent}, detach_others=True)))

@@ -354,13 +354,6 @@ def project_reverse(be, vJ, u):
     return be.dot(vJ, u)
 
 
-def _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes):
-    results = be.jvp(fn, args, checked, tangents)
-    if check_grad_dtypes:
-        _check_forward_dtypes(be, results)
-    return results
-
-
 def _check_forward_dtypes(be, results) -> None:
     for primal, tangent in results:
         if tangent is not None and be.is_complex(primal) != be.is_complex(tangent):
@@ -421,15 +414,19 @@ def analytical_rows_forward(be, fn, args, checked: Sequence[int], i: int, elemen
 
 def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:
     """Forward-mode ``J u``: ``[input][float output]`` flat vectors, one JVP per input."""
-    zero_tangents = [be.zeros_like(args[p]) for p in checked]
-    result = []
-    for i, (pos, u) in enumerate(zip(checked, all_u)):
+    tangents = []
+    for pos, u in zip(checked, all_u):
         x = args[pos]
-        tangents = list(zero_tangents)
         t = be.reshape(u, x.shape)
-        tangents[i] = t if t.dtype == x.dtype else be.astype(t, x.dtype)
-        results = _forward_outputs(be, fn, args, checked, tangents, check_grad_dtypes)
+        tangents.append(t if t.dtype == x.dtype else be.astype(t, x.dtype))
+    result = []
+
+    def receive(results):
+        if check_grad_dtypes:
+            _check_forward_dtypes(be, results)
         result.append([_flat_tangent(be, p, t) for p, t in results])
+
+    be.jvp_each(fn, args, checked, tangents, receive)
     return result
 
 
