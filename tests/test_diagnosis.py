@@ -431,3 +431,77 @@ def test_probes_evaluate_each_distinct_point_once_with_the_rows_of_each_step(dty
         alone = numerical_rows(be, fn, (x,), 0, 0, [1, 4], step, stencil)
         assert len(rows) == 2 and all(torch.equal(a, b) for a, b in zip(rows, alone))
     assert numerical_rows_at(be, fn, (x,), 0, 0, [1], []) == []
+
+
+class _ScaledExpPair(torch.autograd.Function):
+    """``(exp(x), 2 exp(x))`` with a backward scaled by ``factor`` (1: correct)."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y, 2 * y
+
+    @staticmethod
+    def backward(ctx, g0, g1):
+        (y,) = ctx.saved_tensors
+        return (g0 + 2 * g1) * y * _ScaledExpPair.factor
+
+
+def _pair_relu(x):
+    return torch.relu(x), 3 * torch.relu(x)
+
+
+@pytest.mark.parametrize("case", ["factor", "kink"])
+def test_the_blocks_of_one_input_share_their_probed_points(case, monkeypatch):
+    """Two failing blocks of one input (two outputs, the same worst rows) are probed at
+    the same points: fn is called once per point, not once per block, and the diagnoses
+    are those of probing each block on its own."""
+    import agcheck.report.collect as collect
+
+    calls = []
+    if case == "factor":
+        x = make(5, seed=3)
+
+        def fn(t):
+            calls.append(1)
+            return _ScaledExpPair.apply(t)
+        monkeypatch.setattr(_ScaledExpPair, "factor", 1.1)
+    else:
+        x = torch.tensor([0.0, 1.0, 0.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+
+        def fn(t):
+            calls.append(1)
+            return _pair_relu(t)
+
+    def report(shared):
+        monkeypatch.setattr(collect, "SHARED_OUTPUT_ELEMENTS", 32768 if shared else 0)
+        calls.clear()
+        with pytest.raises(GradcheckError) as info:
+            agcheck.gradcheck(fn, (x,), engine="reference")
+        return info.value.report, len(calls)
+
+    alone, calls_alone = report(shared=False)
+    together, calls_together = report(shared=True)
+    assert [(b.output, b.input) for b in together.blocks] == [(0, 0), (1, 0)]
+    assert [(d.kind, d.message, d.evidence) for d in together.diagnoses] == \
+        [(d.kind, d.message, d.evidence) for d in alone.diagnoses]
+    assert kinds(together) == ([case, case] if case == "kink" else ["factor", "factor"])
+    second = together.blocks[1]
+    probed = [e for e in second.worst if abs(e.analytical - e.numerical) > second.atol + second.rtol * abs(e.numerical)]
+    rows = len({e.row for e in probed[:4]})
+    assert rows >= 2
+    assert calls_alone - calls_together == 6 * rows + 1  # the second block's points and x, all shared
+
+
+def test_the_pair_with_a_correct_backward_passes_without_probes(monkeypatch):
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        return _ScaledExpPair.apply(t)
+
+    assert agcheck.gradcheck(fn, (make(5, seed=3),), engine="reference")
+    assert torch.autograd.gradcheck(fn, (make(5, seed=3),))

@@ -121,12 +121,15 @@ def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position
 
 
 def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_position: int, elements,
-                      steps: Sequence) -> list:
+                      steps: Sequence, evaluated: dict | None = None) -> list:
     """:func:`numerical_rows` for each ``(eps, stencil)`` of ``steps``, one list of rows per
     step; a point that several steps share (``x + h`` in a central and a one-sided
     stencil) is evaluated once per element, and ``x`` itself (in one-sided stencils) once
     in all.
 
+    ``evaluated``, where given, keeps ``fn``'s outputs at every point evaluated, for later
+    calls on the same ``fn``, ``args`` and ``position`` (the rows of another output, or of
+    another part of a complex one, at points already evaluated cost no call of ``fn``).
     Failure reports use it to re-evaluate entries with other steps
     (:mod:`agcheck.report.collect`).
     """
@@ -135,8 +138,7 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
     complex_input = be.is_complex(args[position])
     plans = [_element_moves(stencil, eps, complex_input) for eps, stencil in steps]
     distinct = [list(dict.fromkeys(move for plan in plans for move in plan[axis])) for axis in range(len(plans[0]))]
-    moved = [[move for move in moves if move[0] != 0] for moves in distinct]
-    unmoved = []  # fn at x: the same point for every element and axis
+    points = {} if evaluated is None else evaluated  # (element, move) -> fn's outputs; x itself is element None
     found = [[] for _ in plans]
     with be.perturber(args, position) as perturber, sharing(fn):
         for flat in elements:
@@ -146,13 +148,17 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
                 return perturber.index(flat)
 
             at = []
-            for moves, away in zip(distinct, moved):
-                values = dict(zip(away, perturber.evaluate_element_moves(fn, flat, away)))
-                if len(away) < len(moves):
-                    if not unmoved:  # x - 0 is x, bit for bit
-                        unmoved.extend(perturber.evaluate_element_moves(fn, flat, [(0.0, -1)]))
-                    values.update((move, unmoved[0]) for move in moves if move[0] == 0)
-                at.append(values)
+            for moves in distinct:
+                keys = [(None, (0.0, -1)) if move[0] == 0 else (flat, move) for move in moves]
+                missing = [(key, move) for key, move in zip(keys, moves) if key not in points]
+                missing = list(dict(missing).items())  # x once, where both axes ask for it
+                if missing:  # x - 0 is x, bit for bit
+                    values = perturber.evaluate_element_moves(fn, flat, [move for _, move in missing])
+                    points.update(zip([key for key, _ in missing], values))
+                at.append({move: points[key] for key, move in zip(keys, moves)})
+            if evaluated is None:  # only x is kept from one element to the next
+                for key in [key for key in points if key[0] is not None]:
+                    del points[key]
             for rows, plan, (eps, stencil) in zip(found, plans, steps):
                 differences = [stencil_difference(be, [at[axis][move] for move in moves], eps, stencil, index)
                                for axis, moves in enumerate(plan)]

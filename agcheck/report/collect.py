@@ -31,6 +31,12 @@ ONE_SIDED = {
 #: report -> {block index: resample}, from attach_jacobian_failure until complete_report
 #: (they hold ``fn`` and its inputs, released once the report is complete)
 _resamplers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: report -> {(fn, args, position) identities: fn's outputs at the points evaluated}: the
+#: blocks of one input (other outputs, the two parts of a complex one) share their points
+_evaluated: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: points are shared only where fn's outputs hold at most this many elements in all: a
+#: diagnosis evaluates at most 2 blocks x 4 rows x 12 moves + 1 points (about 50 MB here)
+SHARED_OUTPUT_ELEMENTS = 32768
 
 
 def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *, output: int, input: int,
@@ -53,7 +59,11 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
             kw.update(input_shape=tuple(int(s) for s in x.shape), output_shape=tuple(int(s) for s in out.shape),
                       input_dtype=be.dtype_name(x), input_double=bool(be.is_double_precision(x)),
                       eps=float(run.eps_for(x)))
-            resample = _resampler(run, fn, args, position, output_position)
+            shared = None
+            if sum(be.numel(o) for o in outputs if be.is_array(o)) <= SHARED_OUTPUT_ELEMENTS:
+                key = (id(fn), position, tuple(id(a) for a in args))
+                shared = _evaluated.setdefault(rep, {}).setdefault(key, {})
+            resample = _resampler(run, fn, args, position, output_position, shared)
         if projection is not None:
             kw["projection"] = {k: _to_scalar(be, v) for k, v in projection.items()}
         block = JacobianBlock.from_arrays(be.to_numpy(numerical), be.to_numpy(analytical),
@@ -72,13 +82,15 @@ def _to_scalar(be, v):
     return a.item() if a.size == 1 else a
 
 
-def _resampler(run, fn, args, position, output_position):
+def _resampler(run, fn, args, position, output_position, shared=None):
     """Rows of the block's numerical Jacobian for each ``(eps, side)`` asked for, with the
     check's stencil (``side="central"``) or a one-sided difference, each as
-    ``(len(rows), output.numel)``; the points they share are evaluated once."""
+    ``(len(rows), output.numel)``; the points they share are evaluated once, and those
+    in ``shared`` (kept for the other blocks of the input) not again."""
     def resample(steps, rows):
         found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
-                                  [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps])
+                                  [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps],
+                                  evaluated=shared)
         return [np.stack([np.asarray(run.be.to_numpy(row)).reshape(-1) for row in step]) for step in found]
 
     return resample
@@ -109,3 +121,4 @@ def complete_report(error: GradcheckError, backend=None, options=None) -> None:
         rep.notes.append(f"report incomplete: {type(ex).__name__}: {ex}")
     finally:
         _resamplers.pop(rep, None)  # release fn and its inputs
+        _evaluated.pop(rep, None)
