@@ -9,7 +9,7 @@ import torch.autograd.forward_ad as fwAD
 
 import agcheck
 from agcheck.backends.base import Backend
-from agcheck.core.jacobian import analytical_jvps, analytical_rows_forward
+from agcheck.core.jacobian import analytical_jacobians_forward, analytical_jvps, analytical_rows_forward
 
 from .helpers import make
 from .parity_cases import Sin, unary
@@ -23,13 +23,13 @@ _WrongJvpSin = unary("WrongJvpSin", torch.sin, torch.cos, jvp=lambda t, x: t * x
 
 def _generic_rows(fn, args, checked, i, elements):
     received = []
-    Backend.jvp_elements(BE, fn, args, checked, i, elements, received.append)
+    Backend.jvp_elements(BE, fn, args, checked, [(i, elements)], lambda _, result: received.append(result))
     return received
 
 
 def _shared_rows(fn, args, checked, i, elements):
     received = []
-    BE.jvp_elements(fn, args, checked, i, elements, received.append)
+    BE.jvp_elements(fn, args, checked, [(i, elements)], lambda _, result: received.append(result))
     return received
 
 
@@ -74,6 +74,28 @@ def test_the_duals_are_made_once_per_input_not_once_per_element(monkeypatch):
     assert torch.equal(rows[0], torch.diag(y.detach()))
 
 
+def test_the_duals_are_made_once_for_all_the_inputs_rows(monkeypatch):
+    made = []
+    original = fwAD.make_dual
+    monkeypatch.setattr(fwAD, "make_dual", lambda *a, **k: (made.append(1), original(*a, **k))[1])
+    x, y = make(3), make(4, seed=1)
+    jx, jy = analytical_jacobians_forward(BE, lambda a, b: (a.sum() * b,), (x, y), [0, 1])
+    assert len(made) == 2  # x and y, for all seven rows of both (one dual level per input would make four)
+    assert torch.equal(jx[0], y.detach().expand(3, 4)) and torch.equal(jy[0], x.detach().sum() * torch.eye(4, dtype=torch.float64))
+
+
+def test_the_rows_of_several_inputs_are_those_of_each_on_its_own():
+    fn, inputs, checked, _ = CASES["second of two"]
+    args = inputs()
+    wanted = [(0, range(args[0].numel())), (1, range(args[1].numel()))]
+    together = []
+    BE.jvp_elements(fn, args, checked, wanted, lambda i, result: together.append((i, result)))
+    alone = [(i, result) for i, elements in wanted for result in _generic_rows(fn, args, checked, i, elements)]
+    assert [i for i, _ in together] == [i for i, _ in alone]
+    _same([r for _, r in together], [r for _, r in alone])
+    assert fwAD._current_level == -1
+
+
 def test_an_error_while_receiving_a_row_leaves_no_dual_level_open():
     x = make(3)
 
@@ -81,7 +103,7 @@ def test_an_error_while_receiving_a_row_leaves_no_dual_level_open():
         raise ArithmeticError("the caller's own check")
 
     with pytest.raises(ArithmeticError):
-        BE.jvp_elements(lambda t: t.sin(), (x,), [0], 0, range(3), receive)
+        BE.jvp_elements(lambda t: t.sin(), (x,), [0], [(0, range(3))], lambda _, result: receive(result))
     assert fwAD._current_level == -1
     with fwAD.dual_level():  # a new level opens: none was left behind
         pass
@@ -98,7 +120,7 @@ def test_an_error_inside_fn_restores_the_tangent_and_closes_the_level():
         return t * 2
 
     with pytest.raises(ValueError, match="second element"):
-        BE.jvp_elements(fn, (x,), [0], 0, range(3), lambda result: None)
+        BE.jvp_elements(fn, (x,), [0], [(0, range(3))], lambda _, result: None)
     assert fwAD._current_level == -1
 
 

@@ -370,19 +370,20 @@ class Backend:
         """
         raise NotImplementedError
 
-    def jvp_elements(self, fn: Callable, args: tuple, checked: Sequence[int], i: int, elements,
-                     receive: Callable[[list], None]) -> None:
-        """Forward-mode evaluations of ``fn``, one per element of ``elements`` (flat indices
-        of ``args[checked[i]]``): a one-hot tangent at that element, zero tangents on the
-        other checked inputs; ``receive`` is called with what :meth:`jvp` returns, element
-        by element, in order. A backend may set the evaluations up once for all of them
-        (by default: one :meth:`jvp` each)."""
+    def jvp_elements(self, fn: Callable, args: tuple, checked: Sequence[int], wanted: Sequence,
+                     receive: Callable[[int, list], None]) -> None:
+        """Forward-mode evaluations of ``fn``, one per element of each ``(i, elements)`` of
+        ``wanted`` (flat indices of ``args[checked[i]]``), input by input: a one-hot
+        tangent at that element, zero tangents on the other checked inputs; ``receive(i,
+        result)`` is called with what :meth:`jvp` returns, in order. A backend may set the
+        evaluations up once for all of them (by default: one :meth:`jvp` each)."""
         zero_tangents = [self.zeros_like(args[p]) for p in checked]
-        x = args[checked[i]]
-        for flat in elements:
-            tangents = list(zero_tangents)
-            tangents[i] = self.one_hot(x, flat)
-            receive(self.jvp(fn, args, checked, tangents))
+        for i, elements in wanted:
+            x = args[checked[i]]
+            for flat in elements:
+                tangents = list(zero_tangents)
+                tangents[i] = self.one_hot(x, flat)
+                receive(i, self.jvp(fn, args, checked, tangents))
 
     def jvp_each(self, fn: Callable, args: tuple, checked: Sequence[int], tangents: Sequence,
                  receive: Callable[[list], None]) -> None:

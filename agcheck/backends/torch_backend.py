@@ -334,27 +334,28 @@ class TorchBackend(Backend):
                 result.append((primal.detach(), None if tangent is None else tangent.clone()))
         return result
 
-    def jvp_elements(self, fn, args, checked, i, elements, receive) -> None:
-        # as torch's checker does: the dual inputs made once, with zero tangents, and each
-        # element's one written into its input's tangent for one evaluation
+    def jvp_elements(self, fn, args, checked, wanted, receive) -> None:
+        # as torch's checker does: the dual inputs made once for all the inputs, with zero
+        # tangents, and each element's one written into its input's tangent for one evaluation
         if any(args[p].layout != torch.strided for p in checked):
-            super().jvp_elements(fn, args, checked, i, elements, receive)
+            super().jvp_elements(fn, args, checked, wanted, receive)
             return
         with fwAD.dual_level():
             duals = self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
-            tangent = fwAD.unpack_dual(duals[checked[i]]).tangent  # the dual's own, maybe restrided
-            if tangent.is_contiguous():
-                target, place = tangent.view(-1), int
-            else:
-                target, place = tangent, lambda flat: tuple(int(i) for i in np.unravel_index(flat, tangent.shape))
-            for flat in elements:
-                at = place(flat)
-                target[at] = 1
-                try:
-                    result = self._primals_and_tangents(fn(*duals))
-                finally:
-                    target[at] = 0
-                receive(result)
+            for i, elements in wanted:
+                tangent = fwAD.unpack_dual(duals[checked[i]]).tangent  # the dual's own, maybe restrided
+                if tangent.is_contiguous():
+                    target, place = tangent.view(-1), int
+                else:
+                    target, place = tangent, lambda flat: tuple(int(k) for k in np.unravel_index(flat, tangent.shape))
+                for flat in elements:
+                    at = place(flat)
+                    target[at] = 1
+                    try:
+                        result = self._primals_and_tangents(fn(*duals))
+                    finally:
+                        target[at] = 0
+                    receive(i, result)
 
     def jvp_each(self, fn, args, checked, tangents, receive) -> None:
         # as torch's fast mode does: the dual inputs made once, with zero tangents, and each

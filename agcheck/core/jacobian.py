@@ -381,13 +381,14 @@ def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_
     matrices}``), taken as they are. ``outputs`` (``fn``'s, when the caller has them) give
     an empty input's Jacobians their shapes, with no call of ``fn``, as torch's checker
     makes none for an empty input."""
+    wanted = [(i, range(be.numel(args[pos]))) for i, pos in enumerate(checked) if not (reuse and i in reuse)]
+    computed = _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes)
     jacobians = []
-    for i, pos in enumerate(checked):
+    for i in range(len(checked)):
         if reuse and i in reuse:
             jacobians.append(reuse[i])
             continue
-        rows = analytical_rows_forward(be, fn, args, checked, i, range(be.numel(args[pos])),
-                                       check_grad_dtypes=check_grad_dtypes)
+        rows = computed.get(i)
         if rows is None:  # an empty input: no JVP, only the outputs' shapes
             if outputs is None:
                 zero_tangents = [be.zeros_like(args[p]) for p in checked]
@@ -403,19 +404,30 @@ def analytical_rows_forward(be, fn, args, checked: Sequence[int], i: int, elemen
     per floating output a ``(len(elements), output.numel)`` matrix: one JVP per element,
     a one-hot tangent for it and zero tangents for the other inputs, as
     :func:`analytical_jacobians_forward` computes every row. ``None`` for no element."""
-    elements = list(elements)
-    blocks = []
+    return _forward_rows(be, fn, args, checked, [(i, elements)], check_grad_dtypes).get(i)
 
-    def receive(results):
+
+def _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes) -> dict:
+    """``{i: rows}`` for each ``(i, elements)`` of ``wanted`` with elements (as
+    :func:`analytical_rows_forward`), input by input in order, through one
+    :meth:`Backend.jvp_elements`."""
+    wanted = [(i, list(elements)) for i, elements in wanted]
+    wanted = [(i, elements) for i, elements in wanted if elements]
+    blocks = {i: [] for i, _ in wanted}
+    sizes = {i: len(elements) for i, elements in wanted}
+
+    def receive(i, results):
         if check_grad_dtypes:
             _check_forward_dtypes(be, results)
-        if not blocks:
-            blocks.extend(RowBlock(be, len(elements), be.numel(p), p, p.dtype) for p, _ in results)
-        for block, (primal, tangent) in zip(blocks, results):
+        rows = blocks[i]
+        if not rows:
+            rows.extend(RowBlock(be, sizes[i], be.numel(p), p, p.dtype) for p, _ in results)
+        for block, (primal, tangent) in zip(rows, results):
             block.add(_flat_tangent(be, primal, tangent))
 
-    be.jvp_elements(fn, args, checked, i, elements, receive)
-    return [block.result() for block in blocks] if elements else None
+    if wanted:
+        be.jvp_elements(fn, args, checked, wanted, receive)
+    return {i: [block.result() for block in rows] for i, rows in blocks.items()}
 
 
 def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:
