@@ -79,6 +79,38 @@ def test_empty_and_zero_dim_inputs_work_as_in_torch():
         assert agcheck.gradcheck(lambda t: t.exp(), (x,), fast_mode=True)
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
+def test_an_empty_inputs_numerical_jacobians_call_fn_for_no_element(factor):
+    from agcheck.core.jacobian import numerical_jacobians
+
+    class ScaledExp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            y = t.exp()
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return g * y * factor
+
+    calls = []
+
+    def fn(x, empty):
+        calls.append(1)
+        return ScaledExp.apply(x) + empty.sum(), empty * 2
+
+    x, empty = make(3), make(0, 4)
+    outputs = fn(x, empty)
+    calls.clear()
+    rows = numerical_jacobians(agcheck.get_backend("torch"), fn, (x, empty), 1, outputs, 1e-6)
+    assert calls == [] and [tuple(r.shape) for r in rows.values()] == [(0, 3), (0, 0)]
+    expected = factor == 1.0
+    assert torch.autograd.gradcheck(fn, (x, empty), raise_exception=False) is expected
+    assert agcheck.gradcheck(fn, (x, empty), engine="reference", raise_exception=False) is expected
+
+
 def test_two_frameworks_cannot_mix_when_inferred():
     jnp = pytest.importorskip("jax.numpy")
     with pytest.raises(TypeError, match="mix arrays of several frameworks"):

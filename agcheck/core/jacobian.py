@@ -189,6 +189,9 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     x = args[position]
     moves = _element_moves(stencil, eps, be.is_complex(x))
     float_positions = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
+    if be.numel(x) == 0:  # no element to move, in any layout: no rows, and no call of fn
+        return {k: RowBlock(be, 0, be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k])).result()
+                for k in float_positions}
     with be.perturber(args, position) as perturber, sharing(fn):
         flats = range(perturber.numel) if elements is None else elements
         if not hasattr(flats, "__len__"):
