@@ -67,7 +67,8 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     atol, rtol : float
         Tolerances: ``|analytical - numerical| <= atol + rtol * |numerical|``.
     raise_exception : bool
-        Raise :class:`GradcheckError` on a failed check (else return ``False``).
+        Raise :class:`GradcheckError`, with its report, on a failed check (else return
+        ``False``, and build no report).
     nondet_tol : float
         Tolerance for run-to-run differences of the backward (reentrancy).
     check_undefined_grad : bool

@@ -505,3 +505,30 @@ def test_the_pair_with_a_correct_backward_passes_without_probes(monkeypatch):
 
     assert agcheck.gradcheck(fn, (make(5, seed=3),), engine="reference")
     assert torch.autograd.gradcheck(fn, (make(5, seed=3),))
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
+def test_raise_exception_false_builds_no_report_of_the_other_blocks(factor, monkeypatch):
+    """With ``raise_exception=False`` no report is seen: the failing block's verdict is
+    reached with the backward passes torch's checker makes (one output's columns, twice
+    for the reentrancy check), not those the report's other blocks would need."""
+    monkeypatch.setattr(_ScaledExpPair, "factor", factor)
+    passes = []
+    original = _ScaledExpPair.backward
+    monkeypatch.setattr(_ScaledExpPair, "backward",
+                        staticmethod(lambda ctx, g0, g1: (passes.append(1), original(ctx, g0, g1))[1]))
+    x = make(5, seed=3)
+
+    def count(check, **kw):
+        passes.clear()
+        verdict = check(_ScaledExpPair.apply, (x,), raise_exception=False, **kw)
+        return verdict, len(passes)
+
+    torch_verdict, torch_passes = count(torch.autograd.gradcheck)
+    assert count(agcheck.gradcheck, engine="reference") == (torch_verdict, torch_passes)
+    assert torch_verdict is (factor == 1.0)
+    if factor != 1.0:
+        passes.clear()
+        with pytest.raises(GradcheckError) as info:
+            agcheck.gradcheck(_ScaledExpPair.apply, (x,), engine="reference")
+        assert len(info.value.report.blocks) == 2 and len(passes) > torch_passes
