@@ -53,7 +53,8 @@ from precompile import compile_agcheck, prime_pytest_rewrites  # noqa: E402
 #: name -> how to run its gradient checks. ``dir`` is relative to --src; ``paths`` are the
 #: test paths inside it; ``args`` extra pytest arguments; ``plugins`` pytest plugins from
 #: bench/ to load; ``env`` extra environment; ``select: False`` keeps tests whose own source
-#: does not name a checker (they call it through a helper of the suite's).
+#: does not name a checker (they call it through a helper of the suite's); ``pythonpath``
+#: folders inside ``dir`` put on the path before the installed packages.
 SUITES = {
     "kornia": {
         "framework": "torch",
@@ -180,6 +181,24 @@ SUITES = {
         "env": {},
         "source": "github tad-mctc/tad-multicharge at tag v0.3.3 (7e7811f): its test/ against the installed "
                   "tad-multicharge 0.3.3 and tad-mctc 0.5.3",
+    },
+    "tad-mctc": {
+        "framework": "torch",
+        "dir": "tad-mctc",
+        # tad-dftd3's and tad-multicharge's utility library: coordination numbers (a
+        # gradcheck and a gradgradcheck per molecule and batch), an eigensolver with
+        # broadened degeneracies (a custom autograd Function), and the batching helpers'
+        # gradients (deflate, merge, pack; raise_exception=False); fast mode as the suite
+        # ships (`-- --slow` runs them in slow mode). The tests are of tad-mctc 0.7.0, so
+        # its package is imported from the same tree, not the installed 0.5.3
+        "paths": ["test/test_ncoord/test_grad/test_autodiff.py", "test/test_storch/test_eighb.py",
+                  "test/test_storch/test_linalg.py", "test/test_batch/test_deflate.py",
+                  "test/test_batch/test_merge.py", "test/test_batch/test_pack.py"],
+        "pythonpath": ["src"],
+        "args": [],
+        "env": {},
+        "source": "github tad-mctc/tad-mctc at commit 0d3bb31 (0.7.0): git archive of the repository; its "
+                  "test/ against its own src/ (tad_mctc 0.7.0)",
     },
     "torch-interpol": {
         "framework": "torch",
@@ -323,7 +342,8 @@ def run_suite(name, spec, src, checker, via, repeat, force_slow, extra, timeout,
     if count_fn:
         cmd.append("--suite-count-fn")
     env = dict(os.environ, **THREAD_ENV, **spec["env"])
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    own = [str(Path(src) / spec["dir"] / rel) for rel in spec.get("pythonpath", ())]  # the suite's own package
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), *own, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     log = Path(log_dir) / f"{name}-{checker}{'-slow' if force_slow else ''}{'-interleaved' if interleave else ''}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
