@@ -83,18 +83,9 @@ def test_empty_and_zero_dim_inputs_work_as_in_torch():
 def test_an_empty_inputs_numerical_jacobians_call_fn_for_no_element(factor):
     from agcheck.core.jacobian import numerical_jacobians
 
-    class ScaledExp(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            y = t.exp()
-            ctx.save_for_backward(y)
-            return y
+    from .parity_cases import unary
 
-        @staticmethod
-        def backward(ctx, g):
-            (y,) = ctx.saved_tensors
-            return g * y * factor
-
+    ScaledExp = unary("ScaledExp", torch.exp, torch.exp, bwd=lambda g, x: g * x.exp() * factor)
     calls = []
 
     def fn(x, empty):

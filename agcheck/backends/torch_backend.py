@@ -334,14 +334,20 @@ class TorchBackend(Backend):
                 result.append((primal.detach(), None if tangent is None else tangent.clone()))
         return result
 
+    @contextmanager
+    def _zero_tangent_duals(self, args, checked):
+        """``args`` with each checked input a dual of zero tangent, inside a dual level: the
+        loops write their tangents into the duals' own."""
+        with fwAD.dual_level():
+            yield self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
+
     def jvp_elements(self, fn, args, checked, wanted, receive) -> None:
         # as torch's checker does: the dual inputs made once for all the inputs, with zero
         # tangents, and each element's one written into its input's tangent for one evaluation
         if any(args[p].layout != torch.strided for p in checked):
             super().jvp_elements(fn, args, checked, wanted, receive)
             return
-        with fwAD.dual_level():
-            duals = self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
+        with self._zero_tangent_duals(args, checked) as duals:
             for i, elements in wanted:
                 tangent = fwAD.unpack_dual(duals[checked[i]]).tangent  # the dual's own, maybe restrided
                 if tangent.is_contiguous():
@@ -363,8 +369,7 @@ class TorchBackend(Backend):
         if any(args[p].layout != torch.strided for p in checked):
             super().jvp_each(fn, args, checked, tangents, receive)
             return
-        with fwAD.dual_level():
-            duals = self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
+        with self._zero_tangent_duals(args, checked) as duals:
             for p, t in zip(checked, tangents):
                 own = fwAD.unpack_dual(duals[p]).tangent
                 own.copy_(t)
