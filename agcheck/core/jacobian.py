@@ -159,8 +159,8 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
             if evaluated is None:  # only x is kept from one element to the next
                 for key in [key for key in points if key[0] is not None]:
                     del points[key]
-            others = range(len(at[0][distinct[0][0]]))  # every output is checked, one combined
-            others = [k for k in others if k != output_position]
+            # every output is checked, as the check checks them; only this block's is combined
+            others = set(range(len(at[0][distinct[0][0]]))) - {output_position}
             for rows, plan, (eps, stencil) in zip(found, plans, steps):
                 differences = [stencil_difference(be, [at[axis][move] for move in moves], eps, stencil, index, others)
                                for axis, moves in enumerate(plan)]
