@@ -16,11 +16,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 import agcheck
+from alternation import alternated, cpu_seconds, median_ratio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.helpers import Square  # noqa: E402 - x * x as a custom Function without setup_context
@@ -34,12 +34,6 @@ def _function(e3nn: bool):
     return lambda t: Square.apply(t).sum()
 
 
-def _cpu_seconds(call) -> float:
-    start = time.thread_time()
-    call()
-    return time.thread_time() - start
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1000, help="elements of the input")
@@ -50,26 +44,21 @@ def main(argv=None) -> None:
     fn = _function(args.e3nn)
     x = torch.linspace(-1, 1, args.n, dtype=torch.float64, requires_grad=True)
     checkers = {"torch": torch.autograd.gradcheck, "agcheck": agcheck.gradcheck}
-    times = {name: [] for name in checkers}
-    for _ in range(3):  # warm both: lazy imports, first-call caches
-        for check in checkers.values():
-            check(fn, (x,), check_undefined_grad=False)
-    for _ in range(args.repeat):
-        for name, check in checkers.items():
-            times[name].append(_cpu_seconds(lambda: check(fn, (x,), check_undefined_grad=False)))
+    times = alternated({name: (lambda check=check: check(fn, (x,), check_undefined_grad=False))
+                        for name, check in checkers.items()}, args.repeat, warm=3)
+
     def calls_alone():
         for _ in range(2 * args.n + 1):
             fn(x)
 
-    calls = statistics.median(_cpu_seconds(calls_alone) for _ in range(5))
-    ratios = [t / a for t, a in zip(times["torch"], times["agcheck"])]
+    calls = statistics.median(cpu_seconds(calls_alone) for _ in range(5))
     print(f"{'e3nn soft_unit_step' if args.e3nn else 'custom Function x * x'}, summed, n = {args.n}, "
           f"median of {args.repeat} alternations (CPU ms)")
     print(f"  {2 * args.n + 1} calls of fn alone: {calls * 1e3:.1f} ms")
     for name in checkers:
         median = statistics.median(times[name])
         print(f"  {name:8s} {median * 1e3:7.1f} ms   own work per element {(median - calls) / args.n * 1e6:5.1f} us")
-    print(f"  ratio torch / agcheck (median of the alternations): {statistics.median(ratios):.2f}x")
+    print(f"  ratio torch / agcheck (median of the alternations): {median_ratio(times['torch'], times['agcheck']):.2f}x")
 
 
 if __name__ == "__main__":

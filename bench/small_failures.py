@@ -16,11 +16,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 import agcheck
+from alternation import alternated, median_ratio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.helpers import ScaledSin  # noqa: E402 - sin with a scaled backward, as a custom Function
@@ -49,13 +49,14 @@ def _cases():
     }
 
 
-def _cpu_seconds(check, fn, args, options) -> float:
-    start = time.thread_time()
-    try:
-        check(fn, args, **options)
-    except RuntimeError:  # the failure is the point (GradcheckError is a RuntimeError)
-        pass
-    return time.thread_time() - start
+def _failing(check, fn, args, options):
+    def call():
+        try:
+            check(fn, args, **options)
+        except RuntimeError:  # the failure is the point (GradcheckError is a RuntimeError)
+            pass
+
+    return call
 
 
 def main(argv=None) -> None:
@@ -69,18 +70,13 @@ def main(argv=None) -> None:
         silent = dict(options, raise_exception=False)
         assert reference(fn, inputs, raise_exception=False, **options) is False
         assert ours(fn, inputs, **silent) is False
-        for _ in range(5):  # warm both: lazy imports, first-call caches
-            _cpu_seconds(reference, fn, inputs, options)
-            _cpu_seconds(ours, fn, inputs, options)
-        torch_s, agcheck_s, verdict_s = [], [], []
-        for _ in range(args.repeat):
-            torch_s.append(_cpu_seconds(reference, fn, inputs, options))
-            agcheck_s.append(_cpu_seconds(ours, fn, inputs, options))
-            verdict_s.append(_cpu_seconds(ours, fn, inputs, silent))
-        ratio = statistics.median(t / a for t, a in zip(torch_s, agcheck_s))
-        ratio_silent = statistics.median(t / a for t, a in zip(torch_s, verdict_s))
+        times = alternated({"torch": _failing(reference, fn, inputs, options),
+                            "agcheck": _failing(ours, fn, inputs, options),
+                            "silent": _failing(ours, fn, inputs, silent)}, args.repeat)
+        torch_s, agcheck_s, verdict_s = times["torch"], times["agcheck"], times["silent"]
         print(f"  {name:26s} torch {statistics.median(torch_s) * 1e3:6.2f}  agcheck {statistics.median(agcheck_s) * 1e3:6.2f}"
-              f" ({ratio:.2f}x)  raise_exception=False {statistics.median(verdict_s) * 1e3:6.2f} ({ratio_silent:.2f}x)")
+              f" ({median_ratio(torch_s, agcheck_s):.2f}x)  raise_exception=False {statistics.median(verdict_s) * 1e3:6.2f}"
+              f" ({median_ratio(torch_s, verdict_s):.2f}x)")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import agcheck
+from alternation import alternated, median_ratio
 
 VARIANTS = {
     "rev-over-rev": dict(check_fwd_over_rev=False, check_rev_over_rev=True),
@@ -40,12 +40,6 @@ def _cases():
     }
 
 
-def _cpu_seconds(check, fn, args, options) -> float:
-    start = time.thread_time()
-    check(fn, args, fast_mode=True, **options)
-    return time.thread_time() - start
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=61, help="alternations of the two checkers per case")
@@ -54,16 +48,12 @@ def main(argv=None) -> None:
     print(f"fast-mode gradgradcheck, median of {args.repeat} alternations (CPU ms)")
     for variant, options in VARIANTS.items():
         for name, (fn, inputs) in _cases().items():
-            for _ in range(5):  # warm both: lazy imports, first-call caches
-                _cpu_seconds(torch.autograd.gradgradcheck, fn, inputs, options)
-                _cpu_seconds(agcheck.gradgradcheck, fn, inputs, options)
-            torch_s, agcheck_s = [], []
-            for _ in range(args.repeat):
-                torch_s.append(_cpu_seconds(torch.autograd.gradgradcheck, fn, inputs, options))
-                agcheck_s.append(_cpu_seconds(agcheck.gradgradcheck, fn, inputs, options))
-            ratio = statistics.median(t / a for t, a in zip(torch_s, agcheck_s))
+            times = alternated({side: (lambda check=check: check(fn, inputs, fast_mode=True, **options))
+                                for side, check in (("torch", torch.autograd.gradgradcheck),
+                                                    ("agcheck", agcheck.gradgradcheck))}, args.repeat)
+            torch_s, agcheck_s = times["torch"], times["agcheck"]
             print(f"  {variant:13s} {name:20s} torch {statistics.median(torch_s) * 1e3:6.3f}  "
-                  f"agcheck {statistics.median(agcheck_s) * 1e3:6.3f}  ratio {ratio:.2f}x")
+                  f"agcheck {statistics.median(agcheck_s) * 1e3:6.3f}  ratio {median_ratio(torch_s, agcheck_s):.2f}x")
 
 
 if __name__ == "__main__":
