@@ -3,7 +3,8 @@
 On a millisecond check that fails, torch's checker formats its message and raises; agcheck
 formats the same message and adds its report: the failing block's statistics and worst
 entries, and a diagnosis that re-evaluates up to four of the worst entries with other
-steps (six calls of ``fn`` per input element probed, and one at the input itself). This
+steps (six calls of ``fn`` per input element probed, and one at the input itself; at most
+a quarter of the check's own calls, one element at least). This
 prints, for a few small failures, the medians of torch's checker's CPU time, agcheck's,
 and agcheck's with ``raise_exception=False`` (the verdict alone: no report is built), alternating the checkers
 in one process.

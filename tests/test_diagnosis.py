@@ -16,6 +16,7 @@ import agcheck
 from agcheck import GradcheckError
 from agcheck.report.diagnosis import Diagnosis, diagnose_block
 from agcheck.report import FailureReport, JacobianBlock
+from agcheck.report.diagnosis import probes
 
 from .helpers import Snapshot, make
 
@@ -223,8 +224,16 @@ def test_nondeterministic_rounding_sized_is_called_noise():
 
 # -- non-differentiable points --------------------------------------------------------------
 
+def _away_from_zero_but(n, zeros):
+    """``n`` values at least 0.5 away from 0, except 0 at the positions ``zeros``."""
+    x = torch.linspace(0.5, 3.0, n, dtype=torch.float64) * torch.tensor([1.0, -1.0]).repeat(n)[:n].to(torch.float64)
+    x[list(zeros)] = 0.0
+    return x.requires_grad_()
+
+
 def test_relu_at_exactly_zero_is_a_kink():
-    x = torch.tensor([0.0, 1.5, -0.7, 0.0, 2.0], dtype=torch.float64, requires_grad=True)
+    # 48 elements: enough for the probes to re-evaluate both failing rows (probe_rows)
+    x = _away_from_zero_but(48, [0, 3])
     snap = Snapshot([x])
     rep = failure(torch.relu, (x,))
     snap.assert_unchanged()  # the extra evaluations of the diagnosis leave no trace
@@ -462,15 +471,16 @@ def test_the_blocks_of_one_input_share_their_probed_points(case, monkeypatch):
     import agcheck.report.collect as collect
 
     calls = []
+    # 48 elements: the two blocks' probe budget holds two rows each (probe_rows)
     if case == "factor":
-        x = make(5, seed=3)
+        x = make(48, seed=3)
 
         def fn(t):
             calls.append(1)
             return _ScaledExpPair.apply(t)
         monkeypatch.setattr(_ScaledExpPair, "factor", 1.1)
     else:
-        x = torch.tensor([0.0, 1.0, 0.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+        x = _away_from_zero_but(48, [0, 2])
 
         def fn(t):
             calls.append(1)
@@ -489,11 +499,43 @@ def test_the_blocks_of_one_input_share_their_probed_points(case, monkeypatch):
     assert [(d.kind, d.message, d.evidence) for d in together.diagnoses] == \
         [(d.kind, d.message, d.evidence) for d in alone.diagnoses]
     assert kinds(together) == [case, case]
-    second = together.blocks[1]
-    probed = [e for e in second.worst if abs(e.analytical - e.numerical) > second.atol + second.rtol * abs(e.numerical)]
-    rows = len({e.row for e in probed[:4]})
-    assert rows >= 2
-    assert calls_alone - calls_together == 6 * rows + 1  # the second block's points and x, all shared
+    # each block probes two rows (the kink's two zeros; the factor's two worst entries)
+    assert probes.probe_rows(48, 2) == 2
+    assert calls_alone - calls_together == 6 * 2 + 1  # the second block's points and x, all shared
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
+@pytest.mark.parametrize("n, rows", [(5, 1), (30, 2), (48, 4), (400, 4)])
+def test_the_probes_cost_at_most_a_quarter_of_the_checks_evaluations(n, rows, factor, monkeypatch):
+    """A failing check's step-size probes re-evaluate at most ``PROBE_SHARE`` of the
+    evaluations of fn the check made (two per element), one row at least and four at most,
+    each row six evaluations of fn, and fn at the input once."""
+    from tests.helpers import ScaledSin
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        return ScaledSin.apply(t)
+
+    x = make(n, seed=5)
+    assert agcheck.gradcheck(fn, (x,), engine="reference", raise_exception=False) == (factor == 1.0)
+    checked = len(calls)
+    calls.clear()
+    if factor == 1.0:
+        assert agcheck.gradcheck(fn, (x,), engine="reference") and len(calls) == checked
+        return
+    with pytest.raises(GradcheckError) as info:
+        agcheck.gradcheck(fn, (x,), engine="reference")
+    assert kinds(info.value.report) == ["factor"]
+    assert probes.probe_rows(n) == rows
+    assert len(calls) - checked == 6 * rows + 1
+    assert 6 * rows <= max(6, probes.PROBE_SHARE * 2 * n)
+
+
+def test_the_probe_budget_is_shared_by_the_blocks_of_an_input():
+    assert [probes.probe_rows(n) for n in (1, 11, 12, 24, 36, 48, 10**6)] == [1, 1, 1, 2, 3, 4, 4]
+    assert [probes.probe_rows(n, 2) for n in (1, 24, 36, 48, 96)] == [1, 1, 1, 2, 4]
 
 
 def test_the_pair_with_a_correct_backward_passes():

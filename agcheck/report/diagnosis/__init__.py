@@ -49,7 +49,7 @@ from agcheck.report.model import Diagnosis
 from .blocks import diagnose_block
 from .checks import CHECK_HANDLERS
 from .facts import machine_eps
-from .probes import PROBED_BLOCKS
+from .probes import PROBED_BLOCKS, probe_rows
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_block", "machine_eps"]
 
@@ -59,13 +59,26 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
 
     ``resamplers`` maps the index of a block in ``report.blocks`` to its ``resample``
     callable (blocks without one, and blocks after the first ``PROBED_BLOCKS``, skip the
-    step-size probes).
+    step-size probes). The probed blocks of one input share its probe budget
+    (:func:`~agcheck.report.diagnosis.probes.probe_rows`).
     """
     if report.blocks:
         resamplers = resamplers or {}
+        probed = {i: resamplers[i] for i in range(min(PROBED_BLOCKS, len(report.blocks))) if i in resamplers}
+        sharing = {}
+        for i in probed:
+            sharing[report.blocks[i].input] = sharing.get(report.blocks[i].input, 0) + 1
         found = []
         for i, block in enumerate(report.blocks):
-            found += diagnose_block(block, i, resamplers.get(i) if i < PROBED_BLOCKS else None)
+            rows = probe_rows(_numel(block.input_shape), sharing.get(block.input, 1))
+            found += diagnose_block(block, i, probed.get(i), rows)
         return found
     handler = CHECK_HANDLERS.get(report.check)
     return handler(report) if handler is not None else []
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape or ():
+        n *= int(s)
+    return n

@@ -10,7 +10,7 @@ import numpy as np
 from agcheck.report.model import Diagnosis
 
 from .facts import BlockFacts, entry_text
-from .probes import step_size_evidence
+from .probes import PROBED_ENTRIES, step_size_evidence
 from .structure import structure
 
 __all__ = ["STRUCTURE_LIMIT", "diagnose_block"]
@@ -19,11 +19,13 @@ __all__ = ["STRUCTURE_LIMIT", "diagnose_block"]
 STRUCTURE_LIMIT = 20_000_000
 
 
-def diagnose_block(block, index: int = 0, resample: Callable | None = None) -> list:
+def diagnose_block(block, index: int = 0, resample: Callable | None = None,
+                   max_rows: int = PROBED_ENTRIES) -> list:
     """The diagnoses of one failing Jacobian block (``report.blocks[index]``).
 
-    ``resample(steps, rows)`` recomputes numerical rows with other steps
-    (see :mod:`agcheck.report.diagnosis.probes`); without it the kink test is skipped.
+    ``resample(steps, rows)`` recomputes numerical rows with other steps, at most
+    ``max_rows`` of them (see :mod:`agcheck.report.diagnosis.probes`); without it the kink
+    test is skipped.
     """
     if not block.has_arrays:
         return []
@@ -35,7 +37,7 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None) -> l
     if not (np.isfinite(N).all() and np.isfinite(A).all()):
         return [_non_finite(block, index)]
     facts = BlockFacts.of(block, index)
-    found, settled = step_size_evidence(facts, resample)
+    found, settled = step_size_evidence(facts, resample, max_rows)
     if settled:
         return found
     if N.size <= STRUCTURE_LIMIT:

@@ -1,6 +1,9 @@
 """Step-size evidence: the worst entries re-evaluated with other steps tell a kink, rounding
 (``precision``) and finite-difference ``noise`` apart from a wrong derivative.
 
+The probes of an input's failing blocks cost at most ``PROBE_SHARE`` of the evaluations of
+``fn`` its check made (:func:`probe_rows`): a small failure costs little more than the check.
+
 The re-evaluation is the caller's: ``resample(steps, rows)`` returns, for each
 ``(eps, side)`` of ``steps``, rows ``rows`` of the block's numerical Jacobian computed with
 step ``eps`` — with the check's own stencil (``side="central"``) or a one-sided difference
@@ -19,13 +22,24 @@ from agcheck.report.values import fmt
 
 from .facts import where
 
-__all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "Probe", "probe", "step_size_evidence"]
+__all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "PROBE_SHARE", "Probe", "probe", "probe_rows",
+           "step_size_evidence"]
 
 #: entries re-evaluated with other steps on a failure (six evaluations of fn per input
 #: element probed, x ± h/10, x ± h and x ± 10h, and one at x for all of them)
 PROBED_ENTRIES = 4
 #: failing blocks whose entries are re-evaluated (the others get the structural diagnoses)
 PROBED_BLOCKS = 2
+#: the probes of one input's blocks cost at most this share of the evaluations of fn the
+#: check made for that input's numerical Jacobian (two per element), and one row at least
+PROBE_SHARE = 0.25
+
+
+def probe_rows(input_numel: int, blocks: int = 1) -> int:
+    """How many rows (input elements) each of ``blocks`` probed blocks of an input of
+    ``input_numel`` elements may re-evaluate: at least one, at most ``PROBED_ENTRIES``."""
+    budget = int(PROBE_SHARE * 2 * input_numel) // 6
+    return max(1, min(PROBED_ENTRIES, budget // max(1, blocks)))
 
 
 @dataclass
@@ -91,17 +105,24 @@ class Probe:
                 "right": self.right, "left": self.left}
 
 
-def probe(block, resample: Callable | None) -> list | None:
-    """Re-evaluate the worst mismatching entries with other steps (``None`` if impossible)."""
+def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> list | None:
+    """Re-evaluate the worst mismatching entries with other steps (``None`` if impossible):
+    up to ``PROBED_ENTRIES`` of them, in at most ``max_rows`` rows."""
     if resample is None or not block.eps:
         return None
     n, a = block.numerical, block.analytical
     tol = block.atol + block.rtol * np.abs(n)
-    chosen = [e for e in block.worst if not (abs(e.analytical - e.numerical) <= tol[e.row, e.col])]
-    chosen = chosen[:PROBED_ENTRIES]
+    chosen, kept = [], set()
+    for e in block.worst:
+        if len(chosen) == PROBED_ENTRIES:
+            break
+        if abs(e.analytical - e.numerical) <= tol[e.row, e.col] or (e.row not in kept and len(kept) == max_rows):
+            continue
+        chosen.append(e)
+        kept.add(e.row)
     if not chosen:
         return None
-    rows = sorted({e.row for e in chosen})
+    rows = sorted(kept)
     at = {r: i for i, r in enumerate(rows)}
     eps = block.eps
     small, large, right, left, right_eps, left_eps = resample(
@@ -116,15 +137,16 @@ def probe(block, resample: Callable | None) -> list | None:
     return probes
 
 
-def step_size_evidence(facts, resample: Callable | None) -> tuple:
-    """``(diagnoses, settled)``: what the step sizes say about a block, and whether that
-    settles it (no structural hypothesis is tried after a noise or a mostly-kink verdict).
+def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> tuple:
+    """``(diagnoses, settled)``: what the step sizes say about a block (probing at most
+    ``max_rows`` rows), and whether that settles it (no structural hypothesis is tried after
+    a noise or a mostly-kink verdict).
 
     Raises ``facts.floor`` to the spread of the smooth probed entries.
     """
     found = []
     try:
-        probes = probe(facts.block, resample)
+        probes = probe(facts.block, resample, max_rows)
     except Exception as ex:  # fn may fail at other steps; the other hypotheses still apply
         probes = None
         found.append(facts.diagnosis(
