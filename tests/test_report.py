@@ -585,3 +585,22 @@ def test_unravel_all_is_unravel_of_each():
             if shape:
                 assert unravel(f, shape) == tuple(int(i) for i in np.unravel_index(f, shape))
     assert unravel(7, (2, 3)) == (7,) and unravel(-1, (2, 3)) == (-1,) and unravel(4, ()) == ()
+
+
+@pytest.mark.parametrize("width", [20, 60, 110])
+def test_diagnosis_lines_are_wrapped_as_textwrap_wraps_them(width):
+    """The report wraps its one-paragraph diagnosis messages itself (textwrap costs 60 µs
+    a message): the lines of ``textwrap.wrap`` breaking only between words (a long word
+    kept on a line of its own, no break after a hyphen), whitespace runs as one space."""
+    import textwrap
+
+    from agcheck.report.values import wrap_words
+    messages = [d.message for d in raised(scaled(2.0), (make(6),)).report.diagnoses]
+    messages += [d.message for d in raised(torch.relu, (torch.zeros(3, dtype=torch.float64, requires_grad=True),))
+                 .report.diagnoses]
+    assert len(messages) >= 2
+    for m in messages:
+        assert wrap_words(f"- [x] {m}", width, "  ") == textwrap.wrap(
+            f"- [x] {m}", width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    assert wrap_words("a " + "b" * 30 + "  c\nd", 10, "  ") == ["a", "  " + "b" * 30, "  c d"]
+    assert wrap_words("", 10) == []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,7 @@ import numpy as np
 from agcheck.options import GradcheckOptions
 from agcheck.report.render import write_html, write_png
 from agcheck.report.values import (DICT_ARRAY_LIMIT, abs_difference, decode_array, decode_number, encode_array,
-                                   encode_number, fmt, index_text, jsonable, unravel_all)
+                                   encode_number, fmt, index_text, jsonable, unravel_all, wrap_words)
 
 __all__ = ["FailureReport", "JacobianBlock", "Entry", "Diagnosis"]
 
@@ -275,7 +274,7 @@ class Diagnosis:
     block: int | None = None
 
     def summary_lines(self, width: int = 110) -> list:
-        head = textwrap.wrap(f"- [{self.kind}] {self.message}", width, subsequent_indent="  ")
+        head = wrap_words(f"- [{self.kind}] {self.message}", width, indent="  ")
         if len(head) > 5:
             head = head[:5]
             head[-1] += " ..."
