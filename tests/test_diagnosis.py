@@ -510,7 +510,7 @@ def test_the_probes_cost_at_most_a_quarter_of_the_checks_evaluations(n, rows, fa
     """A failing check's step-size probes re-evaluate at most ``PROBE_SHARE`` of the
     evaluations of fn the check made (two per element), one row at least and four at most,
     each row six evaluations of fn, and fn at the input once."""
-    from tests.helpers import ScaledSin
+    from .helpers import ScaledSin
     monkeypatch.setattr(ScaledSin, "factor", factor)
     calls = []
 
