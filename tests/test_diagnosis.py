@@ -569,3 +569,55 @@ def test_raise_exception_false_builds_no_report_of_the_other_blocks(factor, monk
         with pytest.raises(GradcheckError) as info:
             agcheck.gradcheck(_ScaledExpPair.apply, (x,), engine="reference")
         assert len(info.value.report.blocks) == 2 and len(passes) > torch_passes
+
+
+# -- a double input whose function rounds inside ----------------------------------------------
+
+def _rounded_inside(dtype):
+    """The identity, computed in ``dtype`` inside (as a float32 model fed float64 inputs)."""
+    return lambda t: t.to(dtype).to(t.dtype)
+
+
+@pytest.mark.parametrize("inner", [torch.float32, torch.float64], ids=["float32 inside", "double throughout"])
+def test_a_double_input_rounded_to_float32_inside_is_named_precision_not_kink(inner):
+    x = make(60, seed=7)
+    fn = _rounded_inside(inner)
+    if inner == torch.float64:  # the other half: the same function in double passes both checkers
+        assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
+        return
+    with pytest.raises(RuntimeError):
+        torch.autograd.gradcheck(fn, (x,))
+    rep = failure(fn, (x,))
+    assert kinds(rep) == ["precision"]
+    d = the(rep, "precision")
+    assert "holds only float32 values" in d.message and "torch.float64" in d.message
+    assert d.evidence["output_float32_valued"] is True and rep.blocks[0].output_float32_valued is True
+
+
+def test_a_double_input_rounded_to_half_inside_is_named_precision_not_zero_numerical():
+    # half's resolution at 1 to 3 (about 1e-3) swallows steps of 1e-6 and 1e-5: the
+    # numerical Jacobian is exactly zero
+    x = torch.linspace(1.0, 3.0, 20, dtype=torch.float64).requires_grad_()
+    rep = failure(_rounded_inside(torch.float16), (x,))
+    assert kinds(rep) == ["precision"]
+    assert "moves none of its outputs" in the(rep, "precision").message
+
+
+def test_a_kink_stays_a_kink_when_fn_rounds_to_float32_inside():
+    # relu at 0 in float32 (plus 0.5, so that the outputs hold float32 values that are not
+    # integers): the one-sided gap is the same at eps and eps/10, as at any kink
+    x = torch.zeros(8, dtype=torch.float64, requires_grad=True)
+    rep = failure(lambda t: torch.relu(t.float()).double() + 0.5, (x,))
+    assert kinds(rep) == ["kink"] and rep.blocks[0].output_float32_valued is True
+
+
+def test_float32_valued_outputs_are_told_from_double_ones():
+    from agcheck.report.values import float32_valued
+    g = np.random.default_rng(0)
+    a = g.standard_normal(100)
+    assert not float32_valued(a)
+    assert float32_valued(a.astype(np.float32).astype(np.float64))
+    assert not float32_valued(np.arange(10.0))  # integers say nothing
+    assert not float32_valued(a.astype(np.float32))  # not a double array
+    c = (a + 1j * a[::-1]).astype(np.complex64).astype(np.complex128)
+    assert float32_valued(c[::2]) and not float32_valued((a + 1j * a[::-1])[::2])

@@ -19,6 +19,7 @@ from agcheck.core.stencil import Stencil
 from agcheck.report.diagnosis import diagnose
 from agcheck.report.errors import GradcheckError, complex_part
 from agcheck.report.model import JacobianBlock
+from agcheck.report.values import FLOAT32_SAMPLE, float32_valued
 
 __all__ = ["attach_jacobian_failure", "complete_report"]
 
@@ -56,8 +57,10 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
         if where is not None:
             fn, args, position, outputs, output_position = where
             x, out = args[position], outputs[output_position]
+            double = bool(be.is_double_precision(x))
             kw.update(input_shape=tuple(int(s) for s in x.shape), output_shape=tuple(int(s) for s in out.shape),
-                      input_dtype=be.dtype_name(x), input_double=bool(be.is_double_precision(x)),
+                      input_dtype=be.dtype_name(x), input_double=double,
+                      output_float32_valued=double and _float32_valued(be, out),
                       eps=float(run.eps_for(x)))
             shared = None
             if sum(be.numel(o) for o in outputs if be.is_array(o)) <= SHARED_OUTPUT_ELEMENTS:
@@ -73,6 +76,15 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
         rep.blocks.append(block)
     except Exception as ex:  # the report must never hide the failure itself
         rep.notes.append(f"could not record the Jacobian blocks: {type(ex).__name__}: {ex}")
+
+
+def _float32_valued(be, out):
+    """:func:`~agcheck.report.values.float32_valued` on the first elements of a backend
+    array (``None`` where they cannot be read: a sparse output, say)."""
+    try:
+        return float32_valued(be.to_numpy(be.flatten(out)[:FLOAT32_SAMPLE]))
+    except Exception:  # noqa: BLE001 - a hint for the diagnosis, never a reason to lose the block
+        return None
 
 
 def _to_scalar(be, v):

@@ -168,3 +168,21 @@ def wrap_words(text: str, width: int, indent: str = "") -> list:
     if line:
         lines.append(line)
     return lines
+
+
+#: elements of an output looked at by :func:`float32_valued`
+FLOAT32_SAMPLE = 4096
+
+
+def float32_valued(a) -> bool:
+    """Whether a double-precision array holds only float32 values (its first
+    ``FLOAT32_SAMPLE`` elements, of which at least one is not an integer): the mark of a
+    function that rounds to float32 (or coarser) inside."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.complex128:
+        a = a.view(np.float64)
+    elif a.dtype != np.float64:
+        return False
+    a = a.ravel()[:FLOAT32_SAMPLE]
+    a = a[np.isfinite(a) & (a != np.round(a))]
+    return a.size > 0 and bool(np.array_equal(a, a.astype(np.float32).astype(np.float64)))

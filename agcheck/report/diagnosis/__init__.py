@@ -16,8 +16,10 @@ pass) and fires only when the evidence is strong:
   (re-evaluated with ``eps / 10`` and ``eps * 10``) or differs between the right and left
   one-sided differences even for a small step: the input sits on a non-differentiable
   point;
-* ``precision`` — the same instability with an input in less than double precision:
-  finite differences are dominated by rounding;
+* ``precision`` — the same instability with an input in less than double precision, or
+  with a double input whose output holds only float32 values (``fn`` rounds inside; also
+  when that rounding leaves the numerical Jacobian zero): finite differences are
+  dominated by rounding;
 * ``noise`` — the mismatch is within what finite differences can resolve (estimates with
   other steps differ by as much): the tolerance is too tight, the gradient likely right;
 * ``fast_only`` — fast mode's projection failed but the full blocks agree;

@@ -30,6 +30,8 @@ __all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "PROBE_SHARE", "Probe", "probe", "
 PROBED_ENTRIES = 4
 #: failing blocks whose entries are re-evaluated (the others get the structural diagnoses)
 PROBED_BLOCKS = 2
+#: float32's machine epsilon (the rounding of an output that holds float32 values)
+FLOAT32_EPS = 2.0 ** -23
 #: the probes of one input's blocks cost at most this share of the evaluations of fn the
 #: check made for that input's numerical Jacobian (two per element), and one row at least
 PROBE_SHARE = 0.25
@@ -80,6 +82,13 @@ class Probe:
         gap = abs(self.right - self.left)
         size = max(abs(self.right), abs(self.left), abs(self.analytical), abs(self.numerical))
         return size > 0 and gap > 0.1 * size and gap >= 0.5 * abs(self.right_eps - self.left_eps)
+
+    @property
+    def steady_jump(self) -> bool:
+        """A jump whose gap stays the same (within a factor 2) from step eps to eps/10, as
+        at a kink; rounding's gaps grow as the step shrinks, or vanish."""
+        gap, gap_eps = abs(self.right - self.left), abs(self.right_eps - self.left_eps)
+        return self.jump and 0.5 * gap_eps <= gap <= 2 * gap_eps
 
     @property
     def kink(self) -> bool:
@@ -170,8 +179,9 @@ def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_
 
 
 def kink(facts, probes: list, kinks: list):
-    """``kink`` (or ``precision`` for an input below double precision whose probes are
-    unstable rather than one-sided jumps)."""
+    """``kink``, or ``precision`` where the probes are unstable rather than one-sided jumps
+    and either the input is below double precision or ``fn`` rounds a double input's
+    output to float32 values inside."""
     block = facts.block
     lines = [p.line(block) for p in kinks]
     ev = {"entries": [p.evidence() for p in kinks], "eps": facts.eps, "probed": len(probes)}
@@ -183,6 +193,16 @@ def kink(facts, probes: list, kinks: list):
             f"eps={fmt(facts.eps)} are dominated by rounding in this precision (or the input sits on a kink). "
             "Check in double precision, or use eps='auto', stencil='five-point' (docs/accuracy.md)",
             ev, lines)
+    if block.output_float32_valued and not all(p.steady_jump for p in kinks):
+        return facts.diagnosis(
+            "precision",
+            f"the numerical derivative at {len(kinks)} of {len(probes)} probed entries changes with the "
+            f"step size, and output {block.output} holds only float32 values although input {block.input} is "
+            f"{block.input_dtype}: fn computes in lower precision inside (a float32 cast, float32 weights or "
+            f"buffers), and finite differences with eps={fmt(facts.eps)} are dominated by that rounding. "
+            "Compute in double precision throughout, or check with a step suited to float32 "
+            f"(eps={fmt(FLOAT32_EPS ** (1 / 3))}) and loose tolerances (docs/accuracy.md)",
+            {**ev, "output_float32_valued": True}, lines)
     return facts.diagnosis(
         "kink",
         f"the numerical derivative at {len(kinks)} of {len(probes)} probed entries changes with the "

@@ -46,6 +46,15 @@ def zero_numerical(facts: BlockFacts):
     n_max, a_max = float(np.abs(facts.N).max()), float(np.abs(facts.A).max())
     if not (n_max <= facts.floor and a_max > facts.floor):
         return None
+    if facts.block.output_float32_valued:
+        return facts.diagnosis(
+            "precision",
+            f"the numerical Jacobian is zero although the analytical one is not (max |analytical| {fmt(a_max)}), "
+            f"and output {facts.block.output} holds only float32 (or coarser) values although input "
+            f"{facts.block.input} is {facts.block.input_dtype}: fn computes in lower precision inside (a cast to "
+            f"float32 or half, low-precision weights), and a step of eps={fmt(facts.eps)} moves none of its "
+            "outputs. Compute in double precision throughout (docs/accuracy.md)",
+            {**_base(facts), "output_float32_valued": True})
     return facts.diagnosis(
         "zero_numerical",
         f"the numerical Jacobian is zero: output {facts.block.output} does not change when input "
