@@ -23,7 +23,8 @@ from .helpers import Snapshot, make
 MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
 #: the diagnoses that claim a specific bug (as opposed to noise / notes)
 BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
-             "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "precision"}
+             "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "precision",
+             "nondeterministic_fn"}
 
 
 def failure(fn, inputs, **kw) -> FailureReport:
@@ -501,7 +502,9 @@ def test_the_blocks_of_one_input_share_their_probed_points(case, monkeypatch):
     assert kinds(together) == [case, case]
     # each block probes two rows (the kink's two zeros; the factor's two worst entries)
     assert probes.probe_rows(48, 2) == 2
-    assert calls_alone - calls_together == 6 * 2 + 1  # the second block's points and x, all shared
+    # the second block's points and x, all shared; unshared, each block also calls fn at x
+    # once more to see whether fn gives the check's output there again
+    assert calls_alone - calls_together == 6 * 2 + 1 + 2
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
@@ -594,6 +597,28 @@ def test_a_double_input_rounded_to_float32_inside_is_named_precision_not_kink(in
     assert d.evidence["output_float32_valued"] is True and rep.blocks[0].output_float32_valued is True
 
 
+def test_a_clamp_to_short_constants_is_not_taken_for_rounding_inside():
+    # hardtanh to ±0.5 of inputs far outside: every output is ±0.5, a float32 value; with a
+    # backward that is wrong at one entry the diagnosis is the zero numerical Jacobian
+    x = torch.tensor([-4.8, 7.4, -0.9, 5.6] * 3, dtype=torch.float64, requires_grad=True)
+
+    class Clamped(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return torch.nn.functional.hardtanh(t, -0.5, 0.5)
+
+        @staticmethod
+        def backward(ctx, g):
+            out = torch.zeros_like(g)
+            out[0] = g[0]  # the true derivative is zero everywhere here
+            return out
+
+    assert agcheck.gradcheck(lambda t: torch.nn.functional.hardtanh(t, -0.5, 0.5), (x,))
+    rep = failure(Clamped.apply, (x,))
+    assert rep.blocks[0].output_float32_valued is False
+    assert kinds(rep) != ["precision"] and "precision" not in kinds(rep)
+
+
 def test_a_double_input_rounded_to_half_inside_is_named_precision_not_zero_numerical():
     # half's resolution at 1 to 3 (about 1e-3) swallows steps of 1e-6 and 1e-5: the
     # numerical Jacobian is exactly zero
@@ -604,10 +629,10 @@ def test_a_double_input_rounded_to_half_inside_is_named_precision_not_zero_numer
 
 
 def test_a_kink_stays_a_kink_when_fn_rounds_to_float32_inside():
-    # relu at 0 in float32 (plus 0.5, so that the outputs hold float32 values that are not
-    # integers): the one-sided gap is the same at eps and eps/10, as at any kink
+    # relu at 0 in float32, plus float32's 0.3 (so that the outputs hold float32 values
+    # with long mantissas): the one-sided gap is the same at eps and eps/10, as at any kink
     x = torch.zeros(8, dtype=torch.float64, requires_grad=True)
-    rep = failure(lambda t: torch.relu(t.float()).double() + 0.5, (x,))
+    rep = failure(lambda t: (torch.relu(t.float()) + 0.3).double(), (x,))
     assert kinds(rep) == ["kink"] and rep.blocks[0].output_float32_valued is True
 
 
@@ -618,6 +643,59 @@ def test_float32_valued_outputs_are_told_from_double_ones():
     assert not float32_valued(a)
     assert float32_valued(a.astype(np.float32).astype(np.float64))
     assert not float32_valued(np.arange(10.0))  # integers say nothing
+    assert not float32_valued(np.array([0.5, -0.5, 0.75, 3.0]))  # nor constants a clamp returns
+    assert float32_valued(a.astype(np.float16).astype(np.float64))
     assert not float32_valued(a.astype(np.float32))  # not a double array
     c = (a + 1j * a[::-1]).astype(np.complex64).astype(np.complex128)
     assert float32_valued(c[::2]) and not float32_valued((a + 1j * a[::-1])[::2])
+
+
+# -- a function that is not deterministic -----------------------------------------------------
+
+@pytest.mark.parametrize("training", [True, False], ids=["dropout on", "dropout off"])
+def test_dropout_in_training_mode_is_named_not_a_kink(training):
+    x = make(8, seed=9)
+
+    def fn(t):
+        return torch.nn.functional.dropout(t.sin(), 0.5, training=training)
+
+    if not training:  # the other half: the same function, deterministic, passes both checkers
+        assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
+        return
+    with pytest.raises(RuntimeError):
+        torch.autograd.gradcheck(fn, (x,))
+    rep = failure(fn, (x,))
+    assert kinds(rep) == ["nondeterministic_fn"]
+    d = the(rep, "nondeterministic_fn")
+    assert "different outputs on identical calls" in d.message and "model.eval()" in d.message
+    assert d.evidence["max_abs_difference"] > 0
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["probes' call reused", "one call more"])
+def test_state_that_changes_between_calls_is_named(shared, monkeypatch):
+    # a counter inside fn; where outputs are too large for the probes to keep their points,
+    # the repeat costs one call of fn
+    import agcheck.report.collect as collect
+    monkeypatch.setattr(collect, "SHARED_OUTPUT_ELEMENTS", 32768 if shared else 0)
+    state = {"calls": 0}
+
+    def fn(t):
+        state["calls"] += 1
+        return t * (1 + 1e-4 * state["calls"])
+
+    rep = failure(fn, (make(8, seed=10),))
+    assert kinds(rep) == ["nondeterministic_fn"]
+
+
+def test_rounding_sized_differences_between_calls_are_not_called_random(monkeypatch):
+    # a backward 10% too large, and a forward that varies between calls by 1e-14 relative
+    # (as parallel reductions may): the diagnosis is the factor, not randomness
+    from .helpers import ScaledSin
+    monkeypatch.setattr(ScaledSin, "factor", 1.1)
+    g = torch.Generator().manual_seed(11)
+
+    def fn(t):
+        return ScaledSin.apply(t) * (1 + 1e-14 * torch.rand(t.shape, dtype=t.dtype, generator=g))
+
+    rep = failure(fn, (make(8, seed=11),))
+    assert kinds(rep) == ["factor"]

@@ -20,6 +20,7 @@ __all__ = [
     "numerical_jacobians",
     "numerical_rows",
     "numerical_rows_at",
+    "outputs_at_input",
     "numerical_directional",
     "analytical_jacobians_reverse",
     "analytical_vjps",
@@ -120,6 +121,23 @@ def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position
     return numerical_rows_at(be, fn, args, position, output_position, elements, [(eps, stencil)])[0]
 
 
+#: the key of ``fn``'s outputs at the unmoved input among the points numerical_rows_at keeps
+UNMOVED = (None, (0.0, -1))
+
+
+def outputs_at_input(be, fn: Callable, args: tuple, position: int, evaluated: dict | None = None) -> tuple:
+    """``fn``'s outputs at the unmoved input, evaluated as :func:`numerical_rows_at`
+    evaluates that point (``x - 0``, bit for bit ``x``): taken from ``evaluated`` where it
+    holds them, else computed (and kept there)."""
+    if evaluated is not None and UNMOVED in evaluated:
+        return evaluated[UNMOVED]
+    with be.perturber(args, position) as perturber, sharing(fn):
+        outs = perturber.evaluate_element_moves(fn, 0, [UNMOVED[1]])[0]
+    if evaluated is not None:
+        evaluated[UNMOVED] = outs
+    return outs
+
+
 def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_position: int, elements,
                       steps: Sequence, evaluated: dict | None = None) -> list:
     """:func:`numerical_rows` for each ``(eps, stencil)`` of ``steps``, one list of rows per
@@ -149,7 +167,7 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
 
             at = []
             for moves in distinct:
-                keys = [(None, (0.0, -1)) if move[0] == 0 else (flat, move) for move in moves]
+                keys = [UNMOVED if move[0] == 0 else (flat, move) for move in moves]
                 missing = [(key, move) for key, move in zip(keys, moves) if key not in points]
                 missing = list(dict(missing).items())  # x once, where both axes ask for it
                 if missing:  # x - 0 is x, bit for bit

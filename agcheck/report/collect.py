@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from agcheck.core.jacobian import numerical_rows_at
+from agcheck.core.jacobian import numerical_rows_at, outputs_at_input
 from agcheck.core.stencil import Stencil
 from agcheck.report.diagnosis import diagnose
 from agcheck.report.errors import GradcheckError, complex_part
@@ -66,7 +66,7 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
             if sum(be.numel(o) for o in outputs if be.is_array(o)) <= SHARED_OUTPUT_ELEMENTS:
                 key = (id(fn), position, tuple(id(a) for a in args))
                 shared = _evaluated.setdefault(rep, {}).setdefault(key, {})
-            resample = _resampler(run, fn, args, position, output_position, shared)
+            resample = _resampler(run, fn, args, position, output_position, shared, be.to_numpy(out))
         if projection is not None:
             kw["projection"] = {k: _to_scalar(be, v) for k, v in projection.items()}
         block = JacobianBlock.from_arrays(be.to_numpy(numerical), be.to_numpy(analytical),
@@ -94,17 +94,26 @@ def _to_scalar(be, v):
     return a.item() if a.size == 1 else a
 
 
-def _resampler(run, fn, args, position, output_position, shared=None):
+def _resampler(run, fn, args, position, output_position, shared=None, checked=None):
     """Rows of the block's numerical Jacobian for each ``(eps, side)`` asked for, with the
     check's stencil (``side="central"``) or a one-sided difference, each as
     ``(len(rows), output.numel)``; the points they share are evaluated once, and those
-    in ``shared`` (kept for the other blocks of the input) not again."""
+    in ``shared`` (kept for the other blocks of the input) not again.
+
+    Its ``unmoved()`` gives the block's output at the unmoved input twice, as NumPy
+    arrays: as the check computed it (``checked``) and from a call of ``fn`` now (the
+    probes' own call at that point where ``shared`` kept it)."""
     def resample(steps, rows):
         found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
                                   [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps],
                                   evaluated=shared)
         return [np.stack([np.asarray(run.be.to_numpy(row)).reshape(-1) for row in step]) for step in found]
 
+    def unmoved():
+        again = outputs_at_input(run.be, fn, args, position, evaluated=shared)[output_position]
+        return np.asarray(checked), np.asarray(run.be.to_numpy(again))
+
+    resample.unmoved = unmoved
     return resample
 
 

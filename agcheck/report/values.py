@@ -174,10 +174,17 @@ def wrap_words(text: str, width: int, indent: str = "") -> list:
 FLOAT32_SAMPLE = 4096
 
 
+#: a value computed in float32 (or half) has more significant bits than this, by chance
+#: almost always; constants a function clamps to (0.5, 0.75) have fewer
+SHORT_MANTISSA_BITS = 8
+
+
 def float32_valued(a) -> bool:
     """Whether a double-precision array holds only float32 values (its first
-    ``FLOAT32_SAMPLE`` elements, of which at least one is not an integer): the mark of a
-    function that rounds to float32 (or coarser) inside."""
+    ``FLOAT32_SAMPLE`` elements), at least one of them neither an integer nor a short
+    binary fraction (more than ``SHORT_MANTISSA_BITS`` significant bits): the mark of a
+    function that rounds to float32 (or coarser) inside, rather than of one that returns
+    constants."""
     a = np.ascontiguousarray(a)
     if a.dtype == np.complex128:
         a = a.view(np.float64)
@@ -185,4 +192,7 @@ def float32_valued(a) -> bool:
         return False
     a = a.ravel()[:FLOAT32_SAMPLE]
     a = a[np.isfinite(a) & (a != np.round(a))]
-    return a.size > 0 and bool(np.array_equal(a, a.astype(np.float32).astype(np.float64)))
+    if a.size == 0 or not np.array_equal(a, a.astype(np.float32).astype(np.float64)):
+        return False
+    mantissa = np.frexp(np.abs(a))[0]  # in [0.5, 1): a float32 value's times 2**24 is an integer
+    return bool((mantissa * 2.0 ** SHORT_MANTISSA_BITS != np.round(mantissa * 2.0 ** SHORT_MANTISSA_BITS)).any())

@@ -20,6 +20,9 @@ pass) and fires only when the evidence is strong:
   with a double input whose output holds only float32 values (``fn`` rounds inside; also
   when that rounding leaves the numerical Jacobian zero): finite differences are
   dominated by rounding;
+* ``nondeterministic_fn`` — ``fn`` called again at the unmoved input gives another output
+  than the check's call there (dropout in training mode, a counter): whatever else the
+  block shows is then noise;
 * ``noise`` — the mismatch is within what finite differences can resolve (estimates with
   other steps differ by as much): the tolerance is too tight, the gradient likely right;
 * ``fast_only`` — fast mode's projection failed but the full blocks agree;

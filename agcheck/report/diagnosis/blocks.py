@@ -10,7 +10,7 @@ import numpy as np
 from agcheck.report.model import Diagnosis
 
 from .facts import BlockFacts, entry_text
-from .probes import PROBED_ENTRIES, step_size_evidence
+from .probes import PROBED_ENTRIES, nondeterministic_fn, step_size_evidence
 from .structure import structure
 
 __all__ = ["STRUCTURE_LIMIT", "diagnose_block"]
@@ -38,6 +38,9 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
         return [_non_finite(block, index)]
     facts = BlockFacts.of(block, index)
     found, settled = step_size_evidence(facts, resample, max_rows)
+    changing = nondeterministic_fn(facts, resample)
+    if changing is not None:  # what the steps or the block's structure say is then noise
+        return [changing]
     if settled:
         return found
     if N.size <= STRUCTURE_LIMIT:

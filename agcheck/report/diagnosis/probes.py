@@ -13,6 +13,7 @@ rebuilt from data, a synthetic block) only the error-floor estimate of noise is 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +24,7 @@ from agcheck.report.values import fmt
 from .facts import where
 
 __all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "PROBE_SHARE", "Probe", "probe", "probe_rows",
-           "step_size_evidence"]
+           "step_size_evidence", "nondeterministic_fn"]
 
 #: entries re-evaluated with other steps on a failure (six evaluations of fn per input
 #: element probed, x ± h/10, x ± h and x ± 10h, and one at x for all of them)
@@ -176,6 +177,40 @@ def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_
         found.append(probed_noise(facts, probes))
         return found, True
     return found, False
+
+
+#: outputs of two identical calls that differ by more than this many machine epsilons
+#: (relative to the output's largest entry) come from a function that is not deterministic
+REPEAT_TOLERANCE = 1000
+
+
+def nondeterministic_fn(facts, resample: Callable | None):
+    """``nondeterministic_fn``: ``fn`` called again at the unmoved input gives another
+    output than the check's call there (``None`` when it does not, or cannot be asked)."""
+    unmoved = getattr(resample, "unmoved", None)
+    if unmoved is None:
+        return None
+    try:
+        checked, again = unmoved()
+    except Exception:  # noqa: BLE001 - fn may fail again; the other hypotheses still apply
+        return None
+    if checked.shape != again.shape or checked.size == 0:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = float(np.max(np.abs(again - checked)))
+    scale = float(np.max(np.abs(checked)))
+    eps = float(np.finfo(checked.dtype).eps) if np.issubdtype(checked.dtype, np.inexact) else 0.0
+    if not diff > REPEAT_TOLERANCE * eps * max(scale, np.finfo(np.float64).tiny):
+        return None
+    block = facts.block
+    return facts.diagnosis(
+        "nondeterministic_fn",
+        f"fn gives different outputs on identical calls: called again at the unmoved input, output "
+        f"{block.output} moved by up to {fmt(diff)} ({diff / scale if scale else math.inf:.1e} of its largest "
+        "entry). Finite differences of such a function measure its randomness, not its derivative: fn likely "
+        "draws random numbers (dropout or another layer in training mode: call model.eval(); random "
+        "augmentation) or depends on state that changes between calls (a counter, a cache)",
+        {"max_abs_difference": diff, "scale": scale})
 
 
 def kink(facts, probes: list, kinks: list):
