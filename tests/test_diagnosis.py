@@ -581,10 +581,11 @@ def _rounded_inside(dtype):
     return lambda t: t.to(dtype).to(t.dtype)
 
 
-@pytest.mark.parametrize("inner", [torch.float32, torch.float64], ids=["float32 inside", "double throughout"])
+@pytest.mark.parametrize("inner", [torch.float32, "float32 output", torch.float64],
+                         ids=["float32 inside", "float32 output", "double throughout"])
 def test_a_double_input_rounded_to_float32_inside_is_named_precision_not_kink(inner):
     x = make(60, seed=7)
-    fn = _rounded_inside(inner)
+    fn = (lambda t: t.float()) if inner == "float32 output" else _rounded_inside(inner)
     if inner == torch.float64:  # the other half: the same function in double passes both checkers
         assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
         return
@@ -645,7 +646,8 @@ def test_float32_valued_outputs_are_told_from_double_ones():
     assert not float32_valued(np.arange(10.0))  # integers say nothing
     assert not float32_valued(np.array([0.5, -0.5, 0.75, 3.0]))  # nor constants a clamp returns
     assert float32_valued(a.astype(np.float16).astype(np.float64))
-    assert not float32_valued(a.astype(np.float32))  # not a double array
+    assert float32_valued(a.astype(np.float32)) and float32_valued(a.astype(np.complex64))  # lower precision
+    assert not float32_valued(np.arange(3))  # integer outputs say nothing
     c = (a + 1j * a[::-1]).astype(np.complex64).astype(np.complex128)
     assert float32_valued(c[::2]) and not float32_valued((a + 1j * a[::-1])[::2])
 
@@ -699,3 +701,11 @@ def test_rounding_sized_differences_between_calls_are_not_called_random(monkeypa
 
     rep = failure(fn, (make(8, seed=11),))
     assert kinds(rep) == ["factor"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "half"])
+def test_a_low_precision_output_of_a_double_input_keeps_its_block_and_is_named(dtype):
+    # NumPy has no bfloat16: the block is recorded from exactly widened values
+    rep = failure(lambda t: t.to(dtype), (make(6, seed=12),))
+    assert not rep.notes and len(rep.blocks) == 1
+    assert rep.blocks[0].output_float32_valued is True and kinds(rep) == ["precision"]

@@ -80,6 +80,10 @@ _FEWER_PASSES_NUMEL = 4096
 _UNSEARCHED = object()
 
 
+
+#: torch dtypes without a NumPy counterpart, and the wider ones their values convert to exactly
+_WIDENED_FOR_NUMPY = {torch.bfloat16: torch.float32, torch.complex32: torch.complex64}
+
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated by its engine (``torch_engine``)."""
 
@@ -803,6 +807,8 @@ class TorchBackend(Backend):
         x = self.to_dense(x).detach()
         if x.is_conj():
             x = x.resolve_conj()
+        if x.dtype in _WIDENED_FOR_NUMPY:  # dtypes NumPy has no counterpart for: exactly widened
+            x = x.to(_WIDENED_FOR_NUMPY[x.dtype])
         return x.cpu().numpy()
 
     # -- randomness -------------------------------------------------------------------

@@ -79,9 +79,12 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
 
 
 def _float32_valued(be, out):
-    """:func:`~agcheck.report.values.float32_valued` on the first elements of a backend
-    array (``None`` where they cannot be read: a sparse output, say)."""
+    """Whether a backend array is in less than double precision (bfloat16 included, which
+    NumPy cannot hold), or :func:`~agcheck.report.values.float32_valued` on its first
+    elements (``None`` where they cannot be read: a sparse output, say)."""
     try:
+        if not be.is_double_precision(out):
+            return True
         return float32_valued(be.to_numpy(be.flatten(out)[:FLOAT32_SAMPLE]))
     except Exception:  # noqa: BLE001 - a hint for the diagnosis, never a reason to lose the block
         return None

@@ -180,12 +180,14 @@ SHORT_MANTISSA_BITS = 8
 
 
 def float32_valued(a) -> bool:
-    """Whether a double-precision array holds only float32 values (its first
-    ``FLOAT32_SAMPLE`` elements), at least one of them neither an integer nor a short
+    """Whether an array is float32 (or coarser), or a double-precision one holds only float32
+    values (its first ``FLOAT32_SAMPLE`` elements), at least one of them neither an integer nor a short
     binary fraction (more than ``SHORT_MANTISSA_BITS`` significant bits): the mark of a
     function that rounds to float32 (or coarser) inside, rather than of one that returns
     constants."""
     a = np.ascontiguousarray(a)
+    if a.dtype in (np.float32, np.float16, np.complex64):
+        return True  # the output itself is in lower precision
     if a.dtype == np.complex128:
         a = a.view(np.float64)
     elif a.dtype != np.float64:
