@@ -576,6 +576,17 @@ def test_raise_exception_false_builds_no_report_of_the_other_blocks(factor, monk
 
 # -- a double input whose function rounds inside ----------------------------------------------
 
+def _both_pass(fn, x):
+    assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
+
+
+def _torch_fails_too(fn, x) -> FailureReport:
+    """agcheck's report on a check that torch's checker fails as well."""
+    with pytest.raises(RuntimeError):
+        torch.autograd.gradcheck(fn, (x,))
+    return failure(fn, (x,))
+
+
 def _rounded_inside(dtype):
     """The identity, computed in ``dtype`` inside (as a float32 model fed float64 inputs)."""
     return lambda t: t.to(dtype).to(t.dtype)
@@ -587,11 +598,8 @@ def test_a_double_input_rounded_to_float32_inside_is_named_precision_not_kink(in
     x = make(60, seed=7)
     fn = (lambda t: t.float()) if inner == "float32 output" else _rounded_inside(inner)
     if inner == torch.float64:  # the other half: the same function in double passes both checkers
-        assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
-        return
-    with pytest.raises(RuntimeError):
-        torch.autograd.gradcheck(fn, (x,))
-    rep = failure(fn, (x,))
+        return _both_pass(fn, x)
+    rep = _torch_fails_too(fn, x)
     assert kinds(rep) == ["precision"]
     d = the(rep, "precision")
     assert "holds only float32 values" in d.message and "torch.float64" in d.message
@@ -662,11 +670,8 @@ def test_dropout_in_training_mode_is_named_not_a_kink(training):
         return torch.nn.functional.dropout(t.sin(), 0.5, training=training)
 
     if not training:  # the other half: the same function, deterministic, passes both checkers
-        assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
-        return
-    with pytest.raises(RuntimeError):
-        torch.autograd.gradcheck(fn, (x,))
-    rep = failure(fn, (x,))
+        return _both_pass(fn, x)
+    rep = _torch_fails_too(fn, x)
     assert kinds(rep) == ["nondeterministic_fn"]
     d = the(rep, "nondeterministic_fn")
     assert "different outputs on identical calls" in d.message and "model.eval()" in d.message
