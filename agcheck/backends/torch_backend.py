@@ -79,10 +79,9 @@ _FEWER_PASSES_NUMEL = 4096
 #: a graph property not yet looked up (``None`` is an answer)
 _UNSEARCHED = object()
 
-
-
 #: torch dtypes without a NumPy counterpart, and the wider ones their values convert to exactly
 _WIDENED_FOR_NUMPY = {torch.bfloat16: torch.float32, torch.complex32: torch.complex64}
+
 
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated by its engine (``torch_engine``)."""

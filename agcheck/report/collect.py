@@ -66,7 +66,7 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
             if sum(be.numel(o) for o in outputs if be.is_array(o)) <= SHARED_OUTPUT_ELEMENTS:
                 key = (id(fn), position, tuple(id(a) for a in args))
                 shared = _evaluated.setdefault(rep, {}).setdefault(key, {})
-            resample = _resampler(run, fn, args, position, output_position, shared, be.to_numpy(out))
+            resample = _resampler(run, fn, args, position, output_position, shared, out)
         if projection is not None:
             kw["projection"] = {k: _to_scalar(be, v) for k, v in projection.items()}
         block = JacobianBlock.from_arrays(be.to_numpy(numerical), be.to_numpy(analytical),
@@ -104,8 +104,8 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
     in ``shared`` (kept for the other blocks of the input) not again.
 
     Its ``unmoved()`` gives the block's output at the unmoved input twice, as NumPy
-    arrays: as the check computed it (``checked``) and from a call of ``fn`` now (the
-    probes' own call at that point where ``shared`` kept it)."""
+    arrays: as the check computed it (``checked``, converted only when asked) and from a
+    call of ``fn`` now (the probes' own call at that point where ``shared`` kept it)."""
     def resample(steps, rows):
         found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
                                   [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps],
@@ -114,7 +114,7 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
 
     def unmoved():
         again = outputs_at_input(run.be, fn, args, position, evaluated=shared)[output_position]
-        return np.asarray(checked), np.asarray(run.be.to_numpy(again))
+        return np.asarray(run.be.to_numpy(checked)), np.asarray(run.be.to_numpy(again))
 
     resample.unmoved = unmoved
     return resample

@@ -47,6 +47,8 @@ Modules: :mod:`~agcheck.report.diagnosis.blocks` (one Jacobian block, in order),
 """
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Mapping
 
 from agcheck.report.model import Diagnosis
@@ -75,15 +77,8 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
             sharing[report.blocks[i].input] = sharing.get(report.blocks[i].input, 0) + 1
         found = []
         for i, block in enumerate(report.blocks):
-            rows = probe_rows(_numel(block.input_shape), sharing.get(block.input, 1))
+            rows = probe_rows(math.prod(block.input_shape or ()), sharing.get(block.input, 1))
             found += diagnose_block(block, i, probed.get(i), rows)
         return found
     handler = CHECK_HANDLERS.get(report.check)
     return handler(report) if handler is not None else []
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape or ():
-        n *= int(s)
-    return n

@@ -21,7 +21,7 @@ import numpy as np
 
 from agcheck.report.values import fmt
 
-from .facts import where
+from .facts import machine_eps, where
 
 __all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "PROBE_SHARE", "Probe", "probe", "probe_rows",
            "step_size_evidence", "nondeterministic_fn"]
@@ -31,8 +31,6 @@ __all__ = ["PROBED_ENTRIES", "PROBED_BLOCKS", "PROBE_SHARE", "Probe", "probe", "
 PROBED_ENTRIES = 4
 #: failing blocks whose entries are re-evaluated (the others get the structural diagnoses)
 PROBED_BLOCKS = 2
-#: float32's machine epsilon (the rounding of an output that holds float32 values)
-FLOAT32_EPS = 2.0 ** -23
 #: the probes of one input's blocks cost at most this share of the evaluations of fn the
 #: check made for that input's numerical Jacobian (two per element), and one row at least
 PROBE_SHARE = 0.25
@@ -236,7 +234,7 @@ def kink(facts, probes: list, kinks: list):
             f"{block.input_dtype}: fn computes in lower precision inside (a float32 cast, float32 weights or "
             f"buffers), and finite differences with eps={fmt(facts.eps)} are dominated by that rounding. "
             "Compute in double precision throughout, or check with a step suited to float32 "
-            f"(eps={fmt(FLOAT32_EPS ** (1 / 3))}) and loose tolerances (docs/accuracy.md)",
+            f"(eps={fmt(machine_eps('float32') ** (1 / 3))}) and loose tolerances (docs/accuracy.md)",
             {**ev, "output_float32_valued": True}, lines)
     return facts.diagnosis(
         "kink",
