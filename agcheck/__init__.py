@@ -7,7 +7,8 @@ framework-specific parts.
 from agcheck.backends.base import Backend
 from agcheck.backends.registry import available_backends, get_backend, infer_backend, register_backend
 from agcheck.crosscheck import CrosscheckResult, crosscheck
-from agcheck.gradcheck import CostWarning, OutputTypeError, gradcheck
+from agcheck.errors import BackendInferenceError, CheckInputError, OutputTypeError
+from agcheck.gradcheck import CostWarning, gradcheck
 from agcheck.gradgradcheck import gradgradcheck
 from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
 from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
@@ -30,6 +31,8 @@ __all__ = [
     "GradcheckError",
     "GradcheckOptions",
     "OutputTypeError",
+    "CheckInputError",
+    "BackendInferenceError",
     "CostWarning",
     "Backend",
     "available_backends",

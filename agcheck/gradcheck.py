@@ -9,13 +9,14 @@ from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
 from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.numpy_rng import numpy_rng_preserved
-from agcheck.core.problem import resolve_problem
+from agcheck.core.problem import check_output_types, resolve_problem, restore_if_modified
 from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.stencil import auto_eps, get_stencil
 from agcheck.core.stopwatch import Stopwatch
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET
+from agcheck.errors import CheckInputError, OutputTypeError
 from agcheck.options import GradcheckOptions, gradcheck_options
 from agcheck.progress import Progress
 from agcheck.report.collect import complete_report
@@ -30,13 +31,6 @@ COSTLY_JACOBIAN_ENTRIES = 250_000_000
 
 class CostWarning(UserWarning):
     """A check about to run is very large (a slow-mode check of a big function)."""
-
-
-class OutputTypeError(TypeError, AttributeError):
-    """``fn`` returned something that is not an array (or a tuple/list of arrays).
-
-    Also an ``AttributeError``, the type torch raises in this case.
-    """
 
 
 def gradcheck(fn: Callable, inputs, *, backend=None,
@@ -134,14 +128,17 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
 
 
-def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> bool:
-    """:func:`gradcheck` with its keywords already gathered in ``opts``."""
+def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *, snapshots=None,
+                  **backend_options) -> bool:
+    """:func:`gradcheck` with its keywords already gathered in ``opts``; ``snapshots``
+    (``{position: snapshot}``, taken before a call of ``fn`` the caller made) stand for the
+    check's own of those inputs, so that a change that call made is found too."""
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
     try:
         with be.preserve_state(args), numpy_rng_preserved():
             try:
-                _Run(fn, args, be, opts).all_checks()
+                _Run(fn, args, be, opts, snapshots).all_checks()
             except GradcheckError as e:
                 if opts.raise_exception:  # reports are filled in only for a raised failure
                     complete_report(e, be, opts)
@@ -161,8 +158,9 @@ SHARED_PROBE_EVALUATIONS = 8
 class _Run:
     """One gradcheck: the function, its inputs, the backend and the options."""
 
-    def __init__(self, fn, args, be, opts: GradcheckOptions):
+    def __init__(self, fn, args, be, opts: GradcheckOptions, snapshots=None):
         self.fn, self.args, self.be, self.opts = fn, args, be, opts
+        self._taken_snapshots = snapshots or {}
         #: what the engine decided on the way, and the undecided outcomes it handed back
         #: to the reference engine
         self.engine_log: list[EngineEvent] = []
@@ -208,12 +206,13 @@ class _Run:
     def _all_checks(self) -> None:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
-        before = [be.snapshot(self.args[p]) for p in self.checked]
+        taken = self._taken_snapshots
+        before = [taken[p] if p in taken else be.snapshot(self.args[p]) for p in self.checked]
         watch = self.stopwatch()
         trace = be.trace(self.fn, self.args, self.checked)
         #: seconds of one evaluation of fn with its graph: the engine's first cost figure
         self.evaluation_seconds = watch.seconds()
-        self._assert_inputs_untouched(before)
+        restore_if_modified(be, self.args, self.checked, before)
         diff = self._differentiable(trace.outputs)
         be.validate_outputs([trace.outputs[k] for k in diff])
         if not opts.fast_mode:
@@ -234,17 +233,6 @@ class _Run:
         grad_output_scaling.check(self, top)
         if opts.check_undefined_grad:
             undefined_grads.check_backward(self, top)
-
-    def _assert_inputs_untouched(self, before) -> None:
-        be = self.be
-        for p, snap in zip(self.checked, before):
-            if not be.unchanged(self.args[p], snap):
-                be.restore(self.args[p], snap)
-                raise ValueError(
-                    f"fn modified input {p} in place. A gradient check moves each input and "
-                    "compares results, so fn must leave its inputs unchanged: work on a copy "
-                    "(e.g. x = x.clone()) inside fn. The input has been restored."
-                )
 
     def _warn_if_costly(self, outputs) -> None:
         be = self.be
@@ -269,7 +257,7 @@ class _Run:
             devices.setdefault(be.device_name(self.args[idx]), idx)
         if len(devices) > 1:
             listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
-            raise ValueError(
+            raise CheckInputError(
                 f"the inputs to differentiate are on different devices ({listed}); "
                 "move them to one device before checking"
             )
@@ -289,12 +277,7 @@ class _Run:
 
     def _differentiable(self, outputs) -> list:
         be = self.be
-        for k, o in enumerate(outputs):
-            if not be.is_array(o):
-                raise OutputTypeError(
-                    f"fn must return an array or a tuple of arrays, but output {k} is "
-                    f"{type(o).__name__}: {o!r:.80}"
-                )
+        check_output_types(be, outputs)
         return [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
 
     # -- reverse and forward mode, with the complex split -------------------------------

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Callable
 
 from agcheck.core.numpy_rng import numpy_rng_preserved
-from agcheck.core.problem import resolve_problem
+from agcheck.core.problem import check_output_types, resolve_problem
+from agcheck.errors import OutputTypeError
 from agcheck.gradcheck import run_gradcheck
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
@@ -76,29 +77,54 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
     )
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
 
+    taken = {}  # the inputs before fn's first call: the check finds a change that call made
     for level in range(order - 1):
         given = grad_outputs if level == 0 else None
-        fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level, fast_mode)
-    return run_gradcheck(fn, args, opts, be)
+        fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level, fast_mode,
+                                taken if level == 0 else None)
+    return run_gradcheck(fn, args, opts, be, snapshots=taken)
 
 
-def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=False):
-    """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments."""
+def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=False, taken=None):
+    """The VJP of ``fn`` as a function of ``args + cotangents``, and those arguments; the
+    checked inputs' snapshots go into ``taken`` (where given) before ``fn`` is called."""
     evaluated = seconds = None
     if grad_outputs is None:
         clock = be.work_clock(args)
+        if taken is not None:
+            for p in be.checked_positions(args):  # validated first, as gradcheck does
+                be.validate_input(p, args[p])
+                taken[p] = be.snapshot(args[p])
         with be.preserve_state(args), numpy_rng_preserved():
             began = clock()
             outputs = be.as_tuple(fn(*args))
             seconds = clock() - began
-        evaluated = (tuple(args), outputs)  # the VJP's first call may reuse this forward
+        check_output_types(be, outputs)  # the VJP's first call reuses this forward
+        evaluated = (tuple(args), outputs)
         differentiable = [o for o in outputs if be.is_array(o) and be.is_differentiable_output(o)]
         gen = be.generator(differentiable[0] if differentiable else None, GRAD_OUTPUTS_SEED + level)
         cotangents = tuple(be.random_cotangent(o, gen, noncontiguous) for o in differentiable)
     else:
         cotangents = be.as_tuple(grad_outputs)
+        for k, c in enumerate(cotangents):
+            if not be.is_array(c):
+                raise OutputTypeError(f"grad_outputs must be arrays, one for each differentiable output of fn, "
+                                      f"but grad_outputs[{k}] is {type(c).__name__}: {c!r:.80}")
+        fn = _output_types_checked(be, fn)
     input_positions = be.checked_positions(args)
     cotangent_positions = be.checked_positions(cotangents)
     vjp_fn = be.differentiable_vjp(fn, len(args), input_positions, cotangent_positions, evaluated=evaluated,
                                    few_calls=fast_mode, evaluated_seconds=seconds)
     return vjp_fn, tuple(args) + tuple(cotangents)
+
+
+def _output_types_checked(be, fn):
+    """``fn``, raising :class:`~agcheck.errors.OutputTypeError` where it returns anything
+    but arrays (where ``grad_outputs`` are given, no call of ``fn`` precedes the VJP's)."""
+    def checked(*args):
+        out = fn(*args)
+        check_output_types(be, be.as_tuple(out))
+        return out
+
+    checked.__wrapped__ = fn
+    return checked

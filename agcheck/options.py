@@ -5,22 +5,29 @@ import functools
 import math
 from dataclasses import dataclass, fields
 
+from agcheck.errors import CheckInputError
+
 __all__ = ["GradcheckOptions", "GradgradcheckOptions", "gradcheck_options"]
 
 
-def _check_number(name: str, value, *, positive: bool) -> float:
+def _check_number(name: str, value, *, positive: bool, magnitude: bool = False) -> float:
+    """``value`` as a float, checked (``positive``: > 0, else >= 0); ``magnitude`` takes its
+    absolute value first."""
+    if isinstance(value, (str, bytes)):  # float("1e-6") would take it; torch's checker does not
+        raise TypeError(f"{name} must be a real number, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             value = float(value)
         except (TypeError, ValueError):
             raise TypeError(f"{name} must be a real number, got {value!r}") from None
-    value = float(value)
+    value = abs(float(value)) if magnitude else float(value)
     if math.isnan(value) or (positive and not math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise CheckInputError(f"{name} must be a finite number, got {value!r}")
     if positive and value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+        raise CheckInputError(f"{name} must be greater than zero, but got {value!r}: it is the "
+                              "finite-difference step")
     if not positive and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
+        raise CheckInputError(f"{name} must be greater than or equal to zero, but got {value!r}")
     return value
 
 
@@ -74,7 +81,9 @@ class GradcheckOptions:
 
         get_stencil(self.stencil)
         if not (isinstance(self.eps, str) and self.eps == "auto"):
-            object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True))
+            # a negative step gives the central differences of its absolute value, as under
+            # torch's checker ((a - b) / -2h is (b - a) / 2h; only zeros differ, in sign)
+            object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True, magnitude=True))
         for name in ("atol", "rtol", "nondet_tol"):
             object.__setattr__(self, name, _check_number(name, getattr(self, name), positive=False))
 

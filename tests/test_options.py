@@ -39,12 +39,16 @@ def test_gradgradcheck_combinations(kwargs, phrase):
 
 
 @pytest.mark.parametrize("name, value", [
-    ("eps", 0.0), ("eps", -1e-6), ("eps", math.inf), ("eps", math.nan),
+    ("eps", 0.0), ("eps", -0.0), ("eps", -math.inf), ("eps", math.inf), ("eps", math.nan),
     ("atol", -1.0), ("rtol", -1e-3), ("nondet_tol", -1.0), ("atol", math.nan),
 ])
 def test_bad_numbers_name_the_argument(name, value):
     with pytest.raises(ValueError, match=name):
         GradcheckOptions(**{name: value})
+
+
+def test_a_negative_eps_is_its_absolute_value():
+    assert GradcheckOptions(eps=-1e-6).eps == 1e-6
 
 
 def test_non_numbers_are_type_errors():

@@ -342,8 +342,8 @@ def assert_same_outcome(case: Case, fast_mode: bool, torch_out: Outcome, ag_out:
 # Where agcheck deliberately gives another outcome than torch: case name -> (outcome per
 # mode (slow, fast) as Outcome.kind, the reason). Listed in docs/semantics.md too.
 DELIBERATE = {
-    "eps_zero": (("raise:ValueError",) * 2, "eps <= 0 is rejected up front with a message naming eps"),
-    "eps_negative": (("raise:ValueError",) * 2, "eps <= 0 is rejected up front with a message naming eps"),
+    "eps_zero": (("raise:CheckInputError",) * 2, "eps=0 is rejected up front with a message naming eps (a "
+                 "ValueError, and a RuntimeError as torch's failed check is)"),
     "quirk_none_output": (("raise:OutputTypeError",) * 2,
                           "a clear error naming the output; OutputTypeError is also an AttributeError"),
     "quirk_int_output_before_float": (("pass", "pass"),

@@ -50,6 +50,20 @@ def owns(x) -> bool:
     return array_api_compat.is_array_api_obj(x)
 
 
+def _read_only(args) -> tuple:
+    """``args`` for a derivative the user wrote, NumPy arrays as read-only views: a VJP or
+    JVP that writes into its inputs (the caller's arrays) fails at that write, where it
+    would otherwise change the caller's data and the check's later evaluations."""
+    def view(a):
+        if type(a) is not np.ndarray or not a.flags.writeable:
+            return a
+        v = a.view()
+        v.flags.writeable = False
+        return v
+
+    return tuple(view(a) for a in args)
+
+
 class MissingDerivativeError(ValueError):
     """A check needs a derivative (vjp or jvp) that was not supplied."""
 
@@ -385,7 +399,7 @@ class NumpyBackend(Backend):
         if uf.convention == "jax":
             cots = tuple(None if c is None else self.conj(c) for c in cots)
         full = self._all_checked(args, checked)
-        grads = self._one_per_checked(uf.vjp(tuple(args), cots), args, full, "vjp", "gradients")
+        grads = self._one_per_checked(uf.vjp(_read_only(args), cots), args, full, "vjp", "gradients")
         by_position = dict(zip(full, grads))
         result = []
         for i, p in enumerate(checked):
@@ -421,7 +435,7 @@ class NumpyBackend(Backend):
         given = {p: t for p, t in zip(checked, tangents) if t is not None}
         ts = tuple(given[p] if p in given else self.zeros_like(args[p]) for p in self._all_checked(args, checked))
         outputs = self.outputs_of(uf, args)
-        result = uf.jvp(tuple(args), ts)
+        result = uf.jvp(_read_only(args), ts)
         if isinstance(result, (tuple, list)):
             result = list(result)
         else:

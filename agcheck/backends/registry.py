@@ -7,6 +7,7 @@ import importlib.util
 from typing import Iterator
 
 from agcheck.backends.base import Backend, BackendUnavailableError
+from agcheck.errors import BackendInferenceError
 
 __all__ = ["register_backend", "register_alias", "canonical_name", "available_backends", "get_backend",
            "infer_backend"]
@@ -161,8 +162,9 @@ def infer_backend(inputs, **options) -> Backend:
             + "); pass arrays of one framework, or choose one with backend=..."
         )
     if not found:
-        raise TypeError(
+        raise BackendInferenceError(
             "could not infer the backend: no input is an array of a known framework "
-            f"({', '.join(_REGISTRY)}); pass backend=... or array inputs"
+            f"({', '.join(_REGISTRY)}), so none can be differentiated; pass array inputs "
+            "(a tuple of them), or backend=..."
         )
     return next(iter(found.values())).with_options(**options)

@@ -16,6 +16,7 @@ from agcheck.backends.base import Backend, OutputPart, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
 from agcheck.backends.torch_forward_memo import RetainedForward
+from agcheck.errors import CheckInputError
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
 
@@ -249,6 +250,11 @@ class TorchBackend(Backend):
 
     # -- validation -------------------------------------------------------------------
     def validate_input(self, idx: int, x) -> None:
+        if x.device.type == "meta":
+            raise CheckInputError(
+                f"input {idx} is on the meta device, which holds shapes but no values: finite "
+                "differences need an input with values (create it on the CPU or an accelerator)"
+            )
         # a sparse input's stored values must not overlap either; MKL-DNN is opaque
         content = x if x.layout == torch.strided else torch_sparse.validated_content(idx, x)
         if content is None:
