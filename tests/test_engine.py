@@ -1485,3 +1485,81 @@ def test_a_backward_both_wrong_and_not_reentrant_is_reported_as_not_reentrant_fi
         torch.autograd.gradcheck(fn, (x,))
     with pytest.raises(agcheck.GradcheckError, match="Backward is not reentrant"):
         agcheck.gradcheck(fn, (x,))
+
+
+class _TimesSum(torch.autograd.Function):
+    """``x * x.sum()`` (no two elements independent, no vmap rule: neither batched form
+    moves it), its backward scaled by ``factor``."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return (g * x.sum() + (g * x).sum()) * _TimesSum.factor
+
+
+class _CosTimesSum(torch.autograd.Function):
+    """``cos(x) * x.sum()``, right, its backward calls counted in ``calls``."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.cos() * x.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        _CosTimesSum.calls += 1
+        (x,) = ctx.saved_tensors
+        return -g * x.sin() * x.sum() + (g * x.cos()).sum()
+
+
+@pytest.mark.parametrize("raise_exception", [False, True])
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_without_a_report_a_mismatch_stops_before_the_later_outputs_vjps(factor, raise_exception, monkeypatch):
+    # every numerical row first (the input cannot be batched), then the VJPs: where output
+    # 0 already differs, torch's checker never computes output 1's; neither does agcheck
+    # when no report is built (tad-mctc's degenerate eigensolver checks, two outputs:
+    # 0.83x -> 0.97x); a report compares every block, and takes output 1's columns from
+    # the engine
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the numerical-first path
+    monkeypatch.setattr(_TimesSum, "factor", factor)
+    x = make(12, seed=3)
+
+    def fn(t):
+        return _TimesSum.apply(t), _CosTimesSum.apply(t)
+
+    passes = factor == 1.0
+    assert torch.autograd.gradcheck(fn, (x,), raise_exception=False) is passes
+    _CosTimesSum.calls = 0
+    if raise_exception and not passes:
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
+            agcheck.gradcheck(fn, (x,), engine="batched")
+    else:
+        assert agcheck.gradcheck(fn, (x,), engine="batched", raise_exception=raise_exception) is passes
+    assert (_CosTimesSum.calls == 0) is (not passes and not raise_exception), _CosTimesSum.calls
+
+
+def test_a_wrong_later_output_fails_when_compared_output_by_output(monkeypatch):
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    x = make(12, seed=3)
+
+    def fn(t):  # output 1's backward 10% off
+        return _CosTimesSum.apply(t), _TimesSum.apply(t)
+
+    monkeypatch.setattr(_TimesSum, "factor", 1.1)
+    assert torch.autograd.gradcheck(fn, (x,), raise_exception=False) is False
+    assert agcheck.gradcheck(fn, (x,), engine="batched", raise_exception=False) is False
+    monkeypatch.setattr(_TimesSum, "factor", 1.0)
+    assert agcheck.gradcheck(fn, (x,), engine="batched", raise_exception=False) is True

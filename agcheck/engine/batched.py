@@ -82,7 +82,7 @@ def compare_slow_reverse(run, piece) -> Outcome:
         inputs = [piece.args[q] for q in piece.checked]
         if isinstance(reason, _RowsKept):
             try:
-                decided = failure.decide(p, piece.diff, reason.analytical, reason.kept, reason.where,
+                decided = failure.decide(p, reason.diff or piece.diff, reason.analytical, reason.kept, reason.where,
                                          lambda k, c0, c1: _looped_columns(p, k, c0, c1, inputs))
             except EngineFallback:
                 decided = None
@@ -143,9 +143,11 @@ class _RowsKept(EngineFallback):
     of JVP rows); ``where`` the row block seen to differ, as
     :attr:`coloured.RowsDiffer.where`."""
 
-    def __init__(self, analytical, kept, where):
+    def __init__(self, analytical, kept, where, diff=None):
         super().__init__(MISMATCH)
         self.analytical, self.kept, self.where = analytical, kept, where
+        #: the outputs compared (None: all of them), those ``analytical`` holds
+        self.diff = diff
 
 
 def _reverse(run, p, diff) -> None:
@@ -183,6 +185,9 @@ def _reverse(run, p, diff) -> None:
         numerical = None if colourable else {q: list(p.numerical_row_chunks(q)) for q in checked}
         analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
         reentrancy = None
+        if analytical is None and numerical is not None and len(diff) > 1 and not opts.raise_exception:
+            _compare_output_by_output(run, p, diff, inputs, numerical)
+            return
         if analytical is None:
             first = {k: _analytical_first_pass(p, k, inputs) for k in diff}
             analytical = {k: blocks for k, (blocks, _) in first.items()}
@@ -217,6 +222,36 @@ def _reverse(run, p, diff) -> None:
                          for q in checked}
             for c0, c1 in _column_blocks(p, b1 - b0, n_in):
                 _compare_columns(p, k, b0 + c0, b0 + c1, inputs, numerical, offset=b0)
+
+
+def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
+    """Every numerical row at hand, the outputs' analytical Jacobians computed and compared
+    one output at a time, in torch's order: a mismatch ends the check before the later
+    outputs' VJPs are paid, as torch's checker computes an output's only when its
+    comparison comes. Each output's reentrancy pass follows the comparisons, as in
+    :func:`_reverse`; on a mismatch, those of the outputs compared so far.
+
+    Only where no failure report is built (``raise_exception=False``): a report compares
+    every block, and the engine computes the later outputs' columns (in batches where
+    the VJPs batch) for less than the report's loop would."""
+    analytical, first, kept = {}, {}, None
+    for i, k in enumerate(diff):
+        first[k] = _analytical_first_pass(p, k, inputs)
+        analytical[k] = first[k][0]
+        try:
+            kept = _compare_with_analytical(run, p, [k], {k: analytical[k]}, False, numerical)
+        except EngineFallback as reason:
+            if str(reason) == MISMATCH:
+                corrected = [kk for kk, (blocks, how) in first.items() if _reentrancy_pass(p, kk, inputs, blocks, how)]
+                if isinstance(reason, _RowsKept):
+                    reason.diff = diff[: i + 1]
+                    if corrected:
+                        _failing_again(p, corrected, analytical, reason.kept)
+            raise
+    corrected = [k for k, (blocks, how) in first.items() if _reentrancy_pass(p, k, inputs, blocks, how)]
+    if corrected:
+        _compare_again(p, corrected, analytical, kept)
+    _remember_rows(kept, p.checked)
 
 
 def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=None):
