@@ -1523,16 +1523,25 @@ class _CosTimesSum(torch.autograd.Function):
 
 @pytest.mark.parametrize("raise_exception", [False, True])
 @pytest.mark.parametrize("factor", [1.0, 1.1])
-def test_without_a_report_a_mismatch_stops_before_the_later_outputs_vjps(factor, raise_exception, monkeypatch):
+def test_a_mismatch_stops_before_the_later_outputs_vjps_as_far_as_the_report_allows(factor, raise_exception, monkeypatch):
     # every numerical row first (the input cannot be batched), then the VJPs: where output
     # 0 already differs, torch's checker never computes output 1's; neither does agcheck
     # when no report is built (tad-mctc's degenerate eigensolver checks, two outputs:
     # 0.83x -> 0.97x); a report compares every block, and takes output 1's columns from
     # the engine
-    from agcheck.engine import cost
+    # (with a report, only output 1's reentrancy pass is saved: torch's checker checks an
+    # output's reentrancy just before comparing it, and stops at output 0)
+    from agcheck.engine import batched, cost
 
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # the numerical-first path
     monkeypatch.setattr(_TimesSum, "factor", factor)
+    reentrancy_checked, original = [], batched._reentrancy_pass
+
+    def spied(p, k, *rest):
+        reentrancy_checked.append(k)
+        return original(p, k, *rest)
+
+    monkeypatch.setattr(batched, "_reentrancy_pass", spied)
     x = make(12, seed=3)
 
     def fn(t):
@@ -1547,6 +1556,7 @@ def test_without_a_report_a_mismatch_stops_before_the_later_outputs_vjps(factor,
     else:
         assert agcheck.gradcheck(fn, (x,), engine="batched", raise_exception=raise_exception) is passes
     assert (_CosTimesSum.calls == 0) is (not passes and not raise_exception), _CosTimesSum.calls
+    assert reentrancy_checked == ([0, 1] if passes else [0])
 
 
 def test_a_wrong_later_output_fails_when_compared_output_by_output(monkeypatch):

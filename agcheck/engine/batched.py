@@ -192,16 +192,20 @@ def _reverse(run, p, diff) -> None:
             first = {k: _analytical_first_pass(p, k, inputs) for k in diff}
             analytical = {k: blocks for k, (blocks, _) in first.items()}
 
-            def reentrancy():
-                return [k for k, (blocks, how) in first.items() if _reentrancy_pass(p, k, inputs, blocks, how)]
+            def reentrancy(upto=None):
+                outputs = diff if upto is None else diff[: diff.index(upto) + 1]
+                return [k for k in outputs if _reentrancy_pass(p, k, inputs, *first[k])]
         # the reentrancy pass after the numerical side, as torch's checker orders them: an
         # evaluation of fn that raises does so before it is paid; before a mismatch is
-        # reported, so that a backward that is not reentrant is reported as that first
+        # reported, so that a backward that is not reentrant is reported as that first.
+        # On a mismatch, only the outputs up to the one seen to differ: torch's checker,
+        # which checks an output's reentrancy just before comparing it, stops at the first
+        # output that differs, and that is no later one
         try:
             kept = _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
         except EngineFallback as reason:
             if reentrancy is not None and str(reason) == MISMATCH:
-                corrected = reentrancy()
+                corrected = reentrancy(reason.where[1] if isinstance(reason, _RowsKept) else None)
                 if corrected and isinstance(reason, _RowsKept):
                     _failing_again(p, corrected, analytical, reason.kept)
             raise
