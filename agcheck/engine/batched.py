@@ -247,8 +247,8 @@ def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
         except EngineFallback as reason:
             if str(reason) == MISMATCH:
                 corrected = [kk for kk, (blocks, how) in first.items() if _reentrancy_pass(p, kk, inputs, blocks, how)]
-                if isinstance(reason, _RowsKept):
-                    reason.diff = diff[: i + 1]
+                if isinstance(reason, _RowsKept):  # decided on every output compared so far
+                    reason.diff, reason.analytical = diff[: i + 1], analytical
                     if corrected:
                         _failing_again(p, corrected, analytical, reason.kept)
             raise
