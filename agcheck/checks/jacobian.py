@@ -87,12 +87,35 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     if seconds is None:
         return False
     n_out = sum(be.numel(piece.outputs[k]) for k in piece.diff)
-    estimate = cost.loop_seconds(n_in, n_out, seconds)
+    # a complex input is moved along its real and its imaginary axis: twice the evaluations
+    moved = sum(be.numel(x) * (2 if be.is_complex(x) else 1) for x in piece.inputs)
+    estimate = cost.loop_seconds(moved, n_out, seconds)
+    figures = {"evaluation": seconds, "loop_estimate": estimate}
+    if piece.forward and cost.JVP_TIMED_FROM_SECONDS <= estimate < cost.ENGINE_WORTH_SECONDS:
+        # a JVP may cost many evaluations (dual numbers through an op's decomposition): one
+        # is timed where the answer can change the choice
+        jvp = _one_jvp_seconds(run, piece)
+        if jvp is not None:
+            estimate = figures["loop_estimate"] = cost.forward_loop_seconds(moved, n_in, seconds, jvp)
+            figures["jvp"] = jvp
     if estimate >= cost.ENGINE_WORTH_SECONDS:
         return False
     run.engine_log.append(EngineEvent("plan", "reference", None, "the loop costs less than probing would",
-                                      figures={"evaluation": seconds, "loop_estimate": estimate}))
+                                      figures=figures))
     return True
+
+
+def _one_jvp_seconds(run, piece: Piece) -> float | None:
+    """Seconds of one JVP of the piece (its first input's first element), as the forward
+    loop computes each; None where it cannot be had (the loop meets any error itself)."""
+    watch = run.stopwatch()
+    try:
+        jac.analytical_rows_forward(run.be, piece.fn, piece.args, piece.checked, 0, [0])
+    except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
+        if error in run.user_errors:
+            raise
+        return None
+    return watch.seconds()
 
 
 def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytical: dict | None = None) -> None:

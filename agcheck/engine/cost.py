@@ -56,6 +56,17 @@ def loop_seconds(n_in: int, n_out: int, evaluation_seconds: float) -> float:
     return (2 * n_in + 2 * n_out) * (evaluation_seconds + LOOP_CALL_SECONDS)
 
 
+#: a forward-mode check whose loop is estimated (as :func:`loop_seconds`) above this has
+#: one JVP timed before the choice, which JVPs far dearer than an evaluation can change
+JVP_TIMED_FROM_SECONDS = ENGINE_WORTH_SECONDS / 4
+
+
+def forward_loop_seconds(n_moved: int, n_in: int, evaluation_seconds: float, jvp_seconds: float) -> float:
+    """The element-by-element forward-mode check's cost: two evaluations per input element
+    moved (a complex one counts twice) and one JVP of ``jvp_seconds`` per input element."""
+    return 2 * n_moved * (evaluation_seconds + LOOP_CALL_SECONDS) + n_in * (jvp_seconds + LOOP_CALL_SECONDS)
+
+
 def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int) -> int:
     """How many rows (at least one, at most ``n_rows``) one batched call may hold within
     ``allowance`` bytes."""
