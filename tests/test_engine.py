@@ -1577,3 +1577,43 @@ def test_a_wrong_later_output_fails_when_compared_output_by_output(monkeypatch):
     assert [e.detail for e in r.engine_log if e.path == "failure"] == ["output 1"]
     monkeypatch.setattr(_TimesSum, "factor", 1.0)
     assert run(fn, (x,), engine="batched", raise_exception=False).verdict is True
+
+
+class _SinWithSlowJvp(torch.autograd.Function):
+    """sin with a forward-mode derivative scaled by ``factor`` that works ``jvp_seconds``
+    per call (a JVP far dearer than an evaluation, as complex inputs' are in torch)."""
+
+    factor, jvp_seconds = 1.0, 0.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_forward(x)
+        return x.sin()
+
+    @staticmethod
+    def jvp(ctx, t):
+        busy(_SinWithSlowJvp.jvp_seconds)
+        (x,) = ctx.saved_tensors
+        return t * x.cos() * _SinWithSlowJvp.factor
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+@pytest.mark.parametrize("jvp_seconds", [0.0, 0.01], ids=["cheap JVP", "dear JVP"])
+def test_a_forward_check_times_one_jvp_before_choosing_the_loop(jvp_seconds, factor, monkeypatch):
+    # the loop's estimate counts a JVP as an evaluation; one JVP timed corrects it where
+    # the choice can change (OpInfo's complex mv: 75 ms in the loop, 16 ms in the engine)
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.03)
+    monkeypatch.setattr(cost, "JVP_TIMED_FROM_SECONDS", 0.0)
+    monkeypatch.setattr(_SinWithSlowJvp, "factor", factor)
+    monkeypatch.setattr(_SinWithSlowJvp, "jvp_seconds", jvp_seconds)
+    x = make(6, seed=5)
+    options = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False)
+    assert torch.autograd.gradcheck(_SinWithSlowJvp.apply, (x,), raise_exception=False, **options) is (factor == 1.0)
+    r = run(_SinWithSlowJvp.apply, (x,), **options)
+    (plan,) = [e for e in r.engine_log if e.path == "plan"]
+    assert plan.figures["jvp"] >= jvp_seconds
+    assert plan.figures["loop_estimate"] == cost.forward_loop_seconds(6, 6, plan.figures["evaluation"], plan.figures["jvp"])
+    assert plan.decision == ("engine" if jvp_seconds else "reference")
+    assert r.verdict is (factor == 1.0)

@@ -98,6 +98,9 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
         if jvp is not None:
             estimate = figures["loop_estimate"] = cost.forward_loop_seconds(moved, n_in, seconds, jvp)
             figures["jvp"] = jvp
+            if estimate >= cost.ENGINE_WORTH_SECONDS:
+                run.engine_log.append(EngineEvent("plan", "engine", None, "a JVP costs more than the estimate assumed",
+                                                  figures=figures))
     if estimate >= cost.ENGINE_WORTH_SECONDS:
         return False
     run.engine_log.append(EngineEvent("plan", "reference", None, "the loop costs less than probing would",
