@@ -1,4 +1,10 @@
+import os
+
 import pytest
+
+# the engine's own errors fail the tests instead of falling back to the reference engine
+# (agcheck.checks.jacobian.STRICT_ENGINE); set before any test runs, in every worker
+os.environ.setdefault("AGCHECK_STRICT_ENGINE", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1617,3 +1617,22 @@ def test_a_forward_check_times_one_jvp_before_choosing_the_loop(jvp_seconds, fac
     assert plan.figures["loop_estimate"] == cost.forward_loop_seconds(6, 6, plan.figures["evaluation"], plan.figures["jvp"])
     assert plan.decision == ("engine" if jvp_seconds else "reference")
     assert r.verdict is (factor == 1.0)
+
+
+def test_an_error_of_the_engines_own_code_fails_agcheck_tests_and_never_a_users_check(monkeypatch):
+    # the engine hands what it cannot decide to the reference engine, also on an error of
+    # its own, which keeps the verdict right and hides the bug (a KeyError once sent every
+    # mismatch in a later output to the loop): agcheck's tests raise it
+    import agcheck.checks.jacobian as reference
+    from agcheck.engine import batched
+
+    def broken(run, piece):
+        raise KeyError(0)
+
+    monkeypatch.setattr(batched, "compare_slow_reverse", broken)
+    x = make(8)
+    with pytest.raises(KeyError):
+        run(torch.sin, (x,), engine="batched")
+    monkeypatch.delenv(reference.STRICT_ENGINE)
+    r = run(torch.sin, (x,), engine="batched")
+    assert r.verdict and [o.reason for o in r.engine_fallbacks] == ["KeyError: 0"]
