@@ -117,6 +117,25 @@ class ScaledSin(torch.autograd.Function):
         return grad * x.cos() * ScaledSin.factor
 
 
+class SinWithJvp(torch.autograd.Function):
+    """sin in forward mode only, its JVP scaled by ``SinWithJvp.factor`` (1.0 is right)
+    and working ``SinWithJvp.jvp_seconds`` per call (a JVP far dearer than an evaluation,
+    as a complex input's are in torch)."""
+
+    factor, jvp_seconds = 1.0, 0.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_forward(x)
+        return x.sin()
+
+    @staticmethod
+    def jvp(ctx, t):
+        busy(SinWithJvp.jvp_seconds)
+        (x,) = ctx.saved_tensors
+        return t * x.cos() * SinWithJvp.factor
+
+
 class Square(torch.autograd.Function):
     """``z * z`` (real or complex), its backward scaled by ``Square.factor``."""
 

@@ -8,7 +8,7 @@ import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.engine.outcome import EngineEvent
 
-from .helpers import ScaledSin, busy, first_paragraph, make, run_check as run, torch_message
+from .helpers import ScaledSin, SinWithJvp, busy, first_paragraph, make, run_check as run, torch_message
 
 
 @pytest.fixture(autouse=True)
@@ -1579,24 +1579,6 @@ def test_a_wrong_later_output_fails_when_compared_output_by_output(monkeypatch):
     assert run(fn, (x,), engine="batched", raise_exception=False).verdict is True
 
 
-class _SinWithSlowJvp(torch.autograd.Function):
-    """sin with a forward-mode derivative scaled by ``factor`` that works ``jvp_seconds``
-    per call (a JVP far dearer than an evaluation, as complex inputs' are in torch)."""
-
-    factor, jvp_seconds = 1.0, 0.0
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_forward(x)
-        return x.sin()
-
-    @staticmethod
-    def jvp(ctx, t):
-        busy(_SinWithSlowJvp.jvp_seconds)
-        (x,) = ctx.saved_tensors
-        return t * x.cos() * _SinWithSlowJvp.factor
-
-
 @pytest.mark.parametrize("factor", [1.0, 1.1])
 @pytest.mark.parametrize("jvp_seconds", [0.0, 0.01], ids=["cheap JVP", "dear JVP"])
 def test_a_forward_check_times_one_jvp_before_choosing_the_loop(jvp_seconds, factor, monkeypatch):
@@ -1606,12 +1588,12 @@ def test_a_forward_check_times_one_jvp_before_choosing_the_loop(jvp_seconds, fac
 
     monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.03)
     monkeypatch.setattr(cost, "JVP_TIMED_FROM_SECONDS", 0.0)
-    monkeypatch.setattr(_SinWithSlowJvp, "factor", factor)
-    monkeypatch.setattr(_SinWithSlowJvp, "jvp_seconds", jvp_seconds)
+    monkeypatch.setattr(SinWithJvp, "factor", factor)
+    monkeypatch.setattr(SinWithJvp, "jvp_seconds", jvp_seconds)
     x = make(6, seed=5)
     options = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False)
-    assert torch.autograd.gradcheck(_SinWithSlowJvp.apply, (x,), raise_exception=False, **options) is (factor == 1.0)
-    r = run(_SinWithSlowJvp.apply, (x,), **options)
+    assert torch.autograd.gradcheck(SinWithJvp.apply, (x,), raise_exception=False, **options) is (factor == 1.0)
+    r = run(SinWithJvp.apply, (x,), **options)
     (plan,) = [e for e in r.engine_log if e.path == "plan"]
     assert plan.figures["jvp"] >= jvp_seconds
     assert plan.figures["loop_estimate"] == cost.forward_loop_seconds(6, 6, plan.figures["evaluation"], plan.figures["jvp"])

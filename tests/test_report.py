@@ -16,7 +16,7 @@ import agcheck
 from agcheck import GradcheckError, GradcheckOptions
 from agcheck.report import FailureReport, JacobianBlock
 
-from .helpers import ScaledSin, make
+from .helpers import ScaledSin, SinWithJvp, make
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 IMG = '<img src="data:image/png;base64,'
@@ -118,23 +118,9 @@ def test_complex_split_is_recorded():
     assert block.part == "imaginary" and np.iscomplexobj(block.numerical)
 
 
-def test_forward_mode_report():
-    class F(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_forward(x)
-            return x.sin()
-
-        @staticmethod
-        def jvp(ctx, t):
-            (x,) = ctx.saved_tensors
-            return 3 * t * x.cos()
-
-        @staticmethod
-        def backward(ctx, g):
-            raise RuntimeError("not used")
-
-    err = raised(F.apply, (make(4),), check_forward_ad=True, check_backward_ad=False)
+def test_forward_mode_report(monkeypatch):
+    monkeypatch.setattr(SinWithJvp, "factor", 3.0)
+    err = raised(SinWithJvp.apply, (make(4),), check_forward_ad=True, check_backward_ad=False)
     assert err.check == "jacobian_forward"
     assert err.report.blocks[0].mode == "forward"
     assert [d.kind for d in err.report.diagnoses] == ["factor"]
