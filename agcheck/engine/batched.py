@@ -143,11 +143,11 @@ class _RowsKept(EngineFallback):
     of JVP rows); ``where`` the row block seen to differ, as
     :attr:`coloured.RowsDiffer.where`."""
 
-    def __init__(self, analytical, kept, where, diff=None):
+    def __init__(self, analytical, kept, where):
         super().__init__(MISMATCH)
         self.analytical, self.kept, self.where = analytical, kept, where
-        #: the outputs compared (None: all of them), those ``analytical`` holds
-        self.diff = diff
+        #: the outputs compared, those ``analytical`` holds (None: all of them)
+        self.diff = None
 
 
 def _reverse(run, p, diff) -> None:
@@ -246,13 +246,13 @@ def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
             kept = _compare_with_analytical(run, p, [k], {k: analytical[k]}, False, numerical)
         except EngineFallback as reason:
             if str(reason) == MISMATCH:
-                corrected = [kk for kk, (blocks, how) in first.items() if _reentrancy_pass(p, kk, inputs, blocks, how)]
+                corrected = [kk for kk in first if _reentrancy_pass(p, kk, inputs, *first[kk])]
                 if isinstance(reason, _RowsKept):  # decided on every output compared so far
                     reason.diff, reason.analytical = diff[: i + 1], analytical
                     if corrected:
                         _failing_again(p, corrected, analytical, reason.kept)
             raise
-    corrected = [k for k, (blocks, how) in first.items() if _reentrancy_pass(p, k, inputs, blocks, how)]
+    corrected = [k for k in first if _reentrancy_pass(p, k, inputs, *first[k])]
     if corrected:
         _compare_again(p, corrected, analytical, kept)
     _remember_rows(kept, p.checked)
