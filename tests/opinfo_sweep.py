@@ -45,6 +45,8 @@ Usage::
     python -m tests.opinfo_sweep --ops max.reduction_with_dim --dtypes complex128 \
         --fast slow --sample 3 -v                            # one sample, for a repro
     python -m tests.opinfo_sweep --start-at slice -v         # resume at an op (op_db order)
+    python -m tests.opinfo_sweep --fast slow --force-engine --engine-fallbacks
+                                 # the engine on every check, its fallbacks on errors counted
 
 Slow-mode samples whose dense Jacobians have more than ``--max-slow-entries`` entries
 (input elements requiring grad x floating/complex output elements; default
@@ -59,15 +61,19 @@ The module is importable: :func:`iter_ops`, :func:`run_op`, :class:`Summary` are
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import dataclasses
 import fnmatch
 import json
+import logging
+import os
 import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -1097,6 +1103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per op; -vv: a line per sample")
     ap.add_argument("--max-list", type=int, default=200, help="disagreements listed in the summary")
+    ap.add_argument("--force-engine", action="store_true",
+                    help="agcheck's engine on every check (no loop for small checks, VJPs always worth batching)")
+    ap.add_argument("--engine-fallbacks", action="store_true",
+                    help="count the checks the engine handed to the reference engine on an exception, by type "
+                         "and by the line of agcheck that met it, and print them after the summary")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -1121,6 +1132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.against == "agcheck":
         import agcheck  # noqa: F401  - fail early when agcheck is not importable
+    forced = _forced_engine() if args.force_engine else contextlib.nullcontext()
+    fallbacks = _FallbackCounter() if args.engine_fallbacks else None
 
     jf = open(args.jsonl, "w") if args.jsonl else None
     total = Summary(against=args.against)
@@ -1136,6 +1149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"      sample: {r.sample}", flush=True)
 
     try:
+        forced.__enter__()
+        if fallbacks is not None:
+            fallbacks.attach()
         for k, op in enumerate(ops):
             s = run_op(
                 op,
@@ -1164,10 +1180,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if jf:
             jf.close()
+        if fallbacks is not None:
+            fallbacks.detach()
+        forced.__exit__(None, None, None)
     total.wall_seconds = time.perf_counter() - t0
     print()
     print(total.format(max_list=args.max_list))
+    if fallbacks is not None:
+        print()
+        print(fallbacks.table())
     return 1 if total.disagreements else 0
+
+
+@contextlib.contextmanager
+def _forced_engine():
+    """agcheck's engine on every check: no loop for checks estimated to be cheap, VJPs
+    always worth batching (the constants restored after)."""
+    from agcheck.engine import cost
+
+    saved = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS
+    cost.ENGINE_WORTH_SECONDS = cost.VJP_BATCHING_WORTH_SECONDS = 0.0
+    try:
+        yield
+    finally:
+        cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS = saved
+
+
+class _FallbackCounter(logging.Handler):
+    """Counts the engine's fallbacks on exceptions (the ``agcheck.engine`` logger's DEBUG
+    records) by exception type, first line of the message and the innermost line of
+    agcheck's code it passed through: a framework's errors (a missing batching rule) are
+    expected there, an error of agcheck's own code is a bug that the fallback hides."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.counts = collections.Counter()
+
+    def attach(self) -> None:
+        log = logging.getLogger("agcheck.engine")
+        self._level = log.level
+        log.setLevel(logging.DEBUG)
+        log.addHandler(self)
+
+    def detach(self) -> None:
+        log = logging.getLogger("agcheck.engine")
+        log.removeHandler(self)
+        log.setLevel(self._level)
+
+    def emit(self, record):
+        error = record.exc_info[1] if record.exc_info else None
+        where = "?"
+        if error is not None:
+            ours = [f for f in traceback.extract_tb(error.__traceback__) if f"{os.sep}agcheck{os.sep}" in f.filename]
+            if ours:
+                where = f"{ours[-1].filename.rsplit(os.sep + 'agcheck' + os.sep, 1)[-1]}:{ours[-1].lineno}"
+        first = str(error).strip().splitlines()[0][:100] if error is not None and str(error).strip() else ""
+        self.counts[(type(error).__name__ if error else "?", first, where)] += 1
+
+    def table(self) -> str:
+        lines = [f"engine fallbacks on exceptions: {sum(self.counts.values())}"]
+        for (kind, message, where), n in self.counts.most_common():
+            lines.append(f"  {n:5d}  {kind}: {message}  [agcheck/{where}]")
+        return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1618,3 +1618,27 @@ def test_an_error_of_the_engines_own_code_fails_agcheck_tests_and_never_a_users_
     monkeypatch.delenv(reference.STRICT_ENGINE)
     r = run(torch.sin, (x,), engine="batched")
     assert r.verdict and [o.reason for o in r.engine_fallbacks] == ["KeyError: 0"]
+
+
+def test_a_fallback_on_an_error_is_logged_with_its_exception(monkeypatch, caplog):
+    # a framework's error in the engine (a missing batching rule, say) is expected and the
+    # reference engine then decides; each such fallback is on the agcheck.engine logger at
+    # DEBUG level, with its traceback, for sweeps that count them (tests/opinfo_sweep.py
+    # --engine-fallbacks)
+    from agcheck.engine import batched
+
+    x = make(8)
+    with caplog.at_level("DEBUG", logger="agcheck.engine"):
+        assert run(torch.sin, (x,), engine="batched").verdict
+    assert not caplog.records  # decided by the engine: nothing to log
+
+    def broken(run, piece):
+        raise RuntimeError("Batching rule not implemented for aten::something")
+
+    monkeypatch.setattr(batched, "compare_slow_reverse", broken)
+    with caplog.at_level("DEBUG", logger="agcheck.engine"):
+        r = run(torch.sin, (x,), engine="batched")
+    assert r.verdict and [o.reason for o in r.engine_fallbacks] == ["RuntimeError: Batching rule not implemented for aten::something"]
+    (record,) = caplog.records
+    assert record.name == "agcheck.engine" and record.levelname == "DEBUG"
+    assert isinstance(record.exc_info[1], RuntimeError) and "aten::something" in record.getMessage()

@@ -90,3 +90,21 @@ def test_start_at_resumes_the_op_list(capsys):
     assert listed == ["cos", "tan"]
     with pytest.raises(SystemExit):
         sweep.main(["--ops", "sin", "--start-at", "cos", "--list-ops"])
+
+
+def test_the_sweep_forces_the_engine_and_counts_its_fallbacks(capsys):
+    # bernoulli draws random numbers, which vmap refuses: with the engine forced on the
+    # check, it falls back on that error of torch's, and the count says where; the forcing
+    # and the logger are undone after the sweep
+    import logging
+
+    from agcheck.engine import cost
+
+    before = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS, logging.getLogger("agcheck.engine").level
+    assert sweep.main(["--ops", "bernoulli", "--dtypes", "float64", "--fast", "slow", "--limit-samples", "1",
+                       "--force-engine", "--engine-fallbacks"]) == 0
+    out = capsys.readouterr().out
+    assert "engine fallbacks on exceptions: 1" in out
+    assert "RuntimeError: vmap: We do not yet support calling random operations inside of vmap" in out
+    after = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS, logging.getLogger("agcheck.engine").level
+    assert after == before and not logging.getLogger("agcheck.engine").handlers

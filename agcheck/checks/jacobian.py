@@ -2,6 +2,7 @@
 (random projections ``v^T J u``), with torch's messages on a mismatch."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable
 
@@ -29,6 +30,8 @@ MAX_REPORTED_BLOCKS = 16
 #: they are raised instead of hidden behind a right verdict
 STRICT_ENGINE = "AGCHECK_STRICT_ENGINE"
 OWN_ERRORS = (KeyError, AttributeError, NameError, UnboundLocalError, ZeroDivisionError)
+#: every such fallback, with its exception and traceback, at DEBUG level
+ENGINE_LOG = logging.getLogger("agcheck.engine")
 
 #: the report's note on a failure the batched engine confirmed (engine.failure)
 BATCHED_ROWS_NOTE = ("the Jacobians' entries that torch's message prints, and the worst one, were computed "
@@ -74,6 +77,8 @@ def _compare_slow(run, piece: Piece) -> None:
         except Exception as error:
             if error in run.user_errors or isinstance(error, OWN_ERRORS) and os.environ.get(STRICT_ENGINE):
                 raise
+            ENGINE_LOG.debug("the engine handed the check to the reference engine on %s: %s",
+                             type(error).__name__, error, exc_info=error)
             outcome = undecided(f"{type(error).__name__}: {error}")
         if outcome.passed:
             return
