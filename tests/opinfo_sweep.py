@@ -1132,8 +1132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.against == "agcheck":
         import agcheck  # noqa: F401  - fail early when agcheck is not importable
-    forced = _forced_engine() if args.force_engine else contextlib.nullcontext()
     fallbacks = _FallbackCounter() if args.engine_fallbacks else None
+    undo = contextlib.ExitStack()  # the forced engine and the counter, undone after the sweep
 
     jf = open(args.jsonl, "w") if args.jsonl else None
     total = Summary(against=args.against)
@@ -1149,9 +1149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"      sample: {r.sample}", flush=True)
 
     try:
-        forced.__enter__()
+        if args.force_engine:
+            undo.enter_context(_forced_engine())
         if fallbacks is not None:
             fallbacks.attach()
+            undo.callback(fallbacks.detach)
         for k, op in enumerate(ops):
             s = run_op(
                 op,
@@ -1180,9 +1182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if jf:
             jf.close()
-        if fallbacks is not None:
-            fallbacks.detach()
-        forced.__exit__(None, None, None)
+        undo.close()
     total.wall_seconds = time.perf_counter() - t0
     print()
     print(total.format(max_list=args.max_list))
@@ -1215,6 +1215,7 @@ class _FallbackCounter(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.counts = collections.Counter()
+        self._level = logging.NOTSET  # the logger's own, restored by detach()
 
     def attach(self) -> None:
         log = logging.getLogger("agcheck.engine")
