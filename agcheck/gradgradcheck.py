@@ -101,7 +101,7 @@ def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=Fal
             seconds = clock() - began
         check_output_types(be, outputs)  # the VJP's first call reuses this forward
         evaluated = (tuple(args), outputs)
-        differentiable = [o for o in outputs if be.is_array(o) and be.is_differentiable_output(o)]
+        differentiable = [o for o in outputs if be.is_differentiable_output(o)]
         gen = be.generator(differentiable[0] if differentiable else None, GRAD_OUTPUTS_SEED + level)
         cotangents = tuple(be.random_cotangent(o, gen, noncontiguous) for o in differentiable)
     else:

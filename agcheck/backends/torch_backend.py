@@ -811,7 +811,7 @@ class TorchBackend(Backend):
     def to_numpy(self, x):
         x = self.to_dense(x).detach()
         if x._is_zerotensor():  # an efficient zero (the gradient of sgn, say): no storage to read
-            return np.zeros(tuple(x.shape), dtype=self.to_numpy(torch.zeros((), dtype=x.dtype)).dtype)
+            x = torch.zeros(x.shape, dtype=x.dtype)
         if x.is_conj():
             x = x.resolve_conj()
         if x.is_neg():  # a lazily negated view (of a conjugate's imaginary part, say)

@@ -184,35 +184,24 @@ def _reverse(run, p, diff) -> None:
         # inputs and the backward is shown to give the same Jacobian, else by VJPs
         numerical = None if colourable else {q: list(p.numerical_row_chunks(q)) for q in checked}
         analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
-        reentrancy = None
+        first = None  # the VJPs' first passes, which the reentrancy passes check
         if analytical is None and numerical is not None and len(diff) > 1 and not opts.raise_exception:
             _compare_output_by_output(run, p, diff, inputs, numerical)
             return
         if analytical is None:
             first = {k: _analytical_first_pass(p, k, inputs) for k in diff}
             analytical = {k: blocks for k, (blocks, _) in first.items()}
-
-            def reentrancy(upto=None):
-                outputs = diff if upto is None else diff[: diff.index(upto) + 1]
-                return [k for k in outputs if _reentrancy_pass(p, k, inputs, *first[k])]
         # the reentrancy pass after the numerical side, as torch's checker orders them: an
         # evaluation of fn that raises does so before it is paid; before a mismatch is
-        # reported, so that a backward that is not reentrant is reported as that first.
-        # On a mismatch, only the outputs up to the one seen to differ: torch's checker,
-        # which checks an output's reentrancy just before comparing it, stops at the first
-        # output that differs, and that is no later one
+        # reported, so that a backward that is not reentrant is reported as that first
         try:
             kept = _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
         except EngineFallback as reason:
-            if reentrancy is not None and str(reason) == MISMATCH:
-                corrected = reentrancy(reason.where[1] if isinstance(reason, _RowsKept) else None)
-                if corrected and isinstance(reason, _RowsKept):
-                    _failing_again(p, corrected, analytical, reason.kept)
+            if first is not None:
+                _reentrancy_on_mismatch(p, inputs, first, analytical, reason)
             raise
-        if reentrancy is not None:
-            corrected = reentrancy()
-            if corrected:
-                _compare_again(p, corrected, analytical, kept)
+        if first is not None:
+            _reentrancy_on_pass(p, inputs, first, analytical, kept)
         _remember_rows(kept, checked)
         return
     if not any_batchable():
@@ -245,17 +234,36 @@ def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
         try:
             kept = _compare_with_analytical(run, p, [k], {k: analytical[k]}, False, numerical)
         except EngineFallback as reason:
-            if str(reason) == MISMATCH:
-                corrected = [kk for kk in first if _reentrancy_pass(p, kk, inputs, *first[kk])]
-                if isinstance(reason, _RowsKept):  # decided on every output compared so far
-                    reason.diff, reason.analytical = diff[: i + 1], analytical
-                    if corrected:
-                        _failing_again(p, corrected, analytical, reason.kept)
+            if isinstance(reason, _RowsKept):  # decided on every output compared so far
+                reason.diff, reason.analytical = diff[: i + 1], analytical
+            _reentrancy_on_mismatch(p, inputs, first, analytical, reason)
             raise
+    _reentrancy_on_pass(p, inputs, first, analytical, kept)
+    _remember_rows(kept, p.checked)
+
+
+def _reentrancy_on_mismatch(p, inputs, first, analytical, reason) -> None:
+    """On a mismatch (``reason``), the reentrancy passes of the outputs of ``first`` (the
+    first passes, in torch's order) up to the one seen to differ: torch's checker checks
+    an output's reentrancy just before comparing it and stops at the first output that
+    differs, which is no later one. A first pass by samples that a reentrancy pass
+    corrected is no longer counted as agreeing (:func:`_failing_again`)."""
+    if str(reason) != MISMATCH:
+        return
+    outputs = list(first)
+    if isinstance(reason, _RowsKept):
+        outputs = outputs[: outputs.index(reason.where[1]) + 1]
+    corrected = [k for k in outputs if _reentrancy_pass(p, k, inputs, *first[k])]
+    if corrected and isinstance(reason, _RowsKept):
+        _failing_again(p, corrected, analytical, reason.kept)
+
+
+def _reentrancy_on_pass(p, inputs, first, analytical, kept) -> None:
+    """Every output's reentrancy pass after its rows agreed; the outputs whose first pass
+    by samples it corrected are compared again (:func:`_compare_again`)."""
     corrected = [k for k in first if _reentrancy_pass(p, k, inputs, *first[k])]
     if corrected:
         _compare_again(p, corrected, analytical, kept)
-    _remember_rows(kept, p.checked)
 
 
 def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=None):
