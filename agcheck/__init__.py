@@ -7,7 +7,7 @@ framework-specific parts.
 from agcheck.backends.base import Backend
 from agcheck.backends.registry import available_backends, get_backend, infer_backend, register_backend
 from agcheck.crosscheck import CrosscheckResult, crosscheck
-from agcheck.errors import BackendInferenceError, CheckInputError, OutputTypeError
+from agcheck.errors import BackendInferenceError, CheckInputError, GradOutputsError, OutputTypeError
 from agcheck.gradcheck import CostWarning, gradcheck
 from agcheck.gradgradcheck import gradgradcheck
 from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
@@ -32,6 +32,7 @@ __all__ = [
     "GradcheckOptions",
     "OutputTypeError",
     "CheckInputError",
+    "GradOutputsError",
     "BackendInferenceError",
     "CostWarning",
     "Backend",

@@ -8,7 +8,7 @@ checker fails on such arguments with a ``RuntimeError`` of its own (a negative `
 """
 from __future__ import annotations
 
-__all__ = ["CheckInputError", "OutputTypeError", "BackendInferenceError"]
+__all__ = ["CheckInputError", "GradOutputsError", "OutputTypeError", "BackendInferenceError"]
 
 
 class CheckInputError(ValueError, RuntimeError):
@@ -17,6 +17,14 @@ class CheckInputError(ValueError, RuntimeError):
 
     A ``ValueError``, and a ``RuntimeError``: what torch's checker raises in these cases
     (a message of its own, or a failed check).
+    """
+
+
+class GradOutputsError(CheckInputError, TypeError):
+    """``grad_outputs`` given to gradgradcheck that cannot be ``fn``'s cotangents (none).
+
+    Also a ``TypeError``, what torch's checker raises then (it calls ``fn`` without its
+    inputs).
     """
 
 

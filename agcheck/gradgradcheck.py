@@ -9,7 +9,7 @@ from typing import Callable
 
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import check_output_types, resolve_problem
-from agcheck.errors import OutputTypeError
+from agcheck.errors import GradOutputsError, OutputTypeError
 from agcheck.gradcheck import run_gradcheck
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
@@ -106,6 +106,9 @@ def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=Fal
         cotangents = tuple(be.random_cotangent(o, gen, noncontiguous) for o in differentiable)
     else:
         cotangents = be.as_tuple(grad_outputs)
+        if not cotangents:
+            raise GradOutputsError("grad_outputs is empty: give one array for each differentiable output of fn, "
+                                  "or None to have them drawn at random")
         for k, c in enumerate(cotangents):
             if not be.is_array(c):
                 raise OutputTypeError(f"grad_outputs must be arrays, one for each differentiable output of fn, "

@@ -164,3 +164,30 @@ def test_a_numpy_jvp_that_writes_into_its_input_fails_at_the_write():
     np.testing.assert_array_equal(x, before)
     assert agcheck.gradcheck(np.sin, (x,), backend="numpy", jvp=lambda i, t: (np.cos(i[0]) * t[0],),
                              check_forward_ad=True, check_backward_ad=False)
+
+
+@pytest.mark.parametrize("grad_outputs", [(), []], ids=["()", "[]"])
+def test_empty_grad_outputs_are_named_and_type_errors_as_under_torch(grad_outputs):
+    x = make(4)
+    with pytest.raises(agcheck.GradOutputsError, match="grad_outputs is empty"):
+        agcheck.gradgradcheck(torch.sin, (x,), grad_outputs)
+    with pytest.raises(TypeError):  # torch's checker calls fn without its inputs
+        torch.autograd.gradgradcheck(torch.sin, (x,), grad_outputs)
+    assert agcheck.gradgradcheck(torch.sin, (x,), (make(4, seed=1),))
+
+
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+def test_a_numpy_derivative_returning_torch_tensors_is_named(mode):
+    x = np.linspace(-1.0, 1.0, 4)
+
+    def as_torch(inputs, vectors):
+        return (torch.from_numpy(np.cos(inputs[0]) * vectors[0]),)
+
+    def as_numpy(inputs, vectors):
+        return (np.cos(inputs[0]) * vectors[0],)
+
+    forward = dict(check_forward_ad=True, check_backward_ad=False) if mode == "jvp" else {}
+    what = "vjp's gradient for input 0" if mode == "vjp" else "jvp's tangent for output 0"
+    with pytest.raises(TypeError, match=re.escape(what) + r".* is a torch\.Tensor, but .* numpy\.ndarray"):
+        agcheck.gradcheck(np.sin, (x,), backend="numpy", **{mode: as_torch}, **forward)
+    assert agcheck.gradcheck(np.sin, (x,), backend="numpy", **{mode: as_numpy}, **forward)

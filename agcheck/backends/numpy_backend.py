@@ -408,7 +408,7 @@ class NumpyBackend(Backend):
                 result.append(None)
                 continue
             x = args[p]
-            g = self._as_array(g, x)
+            g = self._as_array(g, x, f"vjp's gradient for input {i} (argument {p})")
             if uf.convention == "jax" and self.is_complex(g):
                 g = self.conj(g)
             if tuple(g.shape) != tuple(x.shape):
@@ -450,7 +450,7 @@ class NumpyBackend(Backend):
             if t is None or not self.is_floating_or_complex(o):
                 mapped.append(None)
                 continue
-            t = self._as_array(t, o)
+            t = self._as_array(t, o, f"jvp's tangent for output {k}")
             if tuple(t.shape) != tuple(o.shape):
                 raise GradcheckError(
                     f"jvp returned a tangent of shape {tuple(t.shape)} for output {k} of shape "
@@ -466,8 +466,14 @@ class NumpyBackend(Backend):
             mapped.append(t)
         return mapped
 
-    def _as_array(self, g, like):
+    def _as_array(self, g, like, what):
         if self.is_array(g) and not isinstance(g, np.generic):
+            if self.xp(g) is not self.xp(like):
+                raise TypeError(
+                    f"{what} is a {type(g).__module__}.{type(g).__qualname__}, but the arrays it belongs "
+                    f"with are {type(like).__module__}.{type(like).__qualname__}: return arrays of the "
+                    "inputs' namespace"
+                )
             return g
         xp = self.xp(like)
         return xp.asarray(g, device=array_api_compat.device(like))
