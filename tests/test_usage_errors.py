@@ -191,3 +191,21 @@ def test_a_numpy_derivative_returning_torch_tensors_is_named(mode):
     with pytest.raises(TypeError, match=re.escape(what) + r".* is a torch\.Tensor, but .* numpy\.ndarray"):
         agcheck.gradcheck(np.sin, (x,), backend="numpy", **{mode: as_torch}, **forward)
     assert agcheck.gradcheck(np.sin, (x,), backend="numpy", **{mode: as_numpy}, **forward)
+
+
+@pytest.mark.parametrize("n", [4, 300], ids=["loop", "engine"])
+def test_an_output_that_changes_size_between_calls_is_named_as_a_runtime_error(n):
+    def shrinking_after(calls):
+        count = [0]
+
+        def fn(t):
+            count[0] += 1
+            return t.sin() * t.sum() if count[0] <= calls else t[1:].sin() * t.sum()
+        return fn
+
+    with pytest.raises(agcheck.CheckInputError, match=r"fn's output 0 has shape \(%d,\) .* but had shape \(%d,\) "
+                       r"at the check's first call" % (n - 1, n)):
+        agcheck.gradcheck(shrinking_after(1), (make(n),))  # the first call alone at full size
+    with pytest.raises(RuntimeError):  # torch's checker: "The expanded size of the tensor ... must match"
+        torch.autograd.gradcheck(shrinking_after(1), (make(n),))
+    assert agcheck.gradcheck(shrinking_after(10 ** 9), (make(n),))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from agcheck.errors import CheckInputError
 from agcheck.report.errors import GradcheckError, not_reentrant_message
 from agcheck.core.held_differences import HeldDifferences
 from agcheck.core.row_block import RowBlock
@@ -53,14 +54,16 @@ def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
         )
 
 
-def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None, held=()) -> list:
+def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None, held=(),
+                       traced=None) -> list:
     """The stencil's derivative estimate for every array output, flattened (None otherwise).
 
     ``values[i]`` are the outputs of ``fn`` at ``x + stencil.offsets[i] * eps``; with the
     central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``. ``index`` (the moved
     element, for messages) may be a callable that returns it when a message needs it.
     Outputs at positions ``held`` are checked but not combined (None): the caller
-    combines them later (:mod:`agcheck.core.held_differences`).
+    combines them later (:mod:`agcheck.core.held_differences`). Where ``traced`` (the
+    outputs of the check's first call) is given, each output must keep its size.
     """
     result = []
     for k, outs in enumerate(zip(*values)):
@@ -69,6 +72,15 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
             continue
         for other in outs[1:]:
             _check_same_shape_and_dtype(be, outs[0], other, eps, index)
+        if traced is not None and k < len(traced) and be.is_array(traced[k]) and \
+                be.numel(outs[0]) != be.numel(traced[k]):  # a row of another length (torch: an expand error)
+            where = f"element {index() if callable(index) else index} of the input" if index is not None \
+                else "the input"
+            raise CheckInputError(
+                f"fn's output {k} has shape {tuple(outs[0].shape)} with {where} moved by {eps}, but had shape "
+                f"{tuple(traced[k].shape)} at the check's first call: a checked function's outputs must keep "
+                "their shapes from call to call"
+            )
         if k in held:
             result.append(None)
             continue
@@ -93,11 +105,12 @@ def _element_moves(stencil, eps, complex_input) -> list:
     return [_moves(stencil, step) for step in ((eps, eps * 1j) if complex_input else (eps,))]
 
 
-def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil):
+def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil, traced=None):
     def index():
         return perturber.index(flat)
 
-    return _along_axes([stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index)
+    return _along_axes([stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index,
+                                           traced=traced)
                         for moves in moves_per_axis])
 
 
@@ -223,10 +236,10 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
         held = HeldDifferences(be, stencil, eps, real_rows) if len(moves) == 1 and real_rows else None
         for flat in flats:
             if held is None:
-                cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil)
+                cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil, outputs)
             else:
                 values = perturber.evaluate_element_moves(fn, flat, moves[0])
-                cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows)
+                cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows, outputs)
                 held.add(values)
             for k in float_positions:
                 if held is None or k not in held.rows:
