@@ -25,6 +25,7 @@ Script mode::
     python -m tests.broken_formulas                 # all ops, slow mode
     python -m tests.broken_formulas --ops 50 --fast # first 50 ops, fast mode
     python -m tests.broken_formulas --ops sin,matmul --both -v
+    python -m tests.broken_formulas --force-engine  # agcheck's engine on every check
 """
 from __future__ import annotations
 
@@ -298,7 +299,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="samples per op (default all)")
     p.add_argument("--progress", type=int, default=0, help="print the running table every N ops")
     p.add_argument("-v", "--verbose", action="store_true", help="print every disagreement as it happens")
+    p.add_argument("--force-engine", action="store_true",
+                   help="agcheck's engine on every check (no loop for small checks, VJPs always worth batching)")
     a = p.parse_args(argv)
+    if a.force_engine:
+        with sweep.forced_engine():
+            return _run(a)
+    return _run(a)
+
+
+def _run(a) -> int:
     if a.ops is not None and a.ops.isdigit():
         ops = float64_ops()[: int(a.ops)]
     else:

@@ -1150,7 +1150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.force_engine:
-            undo.enter_context(_forced_engine())
+            undo.enter_context(forced_engine())
         if fallbacks is not None:
             fallbacks.attach()
             undo.callback(fallbacks.detach)
@@ -1193,7 +1193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _forced_engine():
+def forced_engine():
     """agcheck's engine on every check: no loop for checks estimated to be cheap, VJPs
     always worth batching (the constants restored after)."""
     from agcheck.engine import cost
