@@ -54,6 +54,39 @@ def test_caller_rng_and_inputs_untouched():
     snap.assert_unchanged()
 
 
+class CubeNotingGradMode(torch.autograd.Function):
+    """x**3 whose backward notes whether it runs recording a graph (``flat``: its own
+    backward is not differentiable, so the second derivative is wrong)."""
+
+    modes = []
+
+    @staticmethod
+    def forward(ctx, x, flat):
+        ctx.save_for_backward(x)
+        ctx.flat = flat
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        CubeNotingGradMode.modes.append(torch.is_grad_enabled())
+        (x,) = ctx.saved_tensors
+        return g * 3 * (x.detach() if ctx.flat else x) ** 2, None
+
+
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("order", [2, 3])
+def test_evaluations_for_values_record_no_graph_of_the_backward_pass(flat, order):
+    # torch's checker records the VJP's backward graph at every evaluation; agcheck only
+    # where it differentiates it (the first call, the analytical pass). At order 3 fn's
+    # backward runs inside the inner VJP, whose graph the outer one differentiates
+    CubeNotingGradMode.modes.clear()
+    passed = agcheck.gradgradcheck(lambda t: CubeNotingGradMode.apply(t, flat), (make(4),), order=order,
+                                   raise_exception=False)
+    assert passed is not flat
+    assert True in CubeNotingGradMode.modes
+    assert (False in CubeNotingGradMode.modes) is (order == 2)
+
+
 def test_order_three_catches_a_wrong_third_derivative():
     class SquareBackward(torch.autograd.Function):
         # d/dx of (g * 3x^2) given as g*6x (right), but its own backward says g*5 (wrong)

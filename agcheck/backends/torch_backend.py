@@ -464,8 +464,13 @@ class TorchBackend(Backend):
                 raise ValueError("only strided arguments sharing the input's first dimension can be tiled")
             # detached, as the moved copies are: the evaluation records no graph through them
             moved[q] = other.detach().repeat(b, *([1] * (other.dim() - 1)))
+        token = torch_sparse.VALUES_ONLY.set(True)
+        try:
+            outs = self.as_tuple(fn(*moved))
+        finally:
+            torch_sparse.VALUES_ONLY.reset(token)
         split = []
-        for o in self.as_tuple(fn(*moved)):
+        for o in outs:
             if not isinstance(o, torch.Tensor) or o.dim() == 0 or o.shape[0] % b:
                 raise ValueError("an output is not the copies' results end to end")
             split.append(o.detach().reshape(b, o.shape[0] // b, *o.shape[1:]))
@@ -570,16 +575,23 @@ class TorchBackend(Backend):
         def vjp_of_fn(*args):
             if any(isinstance(a, torch.Tensor) and torch._C._functorch.is_batchedtensor(a) for a in args):
                 return batched_vjp_of_fn(args)
-            primals = primals_of(args)
-            cotangents = tuple(
-                c.requires_grad_() if k in cotangents_set else c for k, c in enumerate(args[n_inputs:])
-            )
+            # a perturber's evaluation wants values: no graph of the backward pass. fn
+            # itself (a VJP function too, at higher orders) records as usual
+            graph = not torch_sparse.VALUES_ONLY.get()
+            token = torch_sparse.VALUES_ONLY.set(False)
+            try:
+                primals = primals_of(args)
+                cotangents = tuple(
+                    c.requires_grad_() if k in cotangents_set else c for k, c in enumerate(args[n_inputs:])
+                )
 
-            def backward(outputs):
-                return defined(torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
-                                                create_graph=True))
+                def backward(outputs):
+                    return defined(torch_engine.vjp(tuple(outputs), tuple(primals[k] for k in ordered), cotangents,
+                                                    create_graph=graph))
 
-            return forward.vjp(primals, backward)
+                return forward.vjp(primals, backward)
+            finally:
+                torch_sparse.VALUES_ONLY.reset(token)
 
         def over_cotangents(args, position, stacked):
             # the cotangents at args[position] stacked: fn's forward as a plain call (a

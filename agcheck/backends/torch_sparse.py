@@ -24,6 +24,7 @@ generic hooks (``Backend.layout``, ``Backend.densify``, ``Perturber.dense_rows``
 """
 from __future__ import annotations
 
+import contextvars
 import math
 from contextlib import contextmanager
 
@@ -290,8 +291,25 @@ def reject_forward_ad(x) -> None:
 # -- perturbers -----------------------------------------------------------------------------
 
 
+#: True while a perturber evaluates ``fn`` for its values alone: a VJP function of the
+#: backend's (:meth:`~agcheck.backends.torch_backend.TorchBackend.differentiable_vjp`)
+#: then runs its backward pass without recording a graph of it, which nothing would
+#: differentiate (the values are the same; torch's checker records that graph every time)
+VALUES_ONLY = contextvars.ContextVar("agcheck_values_only", default=False)
+
+
 def _detached_outputs(as_tuple, outs) -> tuple:
     return tuple([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in as_tuple(outs)])
+
+
+def values_of(as_tuple, fn, args) -> tuple:
+    """``fn(*args)``'s outputs, detached copies, evaluated under :data:`VALUES_ONLY`."""
+    token = VALUES_ONLY.set(True)
+    try:
+        outs = fn(*args)
+    finally:
+        VALUES_ONLY.reset(token)
+    return _detached_outputs(as_tuple, outs)
 
 
 class _InPlacePerturber(Perturber):
@@ -315,17 +333,19 @@ class _InPlacePerturber(Perturber):
         return self.args
 
     def _call(self, fn) -> tuple:
-        return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+        return values_of(self._as_tuple, fn, self._arguments())
 
     def evaluate_element(self, fn, flat, step, sign) -> tuple:
         # fn is called from this frame: user code that walks the stack (torch.manual_seed
         # does, three times, while CUDA is not initialised) pays for every frame above it
         target = self._entry(flat)
         original = target.clone()
+        token = VALUES_ONLY.set(True)
         try:
             target.copy_(original - step if sign < 0 else original + step)
             return _detached_outputs(self._as_tuple, fn(*self._arguments()))
         finally:
+            VALUES_ONLY.reset(token)
             target.copy_(original)
 
     def evaluate_element_moves(self, fn, flat, moves) -> list:
@@ -334,12 +354,14 @@ class _InPlacePerturber(Perturber):
         target = self._entry(flat)
         original = target.clone()
         values = []
+        token = VALUES_ONLY.set(True)
         try:
             for step, sign in moves:
                 (torch.sub if sign < 0 else torch.add)(original, step, out=target)
                 values.append(_detached_outputs(self._as_tuple, fn(*self._arguments())))
             return values
         finally:
+            VALUES_ONLY.reset(token)
             target.copy_(original)
 
     def evaluate_elements(self, fn, flats, deltas) -> tuple:
@@ -352,7 +374,7 @@ class _InPlacePerturber(Perturber):
             originals = flat[index]
             try:
                 flat[index] = originals - torch.as_tensor(deltas, dtype=flat.dtype, device=flat.device)
-                return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+                return values_of(self._as_tuple, fn, self._arguments())
             finally:
                 flat[index] = originals
         targets = [self._entry(f) for f in flats]
@@ -360,7 +382,7 @@ class _InPlacePerturber(Perturber):
         try:
             for t, o, d in zip(targets, originals, deltas):
                 t.copy_(o - d)
-            return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+            return values_of(self._as_tuple, fn, self._arguments())
         finally:
             for t, o in zip(targets, originals):
                 t.copy_(o)
@@ -439,7 +461,7 @@ class SparsePerturber(_InPlacePerturber):
         moved.requires_grad_(self.x.requires_grad)
         args = list(self.args)
         args[self.position] = moved
-        return _detached_outputs(self._as_tuple, fn(*args))
+        return values_of(self._as_tuple, fn, args)
 
 
 class MkldnnPerturber(_InPlacePerturber):
