@@ -461,3 +461,33 @@ def test_jvp_blocks_follow_the_memory_a_jvp_row_took_as_measured(factor, monkeyp
     # a one-row JVP probes first (fn cannot be batched), then the blocks
     assert sizes[0] == 1 and sizes[1] > 4 and len(sizes) > 3 and max(sizes[2:]) <= 4, sizes
     assert r.verdict is (factor == 1.0)
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["reverse", "forward"])
+def test_a_silent_fast_mode_failure_recomputes_no_slow_jacobians(forward):
+    # torch's message for a fast-mode failure recomputes both Jacobians element by
+    # element; with raise_exception=False nobody sees it, and agcheck does not build it
+    from .helpers import ScaledSin, SinWithJvp
+
+    wrong = SinWithJvp if forward else ScaledSin
+    mode = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False) if forward else {}
+    calls = [0]
+
+    def fn(t):
+        calls[0] += 1
+        return wrong.apply(t)
+
+    x = make(40)
+    try:
+        wrong.factor = 1.1
+        calls[0] = 0
+        assert agcheck.gradcheck(fn, (x,), fast_mode=True, raise_exception=False, **mode) is False
+        silent = calls[0]
+        calls[0] = 0
+        with pytest.raises(agcheck.GradcheckError, match="we recompute numerical and analytical jacobians in slow mode"):
+            agcheck.gradcheck(fn, (x,), fast_mode=True, **mode)
+        assert silent < 10 <= 2 * 40 <= calls[0]  # the message's numerical Jacobian moved every element
+        wrong.factor = 1.0
+        assert agcheck.gradcheck(fn, (x,), fast_mode=True, raise_exception=False, **mode) is True
+    finally:
+        wrong.factor = 1.0

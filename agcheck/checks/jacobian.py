@@ -276,7 +276,8 @@ def _report_other_blocks(run, piece: Piece, error, pair, numerical, failed) -> N
 def assert_close(run, piece: Piece, a, n, out_idx, in_idx, atol, *, output_position,
                  explain: Callable | None = None) -> None:
     """Raise torch's Jacobian-mismatch error, with agcheck's report, unless ``a`` and ``n``
-    agree; ``explain()`` returns the extra text of a fast-mode failure and the full blocks."""
+    agree; ``explain()`` returns the extra text of a fast-mode failure and the full blocks
+    (recomputed in slow mode: only for a message someone sees, ``raise_exception=True``)."""
     be = run.be
     n = be.to_device_of(n, a)
     if be.allclose(a, n, run.opts.rtol, atol):
@@ -284,7 +285,7 @@ def assert_close(run, piece: Piece, a, n, out_idx, in_idx, atol, *, output_posit
     message = jacobian_mismatch_message(a, n, out_idx, in_idx, piece.complex_indices, piece.test_imag, piece.forward)
     message += _non_finite_note(be, n, a)
     blocks, projection = (a, n), None
-    if explain is not None:
+    if explain is not None and run.opts.raise_exception:
         text, blocks = explain()
         message += text
         projection = {"numerical": n, "analytical": a, "atol": atol}
