@@ -344,7 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--start-at", default=None, help="skip the ops before this one (resume a sweep)")
     ap.add_argument("--jsonl", default=None, help="write one JSON line per call to this file")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every call")
+    ap.add_argument("--force-engine", action="store_true",
+                    help="agcheck's engine on every check (no loop for small checks, VJPs always worth batching)")
     args = ap.parse_args(argv)
+    if args.force_engine:
+        with sweep.forced_engine():
+            return _run(args, ap)
+    return _run(args, ap)
+
+
+def _run(args, ap) -> int:
     import warnings
 
     warnings.simplefilter("ignore")

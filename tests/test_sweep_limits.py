@@ -108,3 +108,21 @@ def test_the_sweep_forces_the_engine_and_counts_its_fallbacks(capsys):
     assert "RuntimeError: vmap: We do not yet support calling random operations inside of vmap" in out
     after = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS, logging.getLogger("agcheck.engine").level
     assert after == before and not logging.getLogger("agcheck.engine").handlers
+
+
+def test_the_gradgrad_sweep_forces_the_engine_and_undoes_it(monkeypatch, capsys):
+    from agcheck.engine import cost
+
+    before = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS
+    seen, real_run_op = [], gg.run_op
+
+    def run_op(op, **kw):
+        seen.append((cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS))
+        return real_run_op(op, **kw)
+
+    monkeypatch.setattr(gg, "run_op", run_op)
+    argv = ["--ops", "sin", "--dtypes", "float64", "--modes", "slow", "--variants", "bwgrad_bwgrad", "--limit", "1"]
+    assert gg.main(argv + ["--force-engine"]) == 0
+    assert seen == [(0.0, 0.0)] and (cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS) == before
+    assert "agreements: 1 " in capsys.readouterr().out
+    assert gg.main(argv) == 0 and seen[-1] == before
