@@ -37,7 +37,7 @@ from agcheck.backends.base import Capability
 from agcheck.core.row_block import RowBlock
 from agcheck.engine import coloured, compressed, cost, failure, forward_jacobian, memory
 from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
-from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, leading_samples, n_in_total
+from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
 
 __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]
 
@@ -614,13 +614,13 @@ def _first_pass_by_columns(p, k, inputs):
 
 def _output_samples(p, k) -> int | None:
     """``B`` when output ``k`` and every checked input hold ``B >= MIN_VJP_SAMPLES``
-    independent samples along their first dimension (of a size other than 1:
-    :meth:`Problem.samples`), else
+    independent samples along their first dimension (:meth:`Problem.samples`), else
     ``None``."""
+    shape = tuple(p.outputs[k].shape)
     m = p.be.numel(p.outputs[k])
-    b = leading_samples(p.outputs[k].shape)
-    if b < MIN_VJP_SAMPLES:
+    if not shape or shape[0] < MIN_VJP_SAMPLES:
         return None
+    b = shape[0]
     # every input's form first (no call of fn), then the probes, where the VJPs the pass
     # saves outnumber the calls of fn the probes still to make would take
     if not all(p._sample_candidate(q) == b for q in p.checked):

@@ -20,7 +20,7 @@ from agcheck.core.shared_evaluations import sharing
 from agcheck.engine import cost, memory
 from agcheck.engine.outcome import EngineEvent
 
-__all__ = ["Problem", "n_in_total", "leading_samples", "DEFAULT_MEMORY_BUDGET", "MIN_BATCHED_NUMEL", "INTERMEDIATES"]
+__all__ = ["Problem", "n_in_total", "DEFAULT_MEMORY_BUDGET", "MIN_BATCHED_NUMEL", "INTERMEDIATES"]
 
 #: default bytes that Jacobian storage and batch working sets may take
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -573,14 +573,13 @@ class Problem:
         return size, why
 
     def samples(self, pos) -> int | None:
-        """``B`` when the first dimension of ``args[pos]`` (the first of a size other than 1,
-        :func:`leading_samples`) holds ``B`` samples that ``fn`` treats independently, so
-        that one plain call moving an element in every sample
+        """``B`` when the first dimension of ``args[pos]`` holds ``B`` samples that ``fn``
+        treats independently, so that one plain call moving an element in every sample
         gives each sample's row as a call moving that element alone would (bitwise);
         ``None`` otherwise.
 
         Required: a real double-precision dense input with ``B >= 2``, every floating
-        output led by the same ``B`` (after any dimensions of size 1), and, for each sample in turn, moving all of its
+        output led by the same ``B``, and, for each sample in turn, moving all of its
         elements (by ``±eps``) leaves every other sample's outputs bitwise unchanged
         (``B`` plain calls where the first sample's move leaves the others bitwise as
         traced, the traced outputs then standing for the unmoved call; else ``B + 1``,
@@ -614,17 +613,17 @@ class Problem:
         and its probe costs well below what moving samples together saves; ``None`` when
         not (no call of ``fn`` is made)."""
         be, x = self.be, self.args[pos]
-        b = leading_samples(x.shape)
-        if b < 2 or be.layout(x) != "dense" or be.is_complex(x) or be.itemsize(x) != 8:
+        shape = tuple(x.shape)
+        if not shape or shape[0] < 2 or be.layout(x) != "dense" or be.is_complex(x) or be.itemsize(x) != 8:
             return None
-        n = be.numel(x)
+        b, n = shape[0], be.numel(x)
         # the probe's b + 1 calls must cost well below what moving samples together saves
         # (about len(stencil) calls per element)
         if n // b < 2 or 4 * (b + 1) > len(self.run.stencil.offsets) * n:
             return None
         for k in self.floats:
             out = self.outputs[k]
-            if leading_samples(out.shape) != b or be.is_complex(out) or be.itemsize(out) != 8:
+            if len(out.shape) < 1 or out.shape[0] != b or be.is_complex(out) or be.itemsize(out) != 8:
                 return None
         return b
 
@@ -637,8 +636,7 @@ class Problem:
         per_sample = n // b
         eps = self.run.eps_for(x)
         signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
-        # one row per sample (kept apart from fn's tensors)
-        traced = {k: be.to_numpy(self.outputs[k]).reshape(b, -1).copy() for k in self.floats}
+        traced = {k: be.to_numpy(self.outputs[k]).copy() for k in self.floats}  # kept apart from fn's tensors
         base = None
         try:
             with be.perturber(self.args, pos) as perturber, sharing(self.fn):
@@ -646,9 +644,6 @@ class Problem:
                     delta = np.zeros(n)
                     delta[s * per_sample:(s + 1) * per_sample] = eps * signs[s * per_sample:(s + 1) * per_sample]
                     moved = self._moved_outputs(pos, perturber, delta)
-                    if any(moved[k].shape != tuple(self.outputs[k].shape) for k in self.floats):
-                        return None
-                    moved = {k: moved[k].reshape(b, -1) for k in self.floats}
                     others = np.arange(b) != s
                     if base is None:
                         # the traced outputs first: where the move reaches another sample by
@@ -657,17 +652,16 @@ class Problem:
                         # as traced, the traced outputs stand for the unmoved call (each
                         # sample's part of them is then compared bitwise with a plain call
                         # moving another sample, below)
-                        if any(_beyond_rounding(moved[k][others], traced[k][others]) for k in self.floats):
+                        if any(moved[k].shape != traced[k].shape or _beyond_rounding(moved[k][others], traced[k][others])
+                               for k in self.floats):
                             return None
                         if all(np.array_equal(moved[k][others], traced[k][others], equal_nan=True) for k in self.floats):
                             base = traced
                         else:
-                            unmoved = self._moved_outputs(pos, perturber, np.zeros(n))
-                            if any(unmoved[k].shape != tuple(self.outputs[k].shape) for k in self.floats):
-                                return None
-                            base = {k: unmoved[k].reshape(b, -1) for k in self.floats}
+                            base = self._moved_outputs(pos, perturber, np.zeros(n))
                     for k in self.floats:
-                        if not np.array_equal(moved[k][others], base[k][others], equal_nan=True):
+                        if moved[k].shape != base[k].shape or \
+                                not np.array_equal(moved[k][others], base[k][others], equal_nan=True):
                             return None
         except Exception as e:
             if e in self.run.user_errors:
@@ -821,16 +815,6 @@ class Problem:
             o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
             rows[k] = stencil.combine([o[i] for i in range(points)], eps)
         return rows
-
-
-def leading_samples(shape) -> int:
-    """The size of the first dimension of ``shape`` other than 1 (1 where there is none): in
-    row-major order an array of shape ``(1, B, ...)`` holds its ``B`` samples end to end, as
-    one of shape ``(B, ...)`` does."""
-    for size in shape:
-        if size != 1:
-            return int(size)
-    return 1
 
 
 def _beyond_rounding(a: np.ndarray, b: np.ndarray) -> bool:
