@@ -8,7 +8,7 @@ import torch
 import agcheck
 from agcheck.checks.jacobian import BATCHED_ROWS_NOTE
 
-from .helpers import first_paragraph, make, run_check as run, torch_message
+from .helpers import ScaledSin, SinWithJvp, first_paragraph, make, run_check as run, torch_message
 
 _gen = torch.Generator().manual_seed(21)
 _A, _B, _C = (torch.randn(50, 50, dtype=torch.float64, generator=_gen) / 7 for _ in range(3))
@@ -202,7 +202,6 @@ def test_a_check_no_input_of_which_can_be_batched_is_decided_from_the_engines_ro
     # failure is decided from them; every entry is then exact and the report says nothing
     # of batched numbers
     from agcheck.engine import cost
-    from .helpers import ScaledSin
 
     monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # however cheap its VJPs
     monkeypatch.setattr(ScaledSin, "factor", factor)
@@ -467,8 +466,6 @@ def test_jvp_blocks_follow_the_memory_a_jvp_row_took_as_measured(factor, monkeyp
 def test_a_silent_fast_mode_failure_recomputes_no_slow_jacobians(forward):
     # torch's message for a fast-mode failure recomputes both Jacobians element by
     # element; with raise_exception=False nobody sees it, and agcheck does not build it
-    from .helpers import ScaledSin, SinWithJvp
-
     wrong = SinWithJvp if forward else ScaledSin
     mode = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False) if forward else {}
     calls = [0]
