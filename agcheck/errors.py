@@ -21,7 +21,8 @@ class CheckInputError(ValueError, RuntimeError):
 
 
 class GradOutputsError(CheckInputError, TypeError):
-    """``grad_outputs`` given to gradgradcheck that cannot be ``fn``'s cotangents (none).
+    """``grad_outputs`` given to gradgradcheck that cannot be ``fn``'s cotangents: an empty
+    tuple or list.
 
     Also a ``TypeError``, what torch's checker raises then (it calls ``fn`` without its
     inputs).
