@@ -33,6 +33,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -346,11 +347,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every call")
     ap.add_argument("--force-engine", action="store_true",
                     help="agcheck's engine on every check (no loop for small checks, VJPs always worth batching)")
+    ap.add_argument("--engine-fallbacks", action="store_true",
+                    help="count the checks the engine handed to the reference engine on an exception, by type "
+                         "and by the line of agcheck that met it, and print them after the summary")
     args = ap.parse_args(argv)
-    if args.force_engine:
-        with sweep.forced_engine():
-            return _run(args, ap)
-    return _run(args, ap)
+    fallbacks = sweep.FallbackCounter() if args.engine_fallbacks else None
+    with contextlib.ExitStack() as undo:  # the forced engine and the counter, undone after the sweep
+        if args.force_engine:
+            undo.enter_context(sweep.forced_engine())
+        if fallbacks is not None:
+            fallbacks.attach()
+            undo.callback(fallbacks.detach)
+        status = _run(args, ap)
+    if fallbacks is not None:
+        print(fallbacks.table())
+    return status
 
 
 def _run(args, ap) -> int:

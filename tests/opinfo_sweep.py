@@ -1132,7 +1132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.against == "agcheck":
         import agcheck  # noqa: F401  - fail early when agcheck is not importable
-    fallbacks = _FallbackCounter() if args.engine_fallbacks else None
+    fallbacks = FallbackCounter() if args.engine_fallbacks else None
     undo = contextlib.ExitStack()  # the forced engine and the counter, undone after the sweep
 
     jf = open(args.jsonl, "w") if args.jsonl else None
@@ -1206,7 +1206,7 @@ def forced_engine():
         cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS = saved
 
 
-class _FallbackCounter(logging.Handler):
+class FallbackCounter(logging.Handler):
     """Counts the engine's fallbacks on exceptions (the ``agcheck.engine`` logger's DEBUG
     records) by exception type, first line of the message and the innermost line of
     agcheck's code it passed through: a framework's errors (a missing batching rule) are

@@ -121,8 +121,13 @@ def test_the_gradgrad_sweep_forces_the_engine_and_undoes_it(monkeypatch, capsys)
         return real_run_op(op, **kw)
 
     monkeypatch.setattr(gg, "run_op", run_op)
+    import logging
+
     argv = ["--ops", "sin", "--dtypes", "float64", "--modes", "slow", "--variants", "bwgrad_bwgrad", "--limit", "1"]
-    assert gg.main(argv + ["--force-engine"]) == 0
+    level = logging.getLogger("agcheck.engine").level
+    assert gg.main(argv + ["--force-engine", "--engine-fallbacks"]) == 0
     assert seen == [(0.0, 0.0)] and (cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS) == before
-    assert "agreements: 1 " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "agreements: 1 " in out and "engine fallbacks on exceptions: 0" in out
+    assert logging.getLogger("agcheck.engine").level == level and not logging.getLogger("agcheck.engine").handlers
     assert gg.main(argv) == 0 and seen[-1] == before
