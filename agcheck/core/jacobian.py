@@ -55,15 +55,16 @@ def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
 
 
 def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None, held=(),
-                       traced=None) -> list:
+                       expected=None) -> list:
     """The stencil's derivative estimate for every array output, flattened (None otherwise).
 
     ``values[i]`` are the outputs of ``fn`` at ``x + stencil.offsets[i] * eps``; with the
     central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``. ``index`` (the moved
     element, for messages) may be a callable that returns it when a message needs it.
     Outputs at positions ``held`` are checked but not combined (None): the caller
-    combines them later (:mod:`agcheck.core.held_differences`). Where ``traced`` (the
-    outputs of the check's first call) is given, each output must keep its size.
+    combines them later (:mod:`agcheck.core.held_differences`). Where ``expected`` is
+    given (:func:`_traced_sizes` of the check's first outputs), each output must keep its
+    size.
     """
     result = []
     for k, outs in enumerate(zip(*values)):
@@ -72,13 +73,13 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
             continue
         for other in outs[1:]:
             _check_same_shape_and_dtype(be, outs[0], other, eps, index)
-        if traced is not None and k < len(traced) and be.is_array(traced[k]) and \
-                be.numel(outs[0]) != be.numel(traced[k]):  # a row of another length (torch: an expand error)
+        if expected is not None and k < len(expected) and expected[k] is not None and \
+                be.numel(outs[0]) != expected[k][0]:  # a row of another length (torch: an expand error)
             where = f"element {index() if callable(index) else index} of the input" if index is not None \
                 else "the input"
             raise CheckInputError(
                 f"fn's output {k} has shape {tuple(outs[0].shape)} with {where} moved by {eps}, but had shape "
-                f"{tuple(traced[k].shape)} at the check's first call: a checked function's outputs must keep "
+                f"{expected[k][1]} at the check's first call: a checked function's outputs must keep "
                 "their shapes from call to call"
             )
         if k in held:
@@ -105,12 +106,18 @@ def _element_moves(stencil, eps, complex_input) -> list:
     return [_moves(stencil, step) for step in ((eps, eps * 1j) if complex_input else (eps,))]
 
 
-def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil, traced=None):
+def _traced_sizes(be, outputs) -> list:
+    """``(size, shape)`` of each array among ``outputs`` (None for the others), what every
+    later evaluation's outputs must match in size."""
+    return [(be.numel(o), tuple(o.shape)) if be.is_array(o) else None for o in outputs]
+
+
+def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil, expected=None):
     def index():
         return perturber.index(flat)
 
     return _along_axes([stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index,
-                                           traced=traced)
+                                           expected=expected)
                         for moves in moves_per_axis])
 
 
@@ -234,12 +241,13 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
         # a real input's real outputs: each element's evaluations held, combined by chunks
         real_rows = {k: rows[k] for k in float_positions if not be.is_complex(outputs[k])}
         held = HeldDifferences(be, stencil, eps, real_rows) if len(moves) == 1 and real_rows else None
+        expected = _traced_sizes(be, outputs)
         for flat in flats:
             if held is None:
-                cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil, outputs)
+                cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil, expected)
             else:
                 values = perturber.evaluate_element_moves(fn, flat, moves[0])
-                cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows, outputs)
+                cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows, expected)
                 held.add(values)
             for k in float_positions:
                 if held is None or k not in held.rows:
