@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import sys
 import warnings
 from contextlib import contextmanager
@@ -322,7 +323,7 @@ class TorchBackend(Backend):
         for k, a in enumerate(args):
             if k in tangents_by_position:
                 if a.layout == torch._mkldnn:
-                    raise ValueError("MKLDNN inputs are not support for forward AD gradcheck.")
+                    raise ValueError(mkldnn_forward_ad_message())
                 if torch_sparse.is_sparse(a):
                     torch_sparse.reject_forward_ad(a)
                 t = _fresh(tangents_by_position[k])
@@ -925,6 +926,15 @@ class _DifferentiableVjp:
 
 #: tensor dtypes that ``Tensor.numpy()`` refuses (bfloat16, float8, ...), as met
 _NOT_IN_NUMPY: set = set()
+
+
+def mkldnn_forward_ad_message(version: str | None = None) -> str:
+    """The text of the ``ValueError`` for an MKL-DNN input under forward mode, worded as
+    the installed torch (or ``version``) words it: torch 2.14 corrected "not support" to
+    "not supported", and suites match the message of the torch they run with."""
+    release = tuple(int(p) for p in re.findall(r"\d+", version or torch.__version__)[:2])
+    verb = "supported" if release >= (2, 14) else "support"
+    return f"MKLDNN inputs are not {verb} for forward AD gradcheck."
 
 
 def _vjp_function(fn) -> _DifferentiableVjp | None:
