@@ -201,3 +201,16 @@ def run_check(fn, inputs, backend="torch", **options):
     except agcheck.GradcheckError:
         run.verdict = False
     return run
+
+
+def tensorflow_or_skip():
+    """TensorFlow, loaded as agcheck's backend loads it (triton first where triton is
+    installed: TensorFlow loaded before it makes torch's later import of triton crash the
+    process), or a skip of the calling test or module where it is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("needs tensorflow", allow_module_level=True)
+    from agcheck.backends.tensorflow_loading import import_tensorflow
+
+    return import_tensorflow()

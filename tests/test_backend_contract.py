@@ -17,6 +17,8 @@ import agcheck
 from agcheck.backends.base import CAPABILITY_METHODS, REQUIRED_METHODS, Backend, Capability, UnsupportedError
 from agcheck.backends.registry import available_backends, get_backend
 
+from .helpers import tensorflow_or_skip
+
 X = np.array([0.3, -1.2, 0.7, 2.1])
 Y = np.array([1.5, 0.4, -0.8, 1.1])
 
@@ -70,7 +72,7 @@ def _numpy():
 
 
 def _tensorflow():
-    tf = pytest.importorskip("tensorflow")
+    tf = tensorflow_or_skip()
 
     def make(a, checked=True):
         return tf.constant(np.asarray(a, dtype=np.float64))
@@ -375,7 +377,7 @@ def _with_wrong_gradient(be, fn):
 
         return lambda x, y: fn(Doubled.apply(x), y)
     if be.name == "tensorflow":
-        import tensorflow as tf
+        tf = tensorflow_or_skip()
 
         @tf.custom_gradient
         def doubled(x):

@@ -5,7 +5,9 @@ import pytest
 
 import agcheck
 
-tf = pytest.importorskip("tensorflow")
+from .helpers import tensorflow_or_skip
+
+tf = tensorflow_or_skip()
 torch = pytest.importorskip("torch")
 jnp = pytest.importorskip("jax.numpy")
 

@@ -8,7 +8,7 @@ import torch
 import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.engine.outcome import EngineEvent
-from .helpers import busy, run_check as run
+from .helpers import busy, run_check as run, tensorflow_or_skip
 
 
 #: the cost model's weight of the reverse passes, for the tests of its decisions
@@ -362,7 +362,7 @@ def test_jax_functions_with_many_outputs(monkeypatch, kind, scale):
 
 @pytest.mark.parametrize("scale", [1.0, 1.01])
 def test_tensorflow_functions_with_many_outputs(monkeypatch, scale):
-    tf = pytest.importorskip("tensorflow")
+    tf = tensorflow_or_skip()
     monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", 1e6)  # as for JAX above
     a = tf.constant(A.numpy())
 

@@ -18,7 +18,9 @@ import warnings
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+from .helpers import tensorflow_or_skip
+
+tf = tensorflow_or_skip()
 
 import agcheck  # noqa: E402
 from agcheck import GradcheckError  # noqa: E402

@@ -36,10 +36,12 @@ import logging
 from contextlib import contextmanager
 
 import numpy as np
-import tensorflow as tf
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
+from agcheck.backends.tensorflow_loading import import_tensorflow
+
+tf = import_tensorflow()  # triton first where it is installed (tensorflow_loading says why)
 
 __all__ = ["TensorFlowBackend", "TfTrace", "TfPerturber", "BACKEND_CLASS", "owns"]
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import tensorflow as tf
+from agcheck.backends.tensorflow_loading import import_tensorflow
+
+tf = import_tensorflow()
 
 __all__ = ["namespace"]
 

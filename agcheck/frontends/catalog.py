@@ -562,7 +562,9 @@ def _softplus_ports(backend: str):
 
         return softplus_jax
     if backend == "tensorflow":
-        import tensorflow as tf
+        from agcheck.backends.tensorflow_loading import import_tensorflow
+
+        tf = import_tensorflow()
 
         @tf.custom_gradient
         def softplus_tf(x):
@@ -617,7 +619,9 @@ def _cube_ports(backend: str):
         cube_jax.defvjp(lambda x: (x * x * x, x), lambda x, g: (3 * x * x * g,))
         return cube_jax
     if backend == "tensorflow":
-        import tensorflow as tf
+        from agcheck.backends.tensorflow_loading import import_tensorflow
+
+        tf = import_tensorflow()
 
         @tf.custom_gradient
         def cube_tf(x):
