@@ -229,7 +229,8 @@ def test_every_function_passes_and_agrees_across_backends(whole_job, entry):
     cells = dict(zip(BACKENDS + ["crosscheck"], row[1 + n_kinds:]))
     for b in BACKENDS:
         assert cells[b] == ("pass" if entry.supports(b) else "-"), (b, row)
-    assert cells["crosscheck"] == "agree", row
+    # compared wherever two of the installed backends check it (torch alone: nothing to compare)
+    assert cells["crosscheck"] == ("agree" if sum(map(entry.supports, BACKENDS)) >= 2 else "-"), row
 
 
 # -- subsets, failures, options -------------------------------------------------------------

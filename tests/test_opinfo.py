@@ -278,11 +278,31 @@ def test_harness_reports_a_disagreement():
     assert "disagreements:" in text and "--sample 0" in text
 
 
+def _pinned_torch() -> str | None:
+    """The torch release constraints.txt pins (the slice was chosen from its op_db)."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "constraints.txt")) as f:
+            pins = [line.split("==")[1].strip() for line in f if line.strip().startswith("torch==")]
+    except OSError:
+        return None
+    return pins[0] if pins else None
+
+
+def _skip_where_this_torch_lacks(names) -> None:
+    """Skip, naming them, where ops of the slice are not in the installed torch's op_db and
+    that torch is not the pinned one (torch 2.14 dropped ``cholesky``, say); under the
+    pinned torch every op must be there."""
+    missing = sorted(set(names) - {op.full_name for op in sweep.autograd_ops()})
+    if missing and torch.__version__.split("+")[0] != _pinned_torch():
+        pytest.skip(f"not in torch {torch.__version__}'s op_db (the slice is of torch {_pinned_torch()}'s): "
+                    + ", ".join(missing))
+    assert not missing, missing
+
+
 def test_ci_slice_is_well_formed():
     names = [n for n, _, _ in CI_SLICE]
     assert len(names) == len(set(names))
-    known = {op.full_name for op in sweep.autograd_ops()}
-    assert set(names) <= known, set(names) - known
+    _skip_where_this_torch_lacks(names)
 
 
 # --------------------------------------------------------------------------------------
@@ -293,6 +313,7 @@ def test_ci_slice_is_well_formed():
 @pytest.mark.parametrize("mode", CI_MODES)
 @pytest.mark.parametrize("name,samples,covers", CI_SLICE, ids=[n for n, _, _ in CI_SLICE])
 def test_ci_slice(name, samples, covers, mode):
+    _skip_where_this_torch_lacks([name])
     op = sweep.find_op(name)
     s = sweep.run_op(op, dtypes=CI_DTYPES, modes=(mode,), samples=samples, against="agcheck")
     _assert_all_agree(s)
