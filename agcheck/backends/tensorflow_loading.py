@@ -7,7 +7,8 @@ loading it after TensorFlow crashes the interpreter with a segmentation fault
 (tensorflow/tensorflow#124205). A process that checks with both the torch and the
 TensorFlow backends (a cross-check, the main job) meets it as soon as torch reaches
 triton. Loading triton first avoids the clash, so :func:`import_tensorflow` does that
-where triton is installed and neither is loaded yet (about 0.15 s, once).
+where triton is installed and neither is loaded yet (0.15-0.6 s, once; it does
+not import torch).
 """
 from __future__ import annotations
 
