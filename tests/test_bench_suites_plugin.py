@@ -404,3 +404,31 @@ def test_busy_loops_spin_for_the_block_and_stop_after_it():
     assert proc.poll() is not None
     with busy.busy_loops(0) as none:
         assert none == []
+
+
+def test_the_broken_jax_plugin_breaks_the_named_derivatives_for_both_checkers(monkeypatch):
+    jax = pytest.importorskip("jax")
+    import agcheck
+    from jax._src import public_test_util
+    from jax._src.interpreters import ad
+
+    jax_check = getattr(public_test_util.check_grads, "agcheck_original", public_test_util.check_grads)
+    broken = _load("suites_broken_jax")
+    x = np.array([0.3, 1.2], dtype=np.float32)
+    for check in (jax_check, agcheck.check_grads):  # the correct derivatives pass
+        check(jax.lax.sin, (x,), 1)
+        check(jax.lax.exp, (x,), 1)
+    saved = dict(ad.primitive_jvps)
+    monkeypatch.setenv("SUITES_BROKEN_JAX", "sin:1.1")
+    try:
+        broken.pytest_configure(None)
+        _, tangent = jax.jvp(jax.lax.sin, (x,), (np.ones_like(x),))
+        np.testing.assert_allclose(np.asarray(tangent), 1.1 * np.cos(x), rtol=1e-6)
+        for check in (jax_check, agcheck.check_grads):
+            with pytest.raises(AssertionError):
+                check(jax.lax.sin, (x,), 1)
+            check(jax.lax.exp, (x,), 1)  # a primitive not named stays as it was
+    finally:
+        ad.primitive_jvps.clear()
+        ad.primitive_jvps.update(saved)
+    jax_check(jax.lax.sin, (x,), 1)
