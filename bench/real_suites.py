@@ -284,6 +284,38 @@ SUITES = {
         "source": "github google/jaxopt at commit 2de13bf (0.8.5): its tests/, against the installed "
                   "jaxopt 0.8.5 (the sdist ships no tests)",
     },
+    "jax": {
+        "framework": "jax",
+        "dir": "jax-0.10.2",
+        # JAX's own tests of its derivatives: every lax primitive's JVP and transpose in
+        # several dtypes and shapes (orders 1-3), linear algebra (factorisations, solves,
+        # eigen- and singular decompositions), control flow (scan, while, cond, custom
+        # linear solves and roots), jax.nn, odeint, FFTs, scipy special functions and
+        # custom_jvp/vjp rules. Its pyproject turns every warning into an error.
+        # lax_numpy_indexing_test is left out: it calls the private check_jvp / check_vjp,
+        # which no drop-in of the public check_grads replaces.
+        "paths": ["tests/lax_autodiff_test.py", "tests/linalg_test.py", "tests/nn_test.py",
+                  "tests/lax_control_flow_test.py", "tests/custom_linear_solve_test.py", "tests/custom_root_test.py",
+                  "tests/ode_test.py", "tests/lax_scipy_test.py", "tests/fft_test.py",
+                  "tests/lax_scipy_special_functions_test.py",
+                  "tests/lax_scipy_sparse_test.py", "tests/eigh_test.py", "tests/image_test.py",
+                  "tests/custom_api_test.py", "tests/batching_test.py", "tests/api_test.py"],
+        "args": ["--import-mode=importlib"],
+        "env": {},
+        "source": "github jax-ml/jax at tag jax-v0.10.2 (990e6a0): git archive of tests/, conftest.py and "
+                  "pyproject.toml (its pytest settings), against the installed jax 0.10.2",
+    },
+    "jax-x64": {
+        "framework": "jax",
+        "dir": "jax-0.10.2",
+        # the heaviest of those files with double precision enabled, as JAX's x64 CI runs
+        # them: the float64 and complex128 cases run as such (default tolerances 1e-5)
+        "paths": ["tests/lax_autodiff_test.py", "tests/linalg_test.py", "tests/nn_test.py",
+                  "tests/lax_control_flow_test.py"],
+        "args": ["--import-mode=importlib"],
+        "env": {"JAX_ENABLE_X64": "1"},
+        "source": "as the jax suite, with JAX_ENABLE_X64=1",
+    },
     "optax": {
         "framework": "jax",
         "dir": "optax-0.2.8",
@@ -754,6 +786,8 @@ def main(argv=None):
         via = "dropin" if _has_dropin(spec["framework"]) else "plugin"
     via_plugin = {"plugin": "agcheck", "dropin": "dropin", "dropin-late": "dropin-late"}[via]
     log_dir = HERE / "results" / "logs"
+    if args.out:  # runs of one suite side by side, each with its --out, keep their own logs
+        log_dir = log_dir / Path(args.out).stem
     log_dir.mkdir(parents=True, exist_ok=True)
     data = {"suite": args.suite, "framework": spec["framework"], "source": spec["source"], "via": via,
             "repeat": args.repeat, "force_slow": args.force_slow, "interleave": args.interleave,
