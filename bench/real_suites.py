@@ -566,7 +566,7 @@ def analyse(data):
     inter = [b for b in ag.values() if b.get("runs_fw")]
     for b in inter:
         va, vb = b["runs_fw"][0]["verdict"], b["runs"][0]["verdict"]
-        if _verdict_class(va) != _verdict_class(vb):
+        if not _same_verdict(b["runs_fw"][0], b["runs"][0]):
             inter_diffs.append({"call": f"{b['nodeid']} #{b['index']}", "torch": va, "agcheck": vb,
                                 "why": "same process, same arguments (interleaved)"})
     control_stats = {}

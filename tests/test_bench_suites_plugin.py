@@ -432,3 +432,22 @@ def test_the_broken_jax_plugin_breaks_the_named_derivatives_for_both_checkers(mo
         ad.primitive_jvps.clear()
         ad.primitive_jvps.update(saved)
     jax_check(jax.lax.sin, (x,), 1)
+
+
+def test_interleaved_verdicts_count_a_subclass_of_the_frameworks_exception_as_the_same(real_suites):
+    """In one process as across two: agcheck raising a subclass of the framework's exception
+    is what an ``except`` sees alike; a pass against a raise is a difference."""
+    jax_error = ["builtins.AssertionError", "builtins.Exception", "builtins.BaseException", "builtins.object"]
+    ours = ["agcheck.backends.jax_dropin.CheckGradsError"] + jax_error
+
+    def failing(nodeid, agcheck_verdict, agcheck_types):
+        record = _call(nodeid, [1.0], [1.0])
+        record["mode"] = record["mode_run"] = "-"
+        record["runs_fw"][0].update(verdict="raise AssertionError: Not equal", types=jax_error)
+        record["runs"][0].update(verdict=agcheck_verdict, types=agcheck_types)
+        return record
+
+    records = [failing("same", "raise CheckGradsError: Not equal", ours), failing("differs", "pass", None)]
+    data = {"framework": "jax", "repeat": 1, "runs": {"agcheck": {"records": records}}}
+    diffs = real_suites.analyse(data)["interleaved_verdict_differences"]
+    assert [d["call"] for d in diffs] == ["differs #0"]
