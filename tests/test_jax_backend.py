@@ -746,3 +746,29 @@ def test_gradgradcheck_reuses_the_forward_while_only_the_cotangents_move(scale):
     else:
         with pytest.raises(GradcheckError, match="Jacobian mismatch"):
             agcheck.gradgradcheck(fn, (x,), backend="jax", engine="reference")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128", "bfloat16", "float16"])
+def test_an_element_moved_on_the_host_rounds_as_jax_moves_it(dtype):
+    """Slow mode's moved input, x[idx] +- step in x's dtype, is the array JAX's own
+    ``x.at[idx].add(step)`` gives, bit for bit (moved by NumPy for the IEEE dtypes, by
+    JAX for the others), for steps that are not representable in x's dtype."""
+    from agcheck.backends.jax_backend import JaxPerturber
+
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal((3, 5)) * np.array([1e-8, 1e-3, 1.0, 1e3, 1e8])
+    if dtype.startswith("complex"):
+        values = values + 1j * rng.standard_normal((3, 5))
+    x = jnp.asarray(values).astype(dtype)
+    steps = [1e-6, 1e-3, 0.1, 1 / 3] + ([1e-6j, 1j / 3] if dtype.startswith("complex") else [])
+    perturber = JaxPerturber((x,), 0, lambda out: (out,))
+    for flat in range(x.size):
+        index = np.unravel_index(flat, x.shape)
+        for step in steps:
+            for sign in (-1, 1):
+                (moved,) = perturber.evaluate_element(lambda a: a, flat, step, sign)
+                expected = x.at[index].subtract(step) if sign < 0 else x.at[index].add(step)
+                assert moved.dtype == x.dtype
+                assert np.array_equal(np.asarray(moved).view(np.uint8), np.asarray(expected).view(np.uint8))
+    assert (perturber._host_array() is not None) == (dtype in ("float32", "float64", "complex64", "complex128"))
+    assert np.array_equal(np.asarray(x), np.asarray(jnp.asarray(values).astype(dtype)))  # x itself unmoved

@@ -231,6 +231,11 @@ class JaxTrace(Trace):
         return list(jax.vmap(single)(jnp.asarray(stacked_cotangents)))
 
 
+#: dtypes in which one addition or subtraction rounds alike in NumPy and XLA (IEEE-754,
+#: correctly rounded); the others' moved entries are computed by JAX
+_HOST_MOVED = frozenset(np.dtype(name) for name in ("float32", "float64", "complex64", "complex128"))
+
+
 class JaxPerturber(Perturber):
     """Evaluates ``fn`` on a new argument tuple with ``args[position]`` replaced by a
     moved copy; the original array is never touched (JAX arrays are immutable)."""
@@ -242,6 +247,7 @@ class JaxPerturber(Perturber):
         self.shape = tuple(self.x.shape)
         self.numel = int(self.x.size)
         self._as_tuple = as_tuple
+        self._host = None  # the input as a NumPy array, once an element is moved (False: cannot be)
 
     def index(self, flat: int) -> tuple:
         return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
@@ -250,9 +256,29 @@ class JaxPerturber(Perturber):
         return self._as_tuple(fn(*_with_replaced(self.args, [self.position], [moved])))
 
     def evaluate_element(self, fn, flat, step, sign) -> tuple:
-        at = self.x.at[self.index(flat)]
-        # the same arithmetic as torch's in-place move: x[idx] - step, x[idx] + step
-        return self._call(fn, at.subtract(step) if sign < 0 else at.add(step))
+        # the same arithmetic as torch's in-place move: x[idx] - step, x[idx] + step, in
+        # x's dtype; moved on the host where NumPy rounds it as XLA does (an eager scatter
+        # costs milliseconds per element)
+        index = self.index(flat)
+        host = self._host_array()
+        if host is None:
+            at = self.x.at[index]
+            return self._call(fn, at.subtract(step) if sign < 0 else at.add(step))
+        moved = host.copy()
+        delta = host.dtype.type(step)  # rounded to x's dtype first, as JAX rounds a weak scalar
+        moved[index] = moved[index] - delta if sign < 0 else moved[index] + delta
+        sharding = getattr(self.x, "sharding", None)
+        return self._call(fn, jax.device_put(moved, sharding) if sharding is not None else jnp.asarray(moved))
+
+    def _host_array(self):
+        if self._host is None:
+            self._host = False
+            if np.dtype(self.x.dtype) in _HOST_MOVED:
+                try:
+                    self._host = np.array(self.x)
+                except Exception:  # noqa: BLE001 - a tracer: moved by JAX itself
+                    pass
+        return self._host if self._host is not False else None
 
     def evaluate_direction(self, fn, step, sign) -> tuple:
         moved = self.x - step if sign < 0 else self.x + step
