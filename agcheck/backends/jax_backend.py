@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import warnings
 from contextlib import contextmanager
+from functools import cached_property
 
 import jax
 import jax.numpy as jnp
@@ -247,7 +248,6 @@ class JaxPerturber(Perturber):
         self.shape = tuple(self.x.shape)
         self.numel = int(self.x.size)
         self._as_tuple = as_tuple
-        self._host = None  # the input as a NumPy array, once an element is moved (False: cannot be)
 
     def index(self, flat: int) -> tuple:
         return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
@@ -260,7 +260,7 @@ class JaxPerturber(Perturber):
         # x's dtype; moved on the host where NumPy rounds it as XLA does (an eager scatter
         # costs milliseconds per element)
         index = self.index(flat)
-        host = self._host_array()
+        host = self._host
         if host is None:
             at = self.x.at[index]
             return self._call(fn, at.subtract(step) if sign < 0 else at.add(step))
@@ -270,15 +270,16 @@ class JaxPerturber(Perturber):
         sharding = getattr(self.x, "sharding", None)
         return self._call(fn, jax.device_put(moved, sharding) if sharding is not None else jnp.asarray(moved))
 
-    def _host_array(self):
-        if self._host is None:
-            self._host = False
-            if np.dtype(self.x.dtype) in _HOST_MOVED:
-                try:
-                    self._host = np.array(self.x)
-                except Exception:  # noqa: BLE001 - a tracer: moved by JAX itself
-                    pass
-        return self._host if self._host is not False else None
+    @cached_property
+    def _host(self):
+        """The input as a NumPy array where NumPy moves its entries as XLA does (None
+        otherwise), copied once, when an element is first moved."""
+        if np.dtype(self.x.dtype) not in _HOST_MOVED:
+            return None
+        try:
+            return np.array(self.x)
+        except Exception:  # noqa: BLE001 - a tracer: moved by JAX itself
+            return None
 
     def evaluate_direction(self, fn, step, sign) -> tuple:
         moved = self.x - step if sign < 0 else self.x + step
