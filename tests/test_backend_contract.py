@@ -340,6 +340,21 @@ def test_numpy_conversion_round_trips_on_the_device_of_like(setup):
     np.testing.assert_array_equal(_np(be, be.one_hot(args[0], 1)), np.eye(4)[1])
 
 
+def test_stack_concatenate_unstack_and_combine_agree_with_numpy(setup):
+    from agcheck.core.stencil import STENCILS
+
+    be, make, fn, args = setup
+    values = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 7.0]])
+    a = be.array_like(values, args[0])
+    parts = be.unstack(a)
+    assert len(parts) == 3 and all(np.array_equal(_np(be, p), v) for p, v in zip(parts, values))
+    np.testing.assert_array_equal(_np(be, be.stack(parts, axis=0)), values)
+    np.testing.assert_array_equal(_np(be, be.concatenate([a, be.array_like(values[:1], args[0])], axis=0)),
+                                  np.concatenate([values, values[:1]]))
+    minus, plus = be.array_like(values[0], args[0]), be.array_like(values[2], args[0])
+    np.testing.assert_array_equal(_np(be, be.combine(STENCILS["central"], [minus, plus], 0.5)), values[2] - values[0])
+
+
 def test_snapshot_unchanged_restore(setup):
     be, make, fn, args = setup
     snap = be.snapshot(args[0])

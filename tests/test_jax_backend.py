@@ -772,3 +772,72 @@ def test_an_element_moved_on_the_host_rounds_as_jax_moves_it(dtype):
                 assert np.array_equal(np.asarray(moved).view(np.uint8), np.asarray(expected).view(np.uint8))
     assert (perturber._host is not None) == (dtype in ("float32", "float64", "complex64", "complex128"))
     assert np.array_equal(np.asarray(x), np.asarray(jnp.asarray(values).astype(dtype)))  # x itself unmoved
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stencil", ["central", "five-point"])
+def test_stencil_combined_on_the_host_is_ieee_and_within_an_ulp_of_xlas(dtype, stencil):
+    """Finite differences combined by NumPy (JAX backend, real float32/64) are IEEE's
+    correctly rounded results, as torch's are: the same dtype, NaN and infinities where
+    the same arithmetic on JAX arrays puts them, and finite values within one unit in the
+    last place of XLA's (whose division by the step may round the other way)."""
+    from agcheck.core.stencil import STENCILS
+
+    be = agcheck.get_backend("jax")
+    rng = np.random.default_rng(11)
+    st = STENCILS[stencil]
+    values = [rng.standard_normal(400) * 10.0 ** rng.integers(-30, 30, 400) for _ in st.offsets]
+    values[0][:3] = [np.inf, np.nan, -np.inf]
+    arrays = [jnp.asarray(v).astype(dtype) for v in values]
+    for eps in (1e-6, 1e-3, 1 / 3):
+        with np.errstate(all="ignore"):
+            combined = be.combine(st, arrays, eps)
+            ieee = st.combine([np.asarray(a) for a in arrays], eps)
+        expected = np.asarray(st.combine(arrays, eps))  # jax.numpy's arithmetic
+        assert combined.dtype == expected.dtype == np.dtype(dtype) and not combined.committed
+        combined = np.asarray(combined)
+        assert np.array_equal(combined.view(np.uint8), ieee.view(np.uint8))
+        finite = np.isfinite(expected)
+        assert np.array_equal(np.isnan(combined), np.isnan(expected))
+        assert np.array_equal(combined[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)])
+        ulp = np.spacing(np.abs(expected[finite]))
+        assert np.all(np.abs(combined[finite] - expected[finite]) <= ulp)
+
+
+def test_a_failing_accounts_arithmetic_compiles_nothing_of_its_own():
+    """agcheck's element-by-element check of a JAX function, as the drop-in runs it on a
+    failure, does its own arithmetic (moves, differences, row stacking, comparisons) on
+    the host: with JAX's own check run first (it compiles what ``fn`` needs at this
+    shape), no program of that arithmetic is compiled, only ``fn``'s (here ``sin``,
+    ``cos`` and ``multiply``). Before, about 20 small programs were compiled per new shape."""
+    import logging
+
+    from jax._src import public_test_util
+
+    original = getattr(public_test_util.check_grads, "agcheck_original", public_test_util.check_grads)
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]), 1.1 * jnp.cos(p[0]) * t[0]))
+    x = np.linspace(-1, 1, 17 * 3).reshape(17, 3)
+    with pytest.raises(AssertionError):
+        original(f, (x,), 1, ["fwd", "rev"])
+    compiled = []
+
+    class Compiles(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("Compiling "):
+                compiled.append(message.split()[1])
+
+    handler = Compiles()
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(), pytest.raises(AssertionError, match="agcheck"):
+            agcheck.check_grads(f, (x,), 1, ["fwd", "rev"])
+    finally:
+        logger.removeHandler(handler)
+    assert not set(compiled) - {"jit(sin)", "jit(cos)", "jit(multiply)"}, compiled

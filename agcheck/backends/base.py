@@ -594,6 +594,19 @@ class Backend:
     def stack(self, arrays: Sequence, axis: int = 0):
         return self.xp(arrays[0]).stack(list(arrays), axis=axis)
 
+    def unstack(self, x) -> list:
+        """The sub-arrays ``x[0], x[1], ...`` along the first axis."""
+        return [x[i] for i in range(x.shape[0])]
+
+    def concatenate(self, arrays: Sequence, axis: int = 0):
+        return self.xp(arrays[0]).concat(list(arrays), axis=axis)
+
+    def combine(self, stencil, values: Sequence, eps: float):
+        """``stencil.combine(values, eps)``: the finite-difference estimate from ``fn``'s
+        values at the stencil's points (a backend may compute it elsewhere, to the same
+        bits: JAX on the host, where no new shape compiles)."""
+        return stencil.combine(list(values), eps)
+
     def zeros_like(self, x):
         return self.xp(x).zeros_like(x)
 

@@ -89,13 +89,15 @@ def _host(x):
 
 
 def _back(values, like=None):
-    """A NumPy result as a JAX array, on ``like``'s device when it has one.
+    """A NumPy result as a JAX array, on ``like``'s device when ``like`` is committed to one.
 
     ``jax.device_put`` rather than ``jnp.asarray``: the latter stages a copy that is
     compiled anew for every shape.
     """
     device = None
-    if like is not None and owns(like) and not isinstance(like, jax.core.Tracer):
+    # only a committed ``like`` commits the result: a committed argument is a new cache key
+    # for every jitted function it meets, so each would compile again
+    if like is not None and owns(like) and not isinstance(like, jax.core.Tracer) and getattr(like, "committed", True):
         device = _device_of(like)
     return jax.device_put(np.asarray(values), device)
 
@@ -234,6 +236,8 @@ class JaxTrace(Trace):
 
 #: dtypes in which one addition or subtraction rounds alike in NumPy and XLA (IEEE-754,
 #: correctly rounded); the others' moved entries are computed by JAX
+#: dtypes whose finite differences are combined on the host (IEEE arithmetic, in the dtype itself)
+_HOST_ARITHMETIC = frozenset(np.dtype(name) for name in ("float32", "float64"))
 _HOST_MOVED = frozenset(np.dtype(name) for name in ("float32", "float64", "complex64", "complex128"))
 
 
@@ -267,8 +271,10 @@ class JaxPerturber(Perturber):
         moved = host.copy()
         delta = host.dtype.type(step)  # rounded to x's dtype first, as JAX rounds a weak scalar
         moved[index] = moved[index] - delta if sign < 0 else moved[index] + delta
-        sharding = getattr(self.x, "sharding", None)
-        return self._call(fn, jax.device_put(moved, sharding) if sharding is not None else jnp.asarray(moved))
+        # on x's sharding only where x is committed to it: a committed argument is a new
+        # cache key for every jitted function fn calls, so each would compile again
+        sharding = self.x.sharding if getattr(self.x, "committed", False) else None
+        return self._call(fn, jax.device_put(moved, sharding))
 
     @cached_property
     def _host(self):
@@ -599,7 +605,8 @@ class JaxBackend(TakesWrt, Backend):
         return _back(h.reshape(tuple(shape)), x) if h is not None else jnp.reshape(x, tuple(shape))
 
     def clone(self, x):
-        return jnp.array(x, copy=True)
+        h = _host(x)
+        return _back(np.array(h), x) if h is not None else jnp.array(x, copy=True)
 
     def real(self, x):
         h = _host(x)
@@ -621,6 +628,28 @@ class JaxBackend(TakesWrt, Backend):
         if all(h is not None for h in hosts):
             return _back(np.stack(hosts, axis=axis), arrays[0])
         return jnp.stack(arrays, axis=axis)
+
+    def unstack(self, x):
+        h = _host(x)
+        if h is None:
+            return [x[i] for i in range(x.shape[0])]
+        return jax.device_put(list(h), _device_of(x) if getattr(x, "committed", True) else None)
+
+    def concatenate(self, arrays, axis=0):
+        arrays = list(arrays)
+        hosts = [_host(a) for a in arrays]
+        if all(h is not None for h in hosts):
+            return _back(np.concatenate(hosts, axis=axis), arrays[0])
+        return jnp.concatenate(arrays, axis=axis)
+
+    def combine(self, stencil, values, eps):
+        # real float32/64 entries on the host: NumPy's correctly rounded IEEE arithmetic, in
+        # the arrays' dtype as JAX computes it (XLA's division may differ in the last bit)
+        values = list(values)
+        hosts = [_host(v) for v in values]
+        if all(h is not None and h.dtype in _HOST_ARITHMETIC for h in hosts) and len({h.dtype for h in hosts}) == 1:
+            return _back(stencil.combine(hosts, eps), values[0])
+        return stencil.combine(values, eps)
 
     def zeros_like(self, x):
         h = _host(x)
@@ -665,6 +694,16 @@ class JaxBackend(TakesWrt, Backend):
     def max_abs(self, x):
         x, xp = self._host_or_jnp(x)
         return float(xp.max(xp.abs(x)))
+
+    def all_finite(self, x) -> bool:
+        x, xp = self._host_or_jnp(x)
+        return bool(xp.all(xp.isfinite(x)))
+
+    def unchanged(self, x, snapshot) -> bool:
+        hx, hs = _host(x), _host(snapshot)
+        if hx is None or hs is None:
+            return super().unchanged(x, snapshot)
+        return bool(np.all((hx == hs) | (np.isnan(hx) & np.isnan(hs))))
 
     def all_zero(self, x) -> bool:
         x, xp = self._host_or_jnp(x)

@@ -316,6 +316,12 @@ class CheckGradsError(AssertionError):
 REPORT_MAX_ENTRIES = 1_000_000
 
 
+def _as_jax_arrays(args) -> tuple:
+    """``args`` with NumPy leaves as (uncommitted) JAX arrays; ``jax.device_put`` compiles
+    nothing, where ``jnp.asarray`` stages a copy compiled anew for every shape."""
+    return tuple(jax.tree_util.tree_map(lambda v: jax.device_put(v) if isinstance(v, np.ndarray) else v, args))
+
+
 def _agcheck_account(f, args, mode, atol, rtol, eps):
     """agcheck's slow-mode check of ``f`` at ``args`` in ``mode``: (text, report)."""
     from agcheck.gradcheck import gradcheck
@@ -337,7 +343,7 @@ def _agcheck_account(f, args, mode, atol, rtol, eps):
     a = _tol_for(dtype, atol)
     r = _tol_for(dtype, rtol)
     forward = mode in ("fwd", "lin")
-    jargs = tuple(jax.tree_util.tree_map(lambda v: jax.numpy.asarray(v) if isinstance(v, np.ndarray) else v, args))
+    jargs = _as_jax_arrays(args)
     try:
         with warnings.catch_warnings():  # JAX's checks run in any precision: no precision warnings
             warnings.simplefilter("ignore", UserWarning)
@@ -412,7 +418,7 @@ def _full_jacobians(f, args, order, modes, atol, rtol, eps):
     r = _tol_for(dtype, gradient_tolerance(rtol))
     forward = "fwd" in modes or "lin" in modes
     reverse = "rev" in modes
-    jargs = tuple(jax.tree_util.tree_map(lambda v: jax.numpy.asarray(v) if isinstance(v, np.ndarray) else v, args))
+    jargs = _as_jax_arrays(args)
     try:
         with warnings.catch_warnings():  # JAX's checks run in any precision: no precision warnings
             warnings.simplefilter("ignore", UserWarning)

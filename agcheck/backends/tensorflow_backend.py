@@ -612,6 +612,9 @@ class TensorFlowBackend(TakesWrt, Backend):
     def stack(self, arrays, axis=0):
         return np.stack([_host(a) for a in arrays], axis=axis)
 
+    def concatenate(self, arrays, axis=0):
+        return np.concatenate([_host(a) for a in arrays], axis=axis)
+
     def zeros_like(self, x):
         h = _host(x)
         return np.zeros(h.shape, h.dtype)

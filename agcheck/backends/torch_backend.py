@@ -678,6 +678,9 @@ class TorchBackend(Backend):
     def stack(self, arrays, axis=0):
         return torch.stack(list(arrays), dim=axis)
 
+    def concatenate(self, arrays, axis=0):
+        return torch.cat(list(arrays), dim=axis)
+
     def row_block(self, n_rows, n_cols, like, dtype):
         if like.layout != torch.strided:
             return None

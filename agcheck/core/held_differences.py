@@ -63,7 +63,7 @@ class HeldDifferences:
             return
         be = self.be
         for k, held in self._held.items():
-            combined = self.stencil.combine([be.stack(at_point, axis=0) for at_point in held], self.eps)
+            combined = be.combine(self.stencil, [be.stack(at_point, axis=0) for at_point in held], self.eps)
             self.rows[k].add_rows(be.reshape(combined, (self._count, self._numel[k])))
             for at_point in held:
                 at_point.clear()

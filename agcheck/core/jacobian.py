@@ -87,7 +87,7 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
             continue
         if be.is_bool(outs[0]):
             outs = [be.as_int(o) for o in outs]
-        result.append(be.flatten(stencil.combine(list(outs), eps)))
+        result.append(be.flatten(be.combine(stencil, outs, eps)))
     return result
 
 

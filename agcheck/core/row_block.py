@@ -47,6 +47,10 @@ class RowBlock:
 
     def add_rows(self, rows) -> None:
         """Add the rows of a 2-D array, in order."""
+        if self._block is None and rows.shape[0] and int(rows.shape[1]) == self._n_cols:
+            # kept whole: splitting an immutable array costs a call (JAX: a compile) per shape
+            self._rows.append(_Rows(rows))
+            return
         for row in rows:
             self.add(row)
 
@@ -64,5 +68,31 @@ class RowBlock:
             return self._block if self._written == self._block.shape[0] else self._block[:self._written]
         if not self._rows:
             return be.zeros((0, self._n_cols), like=self._like, dtype=self._dtype)
-        stacked = be.stack(self._rows, axis=0)
+        if any(isinstance(r, _Rows) for r in self._rows):
+            stacked = be.concatenate(_pieces(be, self._rows), axis=0)
+        else:
+            stacked = be.stack(self._rows, axis=0)
         return stacked if stacked.dtype == self._dtype else be.astype(stacked, self._dtype)
+
+
+class _Rows:
+    """Rows added together (:meth:`RowBlock.add_rows`), kept as their 2-D array."""
+
+    def __init__(self, array):
+        self.array = array
+
+
+def _pieces(be, rows: list) -> list:
+    """2-D arrays of the rows in order: each run of single rows stacked, added arrays as they are."""
+    pieces, run = [], []
+    for r in rows:
+        if isinstance(r, _Rows):
+            if run:
+                pieces.append(be.stack(run, axis=0))
+                run = []
+            pieces.append(r.array)
+        else:
+            run.append(r)
+    if run:
+        pieces.append(be.stack(run, axis=0))
+    return pieces
