@@ -774,6 +774,33 @@ def test_an_element_moved_on_the_host_rounds_as_jax_moves_it(dtype):
     assert np.array_equal(np.asarray(x), np.asarray(jnp.asarray(values).astype(dtype)))  # x itself unmoved
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128", "bfloat16"])
+def test_batched_element_moves_and_one_hots_are_jaxs_own_bits(dtype):
+    """The batched engine's moved copies (row ``b``: element ``flat[b]`` +- step) and
+    one-hot tangents, made on the host for the IEEE dtypes, are what JAX's scatter gives,
+    bit for bit, and come back uncommitted, as x is."""
+    be = agcheck.get_backend("jax")
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((2, 3, 4)) * 10.0 ** rng.integers(-6, 6, (2, 3, 4))
+    if dtype.startswith("complex"):
+        values = values + 1j * rng.standard_normal((2, 3, 4))
+    x = jnp.asarray(values).astype(dtype)
+    flat = [0, 5, 5, 23, 11]
+    steps = [1e-6, 1 / 3] + ([1j / 3] if dtype.startswith("complex") else [])
+    base = jnp.reshape(x, (-1,))
+    for step in steps:
+        for sign in (-1, 1):
+            moved = be.element_moves(x, flat, step, sign)
+            for b, k in enumerate(flat):
+                expected = base.at[k].subtract(step) if sign < 0 else base.at[k].add(step)
+                assert np.array_equal(np.asarray(moved[b]).reshape(-1).view(np.uint8),
+                                      np.asarray(expected).view(np.uint8))
+            assert moved.dtype == x.dtype and not moved.committed
+    hots = be.one_hots(x, flat)
+    assert hots.shape == (len(flat), *x.shape) and hots.dtype == x.dtype and not hots.committed
+    assert np.array_equal(np.asarray(hots).reshape(len(flat), -1), np.eye(x.size, dtype=np.float64)[flat])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("stencil", ["central", "five-point"])
 def test_stencil_combined_on_the_host_is_ieee_and_within_an_ulp_of_xlas(dtype, stencil):

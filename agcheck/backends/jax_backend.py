@@ -519,6 +519,14 @@ class JaxBackend(TakesWrt, Backend):
         """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,
         computed as the element-by-element perturbation computes it (``x[k] - step``)."""
         b = len(flat)
+        h = _host(x)
+        if h is not None and h.dtype in _HOST_MOVED:  # on the host, as evaluate_element moves
+            base = h.reshape(-1)
+            index = np.asarray(flat, dtype=np.intp)
+            delta = h.dtype.type(step)  # rounded to x's dtype first, as JAX rounds a weak scalar
+            moved = np.broadcast_to(base, (b, base.size)).copy()
+            moved[np.arange(b), index] = base[index] - delta if sign < 0 else base[index] + delta
+            return _back(moved.reshape((b, *x.shape)), x)
         base = jnp.reshape(x, (-1,))
         index = jnp.asarray(flat, dtype=jnp.int32 if base.size < 2**31 else jnp.int64)
         entries = base[index]
@@ -528,6 +536,10 @@ class JaxBackend(TakesWrt, Backend):
 
     def one_hots(self, like, flat):
         b = len(flat)
+        if _host(like) is not None:
+            z = np.zeros((b, self.numel(like)), dtype=np.dtype(like.dtype))
+            z[np.arange(b), np.asarray(flat, dtype=np.intp)] = 1
+            return _back(z.reshape((b, *like.shape)), like)
         z = jnp.zeros((b, self.numel(like)), dtype=like.dtype)
         z = z.at[jnp.arange(b), jnp.asarray(flat)].set(1)
         return jnp.reshape(z, (b, *like.shape))
@@ -549,7 +561,7 @@ class JaxBackend(TakesWrt, Backend):
             return tuple(d for _, d in self.jvp(fn, args, checked, tangents))
 
         rows = jax.vmap(single)(stacked)
-        return [jnp.reshape(r, (stacked.shape[0], -1)) for r in rows]
+        return [self.reshape(r, (stacked.shape[0], -1)) for r in rows]
 
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):

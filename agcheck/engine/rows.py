@@ -17,6 +17,7 @@ from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
 from agcheck.core.row_block import RowBlock
 from agcheck.core.shared_evaluations import sharing
+from agcheck.core.stencil import STENCILS
 from agcheck.engine import cost, memory
 from agcheck.engine.outcome import EngineEvent
 
@@ -326,8 +327,8 @@ class Problem:
         if sequential is None:
             return _PLAIN_CALLS_RAISED
         for k in self.floats:
-            minus, plus = batched[k][0], batched[k][1]
-            est = be.flatten((plus - minus) / (2 * eps))
+            minus, plus = be.unstack(batched[k])
+            est = be.flatten(be.combine(STENCILS["central"], [minus, plus], eps))
             ref = sequential[k] if self.run.stencil.name == "central" else est
             if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
@@ -813,7 +814,7 @@ class Problem:
         rows = {}
         for k in self.floats:
             o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
-            rows[k] = stencil.combine([o[i] for i in range(points)], eps)
+            rows[k] = be.combine(stencil, be.unstack(o), eps)
         return rows
 
 
