@@ -868,3 +868,41 @@ def test_a_failing_accounts_arithmetic_compiles_nothing_of_its_own():
     finally:
         logger.removeHandler(handler)
     assert not set(compiled) - {"jit(sin)", "jit(cos)", "jit(multiply)"}, compiled
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_the_batched_engine_takes_jax_batches_whole(scale, monkeypatch):
+    """On JAX every new batch size compiles (whole_batches): the batched engine moves all
+    of an input's elements in one batched evaluation, and computes all forward rows in
+    one batched JVP, instead of ramping up through sizes that would each compile; the
+    right derivative passes and a scaled one fails."""
+    from agcheck.backends.jax_backend import JaxBackend
+
+    sizes = {"evaluate": [], "jvp": []}
+    evaluate, jvp_along = JaxBackend.evaluate_batch, JaxBackend.jvp_along
+
+    def recorded_evaluate(self, fn, args, position, stacked):
+        sizes["evaluate"].append(int(stacked.shape[0]))
+        return evaluate(self, fn, args, position, stacked)
+
+    def recorded_jvp(self, fn, args, checked, j, stacked):
+        sizes["jvp"].append(int(stacked.shape[0]))
+        return jvp_along(self, fn, args, checked, j, stacked)
+
+    monkeypatch.setattr(JaxBackend, "evaluate_batch", recorded_evaluate)
+    monkeypatch.setattr(JaxBackend, "jvp_along", recorded_jvp)
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.tanh(x)
+
+    f.defjvp(lambda p, t: (jnp.tanh(p[0]), scale * (1 - jnp.tanh(p[0]) ** 2) * t[0]))
+    x = rand(40, seed=5)
+    if scale == 1.0:
+        assert agcheck.gradcheck(f, (x,), backend="jax", engine="batched", check_forward_ad=True)
+    else:
+        with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+            agcheck.gradcheck(f, (x,), backend="jax", engine="batched", check_forward_ad=True)
+    # the probe's two moves along a direction, then all 40 elements' two moves at once
+    assert max(sizes["evaluate"]) == 2 * 40 and set(sizes["evaluate"]) <= {2, 2 * 40}, sizes
+    assert set(sizes["jvp"]) <= {40}, sizes

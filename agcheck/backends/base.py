@@ -231,6 +231,10 @@ class Backend:
     name: str = "abstract"
     #: the optional parts of the contract this backend implements (:class:`Capability` names)
     capabilities: frozenset = frozenset()
+    #: whether every new batch size costs a compilation (JAX: each shape compiles anew):
+    #: the batched engine then takes its batches as large as the memory budget allows from
+    #: the first one, instead of ramping up through sizes that would each compile
+    whole_batches: bool = False
     #: whether a function written once against the array API (``array_api_compat``) runs
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
     runs_array_api_code: bool = True

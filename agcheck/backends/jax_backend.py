@@ -306,6 +306,7 @@ class JaxBackend(TakesWrt, Backend):
     """
 
     name = "jax"
+    whole_batches = True
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (

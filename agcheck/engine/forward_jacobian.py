@@ -192,7 +192,8 @@ def _forward_blocks(p, diff, inputs, reverse_seconds):
     blocks = {k: [np.empty((be.numel(p.outputs[k]), be.numel(x))) for x in inputs] for k in diff}
     where = {k: p.floats.index(k) for k in diff}
     row_bytes = (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
-    size, done, spent, per_row = cost.RAMP[0], 0, 0.0, None
+    size = cost.rows_per_chunk(row_bytes, p.batch_bytes, n_in) if be.whole_batches else cost.RAMP[0]
+    done, spent, per_row = 0, 0.0, None
     for j, x in enumerate(inputs):
         n, s = be.numel(x), 0
         while s < n:

@@ -10,6 +10,7 @@ engine to reuse on a failure.
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 
@@ -77,7 +78,8 @@ class Problem:
         self._unbatchable = {}  # per input: why each batched form was left out or rejected
         self._figures = {}  # per probed input: the timings its decision was taken on
         self._vjp_batched = None  # True: being timed; False: found not to pay
-        self._vjp_size = cost.RAMP[0]  # columns per batched VJP, as the timings chose
+        # columns per batched VJP, as the timings chose (whole_batches: the memory budget)
+        self._vjp_size = sys.maxsize if self.be.whole_batches else cost.RAMP[0]
         self._vjp_per_col = {}  # seconds per column of each batch size tried
         self._vjp_column_cost = None  # seconds of one VJP (one Jacobian column)
         self._vjp_repriced = False  # the VJP loop was priced again once batching lost
@@ -93,6 +95,7 @@ class Problem:
         self._column_bytes = 0  # bytes one batched VJP column took, as measured
         #: bytes one row of a batched JVP took, as measured (forward mode)
         self.jvp_row_bytes = 0
+        self._batch_shapes = set()  # (kind, rows) of the batched derivative calls made
         #: per input, its rows computed element by element (as the reference engine
         #: computes them) when all of them were: reused instead of being computed again
         self._exact_rows = {}
@@ -167,7 +170,10 @@ class Problem:
                 continue
             if tiled:
                 evaluate = functools.partial(evaluate, tiled=tiled)
-            seconds = self._agreeing_seconds(evaluate, pos, moved, eps, measure=not self._setup_pending(via, pos))
+            # a backend that compiles each batch shape (whole_batches) adds the compilation's
+            # memory to a shape's first call: the probe's shape is new to the check
+            measure = not self._setup_pending(via, pos) and not be.whole_batches
+            seconds = self._agreeing_seconds(evaluate, pos, moved, eps, measure=measure)
             if isinstance(seconds, str):
                 rejected.append(f"{name}: {seconds}")
                 if seconds == _PLAIN_CALLS_RAISED:
@@ -344,6 +350,17 @@ class Problem:
         measurement)."""
         return via in ("vmap", "functional") and self.be.batch_setup_cost(self.run.fn, pos) > 0
 
+    def compiles(self, kind: str, rows: int) -> bool:
+        """Whether a batched call of ``kind`` (``"vjp"``, ``"jvp"``) over ``rows`` rows is
+        the check's first of that size on a backend that compiles each batch shape
+        (:attr:`Backend.whole_batches`): its memory then includes the compilation's, and
+        is not taken as a measurement."""
+        if not self.be.whole_batches:
+            return False
+        fresh = (kind, rows) not in self._batch_shapes
+        self._batch_shapes.add((kind, rows))
+        return fresh
+
     def copy_bytes(self, pos) -> int:
         """Bytes one evaluation of ``fn`` at a moved copy of ``args[pos]`` took in a
         batched call, as the probe measured it (0 when not measured)."""
@@ -515,15 +532,19 @@ class Problem:
         self._row_bytes[pos] = estimate
         looped = self._element_cost.get(pos, float("inf"))
         probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
-        per_row_of, start = {}, 0
-        size = min(cost.RAMP[0], cost.rows_per_chunk(estimate, self.batch_bytes, n))
+        per_row_of, start, sizes_seen = {}, 0, set()
+        size = cost.rows_per_chunk(estimate, self.batch_bytes, n)
+        if not be.whole_batches:
+            size = min(cost.RAMP[0], size)
         while start < n:
             stop = min(n, start + size)
             setup_pending = self._setup_pending(self._via[pos], pos)
             watch = self.run.stopwatch()
             call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
             seconds = watch.seconds()
-            if call.added_peak is not None and not setup_pending:  # memory as measured
+            compiled = be.whole_batches and stop - start not in sizes_seen  # see the probe
+            sizes_seen.add(stop - start)
+            if call.added_peak is not None and not setup_pending and not compiled:  # memory as measured
                 self._row_bytes[pos] = max(self._row_bytes[pos], call.added_peak // (stop - start))
             yield start, stop, call.result
             if stop >= n:
