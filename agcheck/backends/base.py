@@ -650,6 +650,10 @@ class Backend:
         xp = self.xp(x)
         return xp.max(xp.abs(x))
 
+    def max_abs_difference(self, a, b):
+        """``max |a - b|`` (the largest difference between two gradients or Jacobians)."""
+        return self.max_abs(a - b)
+
     def all_zero(self, x) -> bool:
         return bool(self.xp(x).all(x == 0))
 

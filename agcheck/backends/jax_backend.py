@@ -718,6 +718,13 @@ class JaxBackend(TakesWrt, Backend):
             return super().unchanged(x, snapshot)
         return bool(np.all((hx == hs) | (np.isnan(hx) & np.isnan(hs))))
 
+    def max_abs_difference(self, a, b):
+        ha, hb = _host(a), _host(b)
+        if ha is None or hb is None:
+            return super().max_abs_difference(a, b)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return float(np.max(np.abs(ha - hb)))
+
     def all_zero(self, x) -> bool:
         x, xp = self._host_or_jnp(x)
         return bool(xp.all(x == 0))

@@ -364,7 +364,7 @@ def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[
         analytical = jac.analytical_jacobians_reverse(be, piece.trace, output_position, piece.inputs,
                                                       checks=False)[input_index]
     numerical = be.to_device_of(numerical, analytical)
-    max_diff = be.max_abs(numerical - analytical) if be.numel(analytical) else 0.0
+    max_diff = be.max_abs_difference(numerical, analytical) if be.numel(analytical) else 0.0
     text = (
         FAST_MODE_NOTE
         + f"Numerical:\n {numerical}\nAnalytical:\n{analytical}\n\n"

@@ -360,7 +360,7 @@ def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, c
     for i, (a, b) in enumerate(zip(first, second)):
         if be.numel(a) == 0:
             continue
-        diff = be.max_abs(a - b)
+        diff = be.max_abs_difference(a, b)
         if diff > nondet_tol:
             raise GradcheckError(
                 not_reentrant_message(nondet_tol, float(diff)),

@@ -844,7 +844,7 @@ def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
     first = _analytical_columns(p, k, c0, c1, inputs)
     second = _analytical_columns(p, k, c0, c1, inputs)
     for a1, a2 in zip(first, second):
-        if be.numel(a1) and be.max_abs(a1 - a2) > opts.nondet_tol:
+        if be.numel(a1) and be.max_abs_difference(a1, a2) > opts.nondet_tol:
             raise EngineFallback("backward not reentrant")
     for q, a in zip(p.checked, first):
         for s, e, rows in numerical[q]:
