@@ -102,6 +102,15 @@ def _back(values, like=None):
     return jax.device_put(np.asarray(values), device)
 
 
+def _joined(on_host, on_device, arrays, axis):
+    """``arrays`` joined along ``axis``: by NumPy where all are on the host, else by JAX."""
+    arrays = list(arrays)
+    hosts = [_host(a) for a in arrays]
+    if all(h is not None for h in hosts):
+        return _back(on_host(hosts, axis=axis), arrays[0])
+    return on_device(arrays, axis=axis)
+
+
 def _conj(x):
     h = _host(x)
     if h is not None:
@@ -636,11 +645,7 @@ class JaxBackend(TakesWrt, Backend):
         return self.real(x) if part == "real" else self.imag(x)
 
     def stack(self, arrays, axis=0):
-        arrays = list(arrays)
-        hosts = [_host(a) for a in arrays]
-        if all(h is not None for h in hosts):
-            return _back(np.stack(hosts, axis=axis), arrays[0])
-        return jnp.stack(arrays, axis=axis)
+        return _joined(np.stack, jnp.stack, arrays, axis)
 
     def unstack(self, x):
         h = _host(x)
@@ -649,11 +654,7 @@ class JaxBackend(TakesWrt, Backend):
         return jax.device_put(list(h), _device_of(x) if getattr(x, "committed", True) else None)
 
     def concatenate(self, arrays, axis=0):
-        arrays = list(arrays)
-        hosts = [_host(a) for a in arrays]
-        if all(h is not None for h in hosts):
-            return _back(np.concatenate(hosts, axis=axis), arrays[0])
-        return jnp.concatenate(arrays, axis=axis)
+        return _joined(np.concatenate, jnp.concatenate, arrays, axis)
 
     def combine(self, stencil, values, eps):
         # real float32/64 entries on the host: NumPy's correctly rounded IEEE arithmetic, in
