@@ -340,7 +340,7 @@ def test_numpy_conversion_round_trips_on_the_device_of_like(setup):
     np.testing.assert_array_equal(_np(be, be.one_hot(args[0], 1)), np.eye(4)[1])
 
 
-def test_stack_concatenate_unstack_combine_and_differences_agree_with_numpy(setup):
+def test_the_core_algebra_of_the_contract_agrees_with_numpy(setup):
     from agcheck.core.stencil import STENCILS
 
     be, make, fn, args = setup
@@ -352,6 +352,10 @@ def test_stack_concatenate_unstack_combine_and_differences_agree_with_numpy(setu
     np.testing.assert_array_equal(_np(be, be.concatenate([a, be.array_like(values[:1], args[0])], axis=0)),
                                   np.concatenate([values, values[:1]]))
     assert float(be.max_abs_difference(a, be.array_like(values[::-1].copy(), args[0]))) == 5.0
+    np.testing.assert_array_equal(np.asarray(be.to_numpy(be.times_i(a))), values * 1j)
+    np.testing.assert_array_equal(
+        np.asarray(be.to_numpy(be.plus_imaginary(a, be.array_like(values[::-1].copy(), args[0])))),
+        values + values[::-1] * 1j)
     minus, plus = be.array_like(values[0], args[0]), be.array_like(values[2], args[0])
     np.testing.assert_array_equal(_np(be, be.combine(STENCILS["central"], [minus, plus], 0.5)), values[2] - values[0])
 

@@ -906,3 +906,52 @@ def test_the_batched_engine_takes_jax_batches_whole(scale, monkeypatch):
     # the probe's two moves along a direction, then all 40 elements' two moves at once
     assert max(sizes["evaluate"]) == 2 * 40 and set(sizes["evaluate"]) <= {2, 2 * 40}, sizes
     assert set(sizes["jvp"]) <= {40}, sizes
+
+
+def _scaled_square(scale):
+    @jax.custom_jvp
+    def square(z):
+        return z * z
+
+    square.defjvp(lambda p, t: (p[0] * p[0], scale * 2 * p[0] * t[0]))
+    return square
+
+
+_STRICT_CASES = {
+    "complex to complex": (lambda f: f, True),
+    "complex to real": (lambda f: (lambda z: jnp.real(f(z) * jnp.conj(f(z)))), True),
+    "real to complex": (lambda f: (lambda x: f(jax.lax.complex(x, 2 * x))), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_STRICT_CASES))
+@pytest.mark.parametrize("how", ["reference", "auto", "fast", "forward", "forward fast"])
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_complex_checks_run_under_strict_dtype_promotion(case, how, scale):
+    """Under ``jax_numpy_dtype_promotion="strict"`` (JAX's own test suite runs so) a real
+    array does not promote to complex: agcheck's own arithmetic (the imaginary axis of a
+    complex input's differences, fast mode's moves along a real direction) promotes
+    explicitly, so complex checks run there as anywhere: the right derivative passes, a
+    scaled one fails."""
+    wrap, complex_input = _STRICT_CASES[case]
+    f = wrap(_scaled_square(scale))
+    x = rand(5, seed=9, complex=complex_input)
+    kw = dict(backend="jax", fast_mode="fast" in how, check_forward_ad=how.startswith("forward"))
+    if how in ("reference", "auto"):
+        kw["engine"] = how
+    with jax.numpy_dtype_promotion("strict"):
+        if scale == 1.0:
+            assert agcheck.gradcheck(f, (x,), **kw)
+        else:
+            with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+                agcheck.gradcheck(f, (x,), **kw)
+
+
+def test_a_failing_complex_check_grads_is_accounted_for_under_strict_promotion():
+    """The drop-in's account of a failing level compares full Jacobians under strict dtype
+    promotion too (it said it could not, with a TypePromotionError, for complex inputs)."""
+    x = rand(2, 3, seed=4, complex=True).astype(jnp.complex64)
+    with jax.numpy_dtype_promotion("strict"), pytest.raises(AssertionError) as failure:
+        agcheck.check_grads(_scaled_square(1.5), (x,), 1, ["fwd", "rev"])
+    assert "agcheck (full Jacobians of this level, slow mode)" in str(failure.value)
+    assert "could not compare" not in str(failure.value)

@@ -118,9 +118,9 @@ class InputPart:
         rebuilt = list(args)
         for k in self.positions:
             if self.part == "real":
-                rebuilt[k] = args[k] + be.imag(self.originals[k]) * 1j
+                rebuilt[k] = be.plus_imaginary(args[k], be.imag(self.originals[k]))
             else:
-                rebuilt[k] = be.real(self.originals[k]) + args[k] * 1j
+                rebuilt[k] = be.plus_imaginary(be.real(self.originals[k]), args[k])
         return be.as_tuple(self.fn(*rebuilt))
 
 
@@ -649,6 +649,15 @@ class Backend:
     def max_abs(self, x):
         xp = self.xp(x)
         return xp.max(xp.abs(x))
+
+    def times_i(self, x):
+        """``x * 1j``, complex."""
+        return x * 1j
+
+    def plus_imaginary(self, a, b):
+        """``a + 1j * b`` for real or complex arrays ``a`` and ``b`` (differentiable: ``fn``'s
+        complex arguments are rebuilt with it, :class:`InputPart`)."""
+        return a + b * 1j
 
     def max_abs_difference(self, a, b):
         """``max |a - b|`` (the largest difference between two gradients or Jacobians)."""

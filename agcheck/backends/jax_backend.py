@@ -297,7 +297,11 @@ class JaxPerturber(Perturber):
             return None
 
     def evaluate_direction(self, fn, step, sign) -> tuple:
-        moved = self.x - step if sign < 0 else self.x + step
+        x = self.x
+        dtype = np.promote_types(np.dtype(x.dtype), np.dtype(step.dtype))
+        if dtype != x.dtype or dtype != step.dtype:  # promoted explicitly: strict promotion refuses it
+            x, step = x.astype(dtype), step.astype(dtype)
+        moved = x - step if sign < 0 else x + step
         if moved.dtype != self.x.dtype:
             moved = moved.astype(self.x.dtype)
         return self._call(fn, moved)
@@ -718,6 +722,25 @@ class JaxBackend(TakesWrt, Backend):
         if hx is None or hs is None:
             return super().unchanged(x, snapshot)
         return bool(np.all((hx == hs) | (np.isnan(hx) & np.isnan(hs))))
+
+    def times_i(self, x):
+        h = _host(x)
+        if h is not None:
+            return _back(h * 1j, x)
+        dtype = np.promote_types(np.dtype(x.dtype), np.complex64)  # strict promotion: explicitly
+        return x.astype(dtype) * jnp.asarray(1j, dtype)
+
+    def plus_imaginary(self, a, b):
+        # not a + b * 1j on JAX arrays: under jax_numpy_dtype_promotion="strict" a real array
+        # does not promote to complex, nor float32 to float64
+        ha, hb = _host(a), _host(b)
+        if ha is not None and hb is not None:
+            return _back(ha + hb * 1j, a)
+        dtype = np.promote_types(np.dtype(a.dtype), np.dtype(b.dtype))
+        if not _is_complex_dtype(dtype):
+            return jax.lax.complex(jnp.asarray(a).astype(dtype), jnp.asarray(b).astype(dtype))
+        dtype = np.dtype(dtype)
+        return jnp.asarray(a).astype(dtype) + jnp.asarray(b).astype(dtype) * jnp.asarray(1j, dtype)
 
     def max_abs_difference(self, a, b):
         ha, hb = _host(a), _host(b)

@@ -615,6 +615,12 @@ class TensorFlowBackend(TakesWrt, Backend):
     def concatenate(self, arrays, axis=0):
         return np.concatenate([_host(a) for a in arrays], axis=axis)
 
+    def times_i(self, x):
+        return _host(x) * 1j
+
+    def plus_imaginary(self, a, b):
+        return _host(a) + _host(b) * 1j
+
     def zeros_like(self, x):
         h = _host(x)
         return np.zeros(h.shape, h.dtype)

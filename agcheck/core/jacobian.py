@@ -116,19 +116,19 @@ def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil, 
     def index():
         return perturber.index(flat)
 
-    return _along_axes([stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil, index,
-                                           expected=expected)
-                        for moves in moves_per_axis])
+    return _along_axes(be, [stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil,
+                                               index, expected=expected)
+                            for moves in moves_per_axis])
 
 
-def _along_axes(differences: list) -> list:
+def _along_axes(be, differences: list) -> list:
     """The derivative estimates of one element from those along its real axis and (complex
     input) its imaginary one."""
     if len(differences) == 1:
         return differences[0]
     d_real, d_imag = differences
     # conjugate Wirtinger derivative of a real-valued function: d/dx + i d/dy
-    return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
+    return [None if r is None else be.plus_imaginary(r, i) for r, i in zip(d_real, d_imag)]
 
 
 def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position: int, elements, eps: float,
@@ -202,7 +202,7 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
             for rows, plan, (eps, stencil) in zip(found, plans, steps):
                 differences = [stencil_difference(be, [at[axis][move] for move in moves], eps, stencil, index, others)
                                for axis, moves in enumerate(plan)]
-                rows.append(_along_axes(differences)[output_position])
+                rows.append(_along_axes(be, differences)[output_position])
     return found
 
 
@@ -307,8 +307,8 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
 
         if isinstance(u, tuple):
             d_real = along(shaped(u[0]) * eps)
-            d_imag = along(shaped(u[1]) * eps * 1j)
-            return [None if r is None else r + i * 1j for r, i in zip(d_real, d_imag)]
+            d_imag = along(be.times_i(shaped(u[1]) * eps))
+            return [None if r is None else be.plus_imaginary(r, i) for r, i in zip(d_real, d_imag)]
         return along(shaped(u) * eps)
 
 
@@ -400,7 +400,7 @@ def analytical_vjps(be, trace, output_position: int, v, inputs: Sequence, *, non
 def project_reverse(be, vJ, u):
     """``(v^T J) u`` for a real input, and the real/imaginary split for a complex one."""
     if isinstance(u, tuple):
-        return be.dot(be.real(vJ), u[0]) + be.dot(be.imag(vJ), u[1]) * 1j
+        return be.plus_imaginary(be.dot(be.real(vJ), u[0]), be.dot(be.imag(vJ), u[1]))
     return be.dot(vJ, u)
 
 

@@ -820,7 +820,7 @@ class Problem:
         rows = self._difference_rows(pos, flat, eps)
         if complex_input:
             imag = self._difference_rows(pos, flat, eps * 1j)
-            rows = {k: be.astype(rows[k] + imag[k] * 1j, x.dtype) for k in rows}
+            rows = {k: be.astype(be.plus_imaginary(rows[k], imag[k]), x.dtype) for k in rows}
         return rows
 
     def _difference_rows(self, pos, flat, step):
