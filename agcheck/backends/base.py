@@ -607,8 +607,8 @@ class Backend:
 
     def combine(self, stencil, values: Sequence, eps: float):
         """``stencil.combine(values, eps)``: the finite-difference estimate from ``fn``'s
-        values at the stencil's points (a backend may compute it elsewhere, to the same
-        bits: JAX on the host, where no new shape compiles)."""
+        values at the stencil's points (a backend may compute it elsewhere: JAX on the
+        host, where no new shape compiles)."""
         return stencil.combine(list(values), eps)
 
     def zeros_like(self, x):

@@ -459,7 +459,7 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
         # where the backend foresaw it: :func:`_vjp_setup_outweighs_saving`; a module
         # imported during the block shows one it did not): the next block is the first one timed
         return cols, False
-    compiled = p.compiles("vjp", c1 - c0)
+    compiled = p.compiles(f"vjp {k}", c1 - c0)
     if call.added_peak is not None and not compiled:
         p._column_bytes = max(p._column_bytes, call.added_peak // (c1 - c0))
     if c1 - c0 < p._vjp_size and c1 - c0 < cost.RAMP[0]:
@@ -962,7 +962,7 @@ def _measured_jvp_rows(p, j, s, e):
     memory a row took, as measured, sizes the next JVP blocks (:func:`_jvp_blocks`)."""
     setup_pending = p.be.jvp_setup_cost() > 0  # then the call's memory is mostly the setup's
     call = memory.measured(p.be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
-    compiled = p.compiles("jvp", e - s)
+    compiled = p.compiles(f"jvp {j}", e - s)
     if call.added_peak is not None and not setup_pending and not compiled:
         p.jvp_row_bytes = max(p.jvp_row_bytes, call.added_peak // (e - s))
     return call.result

@@ -95,7 +95,7 @@ class Problem:
         self._column_bytes = 0  # bytes one batched VJP column took, as measured
         #: bytes one row of a batched JVP took, as measured (forward mode)
         self.jvp_row_bytes = 0
-        self._batch_shapes = set()  # (kind, rows) of the batched derivative calls made
+        self._batch_shapes = set()  # (kind, rows) of the batched calls made (see compiles)
         #: per input, its rows computed element by element (as the reference engine
         #: computes them) when all of them were: reused instead of being computed again
         self._exact_rows = {}
@@ -351,10 +351,11 @@ class Problem:
         return via in ("vmap", "functional") and self.be.batch_setup_cost(self.run.fn, pos) > 0
 
     def compiles(self, kind: str, rows: int) -> bool:
-        """Whether a batched call of ``kind`` (``"vjp"``, ``"jvp"``) over ``rows`` rows is
-        the check's first of that size on a backend that compiles each batch shape
-        (:attr:`Backend.whole_batches`): its memory then includes the compilation's, and
-        is not taken as a measurement."""
+        """Whether a batched call of ``kind`` (``"rows 0"``: numerical rows of input 0,
+        ``"vjp 1"``: VJP columns of output 1, ``"jvp 0"``: forward rows of checked input
+        0) over ``rows`` rows is the check's first of that size, on a backend that compiles
+        each batch shape (:attr:`Backend.whole_batches`): its memory then includes the
+        compilation's, and is not taken as a measurement."""
         if not self.be.whole_batches:
             return False
         fresh = (kind, rows) not in self._batch_shapes
@@ -532,7 +533,7 @@ class Problem:
         self._row_bytes[pos] = estimate
         looped = self._element_cost.get(pos, float("inf"))
         probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
-        per_row_of, start, sizes_seen = {}, 0, set()
+        per_row_of, start = {}, 0
         size = cost.rows_per_chunk(estimate, self.batch_bytes, n)
         if not be.whole_batches:
             size = min(cost.RAMP[0], size)
@@ -542,8 +543,7 @@ class Problem:
             watch = self.run.stopwatch()
             call = memory.measured(self._batched_rows, pos, list(range(start, stop)), eps, complex_input)
             seconds = watch.seconds()
-            compiled = be.whole_batches and stop - start not in sizes_seen  # see the probe
-            sizes_seen.add(stop - start)
+            compiled = self.compiles(f"rows {pos}", stop - start)  # see the probe
             if call.added_peak is not None and not setup_pending and not compiled:  # memory as measured
                 self._row_bytes[pos] = max(self._row_bytes[pos], call.added_peak // (stop - start))
             yield start, stop, call.result
