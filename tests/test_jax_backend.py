@@ -955,3 +955,27 @@ def test_a_failing_complex_check_grads_is_accounted_for_under_strict_promotion()
         agcheck.check_grads(_scaled_square(1.5), (x,), 1, ["fwd", "rev"])
     assert "agcheck (full Jacobians of this level, slow mode)" in str(failure.value)
     assert "could not compare" not in str(failure.value)
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_moved_copies_and_host_results_are_committed_only_where_the_input_was(committed):
+    """A committed argument is a new cache key for every jitted function it meets (each
+    would compile again), so slow mode's moved copies and the backend's host results are
+    committed to a device only where the input itself was, and then to its device."""
+    from agcheck.backends.jax_backend import JaxPerturber
+
+    be = agcheck.get_backend("jax")
+    x = jnp.arange(4.0)
+    if committed:
+        x = jax.device_put(x, jax.devices()[0])
+    assert x.committed is committed
+    seen = []
+
+    def fn(a):
+        seen.append((a.committed, a.devices()))
+        return a
+
+    JaxPerturber((x,), 0, lambda out: (out,)).evaluate_element(fn, 1, 0.5, 1)
+    assert seen == [(committed, x.devices())]
+    for result in (be.reshape(x, (2, 2)), be.stack([x, x]), be.one_hot(x, 2), be.element_moves(x, [0, 3], 0.5, -1)):
+        assert result.committed is committed and result.devices() == x.devices()
