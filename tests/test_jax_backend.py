@@ -656,7 +656,10 @@ def test_a_dense_failure_decided_from_batched_rows_gives_the_reference_engines_m
 
     from .helpers import run_check
 
+    from agcheck.backends.jax_backend import JaxBackend
+
     monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(JaxBackend, "engine_setup_seconds", 0.0)  # the engine, whatever the loop's estimate
     monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
     w = rand(60, 60, seed=3) / 8
 
@@ -979,3 +982,37 @@ def test_moved_copies_and_host_results_are_committed_only_where_the_input_was(co
     assert seen == [(committed, x.devices())]
     for result in (be.reshape(x, (2, 2)), be.stack([x, x]), be.one_hot(x, 2), be.element_moves(x, [0, 3], 0.5, -1)):
         assert result.committed is committed and result.devices() == x.devices()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.1])
+def test_a_jax_check_whose_loop_costs_less_than_the_engines_compilations_takes_the_loop(scale, monkeypatch):
+    """On JAX the batched engine's first check of a shape compiles its batch shapes
+    (engine_setup_seconds): a check whose element-by-element loop is estimated below that
+    goes to the reference engine at once, and the plan says so with its figures. The
+    check's first evaluation and first JVP of a new function also compiled it: where they
+    alone make the loop look dear, they are timed again. A check estimated above it goes
+    to the engine. Both verdicts hold either way."""
+    from agcheck.backends.jax_backend import JaxBackend
+    from agcheck.engine import cost
+
+    from .helpers import run_check
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.tanh(x)
+
+    f.defjvp(lambda p, t: (jnp.tanh(p[0]), scale * (1 - jnp.tanh(p[0]) ** 2) * t[0]))
+    x = rand(16, seed=2)
+    r = run_check(f, (x,), backend="jax", check_forward_ad=True)  # f never called before: its first calls compile
+    plans = [e for e in r.engine_log if e.path == "plan"]
+    # reverse mode, then forward mode (a failure in reverse mode ends the check)
+    assert [p.decision for p in plans] == ["reference"] * (2 if scale == 1.0 else 1)
+    for plan in plans:
+        assert plan.figures["engine_setup"] == JaxBackend.engine_setup_seconds > 0
+        assert plan.figures["loop_estimate"] < cost.ENGINE_WORTH_SECONDS + JaxBackend.engine_setup_seconds
+    assert r.verdict is (scale == 1.0)
+    monkeypatch.setattr(JaxBackend, "engine_setup_seconds", 0.0)
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    engine = run_check(f, (x,), backend="jax")
+    assert not [e for e in engine.engine_log if e.path == "plan"] and engine.engine_log
+    assert engine.verdict is (scale == 1.0)

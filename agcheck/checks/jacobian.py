@@ -106,21 +106,46 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     moved = sum(be.numel(x) * (2 if be.is_complex(x) else 1) for x in piece.inputs)
     estimate = cost.loop_seconds(moved, n_out, seconds)
     figures = {"evaluation": seconds, "loop_estimate": estimate}
-    if piece.forward and cost.JVP_TIMED_FROM_SECONDS <= estimate < cost.ENGINE_WORTH_SECONDS:
+    worth = cost.ENGINE_WORTH_SECONDS + be.engine_setup_seconds
+    if be.engine_setup_seconds:
+        figures["engine_setup"] = be.engine_setup_seconds
+        if estimate >= worth:
+            # the check's first evaluation of a new shape also compiled fn: timed again, warm
+            again = _evaluation_seconds_again(run, piece)
+            if again is not None and again < seconds:
+                estimate = figures["loop_estimate"] = cost.loop_seconds(moved, n_out, again)
+                seconds = figures["evaluation_again"] = again
+    if piece.forward and cost.JVP_TIMED_FROM_SECONDS <= estimate < worth:
         # a JVP may cost many evaluations (dual numbers through an op's decomposition): one
         # is timed where the answer can change the choice
         jvp = _one_jvp_seconds(run, piece)
+        if jvp is not None and be.engine_setup_seconds and cost.forward_loop_seconds(moved, n_in, seconds, jvp) >= worth:
+            again = _one_jvp_seconds(run, piece)  # the first JVP of a new shape also compiled it
+            jvp = min(jvp, again) if again is not None else jvp
         if jvp is not None:
             estimate = figures["loop_estimate"] = cost.forward_loop_seconds(moved, n_in, seconds, jvp)
             figures["jvp"] = jvp
-            if estimate >= cost.ENGINE_WORTH_SECONDS:
+            if estimate >= worth:
                 run.engine_log.append(EngineEvent("plan", "engine", None, "a JVP costs more than the estimate assumed",
                                                   figures=figures))
-    if estimate >= cost.ENGINE_WORTH_SECONDS:
+    if estimate >= worth:
         return False
     run.engine_log.append(EngineEvent("plan", "reference", None, "the loop costs less than probing would",
                                       figures=figures))
     return True
+
+
+def _evaluation_seconds_again(run, piece: Piece) -> float | None:
+    """Seconds of a second evaluation of the piece with its graph, as the check's first
+    was timed; None where it cannot be had (the loop meets any error itself)."""
+    watch = run.stopwatch()
+    try:
+        run.be.trace(piece.fn, piece.args, piece.checked)
+    except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
+        if error in run.user_errors:
+            raise
+        return None
+    return watch.seconds()
 
 
 def _one_jvp_seconds(run, piece: Piece) -> float | None:
