@@ -94,12 +94,23 @@ def _back(values, like=None):
     ``jax.device_put`` rather than ``jnp.asarray``: the latter stages a copy that is
     compiled anew for every shape.
     """
-    device = None
-    # only a committed ``like`` commits the result: a committed argument is a new cache key
-    # for every jitted function it meets, so each would compile again
-    if like is not None and owns(like) and not isinstance(like, jax.core.Tracer) and getattr(like, "committed", True):
-        device = _device_of(like)
-    return jax.device_put(np.asarray(values), device)
+    return jax.device_put(np.asarray(values), _committed_device(like))
+
+
+def _committed_device(like):
+    """``like``'s device where ``like`` is a concrete array committed to one, else None
+    (the default device, uncommitted): a committed argument is a new cache key for every
+    jitted function it meets, so each would compile again."""
+    if like is None or not owns(like) or isinstance(like, jax.core.Tracer) or not getattr(like, "committed", True):
+        return None
+    return _device_of(like)
+
+
+def _moved_entries(entries: np.ndarray, step, sign):
+    """``entries - step`` or ``entries + step`` in their dtype, the step rounded to that dtype
+    first, as JAX rounds a weak scalar (the element move of slow mode, on the host)."""
+    delta = entries.dtype.type(step)
+    return entries - delta if sign < 0 else entries + delta
 
 
 def _joined(on_host, on_device, arrays, axis):
@@ -243,10 +254,10 @@ class JaxTrace(Trace):
         return list(jax.vmap(single)(jnp.asarray(stacked_cotangents)))
 
 
-#: dtypes in which one addition or subtraction rounds alike in NumPy and XLA (IEEE-754,
-#: correctly rounded); the others' moved entries are computed by JAX
 #: dtypes whose finite differences are combined on the host (IEEE arithmetic, in the dtype itself)
 _HOST_ARITHMETIC = frozenset(np.dtype(name) for name in ("float32", "float64"))
+#: dtypes in which one addition or subtraction rounds alike in NumPy and XLA (IEEE-754,
+#: correctly rounded); the others' moved entries are computed by JAX
 _HOST_MOVED = frozenset(np.dtype(name) for name in ("float32", "float64", "complex64", "complex128"))
 
 
@@ -278,10 +289,8 @@ class JaxPerturber(Perturber):
             at = self.x.at[index]
             return self._call(fn, at.subtract(step) if sign < 0 else at.add(step))
         moved = host.copy()
-        delta = host.dtype.type(step)  # rounded to x's dtype first, as JAX rounds a weak scalar
-        moved[index] = moved[index] - delta if sign < 0 else moved[index] + delta
-        # on x's sharding only where x is committed to it: a committed argument is a new
-        # cache key for every jitted function fn calls, so each would compile again
+        moved[index] = _moved_entries(moved[index], step, sign)
+        # on x's sharding only where x is committed to it (see _committed_device)
         sharding = self.x.sharding if getattr(self.x, "committed", False) else None
         return self._call(fn, jax.device_put(moved, sharding))
 
@@ -540,9 +549,8 @@ class JaxBackend(TakesWrt, Backend):
         if h is not None and h.dtype in _HOST_MOVED:  # on the host, as evaluate_element moves
             base = h.reshape(-1)
             index = np.asarray(flat, dtype=np.intp)
-            delta = h.dtype.type(step)  # rounded to x's dtype first, as JAX rounds a weak scalar
             moved = np.broadcast_to(base, (b, base.size)).copy()
-            moved[np.arange(b), index] = base[index] - delta if sign < 0 else base[index] + delta
+            moved[np.arange(b), index] = _moved_entries(base[index], step, sign)
             return _back(moved.reshape((b, *x.shape)), x)
         base = jnp.reshape(x, (-1,))
         index = jnp.asarray(flat, dtype=jnp.int32 if base.size < 2**31 else jnp.int64)
@@ -658,7 +666,7 @@ class JaxBackend(TakesWrt, Backend):
         h = _host(x)
         if h is None:
             return [x[i] for i in range(x.shape[0])]
-        return jax.device_put(list(h), _device_of(x) if getattr(x, "committed", True) else None)
+        return jax.device_put(list(h), _committed_device(x))
 
     def concatenate(self, arrays, axis=0):
         return _joined(np.concatenate, jnp.concatenate, arrays, axis)
