@@ -14,6 +14,7 @@ from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
 from agcheck.engine import cost
+from agcheck.engine.compilations import COMPILATIONS
 from agcheck.engine.outcome import EngineEvent, undecided
 from agcheck.report.collect import attach_jacobian_failure
 from agcheck.report.errors import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
@@ -72,6 +73,8 @@ def _compare_slow(run, piece: Piece) -> None:
     run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
     if run.opts.engine == "batched" or run.opts.engine == "auto" and not _loop_is_cheap(run, piece, n_in):
         compare = engine.compare_slow_forward if piece.forward else engine.compare_slow_reverse
+        if be.engine_setup_seconds:
+            COMPILATIONS.note_engine_run(_function(piece), _signature(be, piece))
         try:
             outcome = compare(run, piece)
         except Exception as error:
@@ -106,15 +109,15 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     moved = sum(be.numel(x) * (2 if be.is_complex(x) else 1) for x in piece.inputs)
     estimate = cost.loop_seconds(moved, n_out, seconds)
     figures = {"evaluation": seconds, "loop_estimate": estimate}
-    worth = cost.ENGINE_WORTH_SECONDS + be.engine_setup_seconds
+    worth = cost.ENGINE_WORTH_SECONDS
     if be.engine_setup_seconds:
-        figures["engine_setup"] = be.engine_setup_seconds
-        if estimate >= worth:
-            # the check's first evaluation of a new shape also compiled fn: timed again, warm
-            again = _evaluation_seconds_again(run, piece)
-            if again is not None and again < seconds:
-                estimate = figures["loop_estimate"] = cost.loop_seconds(moved, n_out, again)
-                seconds = figures["evaluation_again"] = again
+        signature = _signature(be, piece)
+        ran = COMPILATIONS.engine_ran(_function(piece), signature)  # its programs are compiled
+        setup = figures["engine_setup"] = 0.0 if ran else be.engine_setup_seconds
+        if setup and estimate >= worth + setup:
+            estimate, seconds, setup = _priced_where_compiled(run, piece, moved, n_out, seconds, signature,
+                                                              figures)
+        worth += setup
     if piece.forward and cost.JVP_TIMED_FROM_SECONDS <= estimate < worth:
         # a JVP may cost many evaluations (dual numbers through an op's decomposition): one
         # is timed where the answer can change the choice
@@ -133,6 +136,89 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     run.engine_log.append(EngineEvent("plan", "reference", None, "the loop costs less than probing would",
                                       figures=figures))
     return True
+
+
+def _priced_where_compiled(run, piece: Piece, moved: int, n_out: int, seconds: float, signature,
+                           figures: dict) -> tuple:
+    """``(loop estimate, seconds of one evaluation, engine set-up)`` on a backend that
+    compiles every new program, where the engine has not run for ``fn`` at ``signature``:
+    the check's first evaluation, which compiled ``fn``, timed again warm; the engine's
+    set-up priced from that compilation, or from the one seen first
+    (``cost.ENGINE_COMPILATIONS``, :mod:`agcheck.engine.compilations`); the loop priced
+    from its own calls, timed."""
+    compiled = 0.0
+    again = _evaluation_seconds_again(run, piece)
+    if again is not None and again < seconds:
+        compiled = seconds - again
+        seconds = figures["evaluation_again"] = again
+    compiled = COMPILATIONS.price(_function(piece), signature, compiled)
+    setup = max(run.be.engine_setup_seconds, cost.ENGINE_COMPILATIONS * compiled)
+    if compiled:
+        figures["compilation"], figures["engine_setup"] = compiled, setup
+    estimate = cost.loop_seconds(moved, n_out, seconds)
+    calls = _loop_call_seconds(run, piece)
+    if calls is not None:
+        seconds, backward = calls
+        figures["element_evaluation"] = seconds
+        if backward is not None:
+            figures["unit_vjp"] = backward
+        estimate = cost.loop_seconds(moved, n_out, seconds) if backward is None else \
+            cost.measured_loop_seconds(2 * moved, 2 * n_out, seconds, backward)
+    figures["loop_estimate"] = estimate
+    return estimate, seconds, setup
+
+
+def _function(piece: Piece):
+    """The user's function behind the piece's (a backend's wrapper of it, made anew for
+    every check, names it as ``__wrapped__``)."""
+    return getattr(piece.fn, "__wrapped__", piece.fn)
+
+
+def _signature(be, piece: Piece) -> tuple:
+    """What the engine's compiled programs of the piece are specialised on: which arguments
+    it is checked in, their shapes and dtypes (other arguments: their values, or types).
+    Both modes share it: their batched evaluations are the same programs."""
+    def of(a):
+        if be.is_array(a):
+            return tuple(a.shape), be.dtype_name(a)
+        return a if isinstance(a, (bool, int, float, complex, str, type(None))) else type(a).__name__
+
+    return tuple(piece.checked), tuple(of(a) for a in piece.args)
+
+
+def _loop_call_seconds(run, piece: Piece) -> tuple | None:
+    """Seconds of one evaluation of ``fn`` with an element moved, and of one VJP of a
+    one-hot cotangent (None in forward mode), as the loop makes them, each timed on its
+    second call (the first may compile a program the check's traced evaluation did not);
+    None where they cannot be had (the loop meets any error itself)."""
+    be, p = run.be, piece.checked[0]
+    x = piece.args[p]
+    if be.numel(x) == 0 or not piece.diff:
+        return None
+    moved = run.numerical_args(piece.args)
+    evaluations = len(run.stencil.offsets) * (2 if be.is_complex(x) else 1)
+
+    def element():
+        jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(x), run.stencil,
+                                elements=range(1))
+
+    def unit_vjp():
+        jac.analytical_jacobians_reverse(be, piece.trace, piece.diff[0], piece.inputs, columns=[0], checks=False)
+
+    try:
+        evaluation = _second_call_seconds(run, element) / evaluations
+        return evaluation, None if piece.forward else _second_call_seconds(run, unit_vjp)
+    except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
+        if error in run.user_errors:
+            raise
+        return None
+
+
+def _second_call_seconds(run, call: Callable) -> float:
+    call()
+    watch = run.stopwatch()
+    call()
+    return watch.seconds()
 
 
 def _evaluation_seconds_again(run, piece: Piece) -> float | None:

@@ -11,8 +11,9 @@ batch size that made rows dearer is not grown further.
 """
 from __future__ import annotations
 
-__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "loop_seconds", "rows_per_chunk", "batching_loses",
-           "batching_saves_nothing", "next_batch_size", "slope_per_row", "setup_worth_paying", "spent_instead_of_setup"]
+__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "ENGINE_COMPILATIONS", "loop_seconds", "measured_loop_seconds",
+           "rows_per_chunk", "batching_loses", "batching_saves_nothing", "next_batch_size", "slope_per_row",
+           "setup_worth_paying", "spent_instead_of_setup"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
@@ -54,6 +55,24 @@ def loop_seconds(n_in: int, n_out: int, evaluation_seconds: float) -> float:
     element (the Jacobian and its reentrancy check), a backward costing about an
     evaluation, each call with the loop's own cost (``LOOP_CALL_SECONDS``) beside it."""
     return (2 * n_in + 2 * n_out) * (evaluation_seconds + LOOP_CALL_SECONDS)
+
+
+def measured_loop_seconds(evaluations: int, backward_passes: int, evaluation_seconds: float,
+                          backward_seconds: float) -> float:
+    """The element-by-element check's cost from the loop's own calls, each timed as the loop
+    makes it (an element moved; a one-hot cotangent): used where one traced evaluation is
+    no measure of them (JAX's trace linearises ``fn``: several evaluations' work)."""
+    return evaluations * evaluation_seconds + backward_passes * backward_seconds
+
+
+#: on a backend that compiles every new program (``Backend.engine_setup_seconds``), the
+#: engine's set-up is priced at this many times the compilation the check's first
+#: evaluation paid (first evaluation minus the same one again, warm): the engine compiles
+#: several programs of about that size (batched evaluations, batched VJPs, their probes).
+#: JAX's CPU, eight functions (elementwise, an MLP, softmax, logsumexp, cumsum, a
+#: convolution, sort, a matmul) first checked in a fresh process: the engine's first call
+#: cost 3 to 11 times (median 4.5) that compilation more than the loop's first call
+ENGINE_COMPILATIONS = 4
 
 
 #: a forward-mode check whose loop is estimated (as :func:`loop_seconds`) above this has
