@@ -17,7 +17,9 @@ import os
 import subprocess
 import sys
 
-CASES = ("tanh, (30,)", "mlp 20x20, (20, 5)", "softmax, (8, 8)", "jvp of exp, 2 x (3, 4, 5) float32, failing")
+CASES = ("tanh, (30,)", "mlp 20x20, (20, 5)", "softmax, (8, 8)", "jvp of exp, 2 x (3, 4, 5) float32, failing",
+         "logsumexp over axis 1, (3, 4, 5)", "cumsum of sin, (40,)", "conv 3x3, 2 filters, (1, 1, 6, 6)",
+         "tanh(a @ b), 2 x (10, 10)")
 ENGINES = ("reference", "batched", "auto")
 
 
@@ -41,11 +43,16 @@ def _child(engine: str, calls: int) -> None:
 
     exp.defjvp(lambda p, t: (jnp.exp(p[0]), 1.1 * jnp.exp(p[0]) * t[0]))  # a wrong derivative
     x32 = jnp.asarray(rng.randn(3, 4, 5).astype(np.float32))
+    kernel = jnp.asarray(rng.randn(2, 1, 3, 3))
     cases = {
         CASES[0]: (jnp.tanh, (jnp.asarray(rng.randn(30)),), {}),
         CASES[1]: (lambda x: jnp.tanh(w @ jnp.tanh(w @ x)), (jnp.asarray(rng.randn(20, 5)),), {}),
         CASES[2]: (jax.nn.softmax, (jnp.asarray(rng.randn(8, 8)),), {}),
         CASES[3]: (lambda x, t: jax.jvp(exp, (x,), (t,)), (x32, x32), {"eps": 1e-4, "atol": 2e-3, "rtol": 2e-3}),
+        CASES[4]: (lambda x: jax.nn.logsumexp(x, axis=1), (jnp.asarray(rng.randn(3, 4, 5)),), {}),
+        CASES[5]: (lambda x: jnp.cumsum(jnp.sin(x)), (jnp.asarray(rng.randn(40)),), {}),
+        CASES[6]: (lambda x: jax.lax.conv(x, kernel, (1, 1), "SAME"), (jnp.asarray(rng.randn(1, 1, 6, 6)),), {}),
+        CASES[7]: (lambda a, b: jnp.tanh(a @ b), (jnp.asarray(rng.randn(10, 10)), jnp.asarray(rng.randn(10, 10))), {}),
     }
     times = {}
     for name, (f, args, kw) in cases.items():
