@@ -188,25 +188,24 @@ def _signature(be, piece: Piece) -> tuple:
 
 def _loop_call_seconds(run, piece: Piece) -> tuple | None:
     """Seconds of one evaluation of ``fn`` with an element moved, and of one VJP of a
-    one-hot cotangent (None in forward mode), as the loop makes them, each timed on its
-    second call (the first may compile a program the check's traced evaluation did not);
-    None where they cannot be had (the loop meets any error itself)."""
+    one-hot cotangent (None in forward mode), as the loop makes them (the calls alone: no
+    row is assembled, which would be a new shape to compile), each timed on its second
+    call (the first may compile a program the check's traced evaluation did not); None
+    where they cannot be had (the loop meets any error itself)."""
     be, p = run.be, piece.checked[0]
     x = piece.args[p]
     if be.numel(x) == 0 or not piece.diff:
         return None
     moved = run.numerical_args(piece.args)
-    evaluations = len(run.stencil.offsets) * (2 if be.is_complex(x) else 1)
 
     def element():
-        jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(x), run.stencil,
-                                elements=range(1))
+        jac.evaluate_moved_element(be, piece.fn, moved, p, run.eps_for(x), run.stencil)
 
     def unit_vjp():
-        jac.analytical_jacobians_reverse(be, piece.trace, piece.diff[0], piece.inputs, columns=[0], checks=False)
+        next(iter(piece.trace.unit_vjps(piece.diff[0], [0], be.one_hot)))
 
     try:
-        evaluation = _second_call_seconds(run, element) / evaluations
+        evaluation = _second_call_seconds(run, element)
         return evaluation, None if piece.forward else _second_call_seconds(run, unit_vjp)
     except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
         if error in run.user_errors:

@@ -101,6 +101,16 @@ def _evaluations(stencil, evaluate, step):
     return [evaluate(s, sign) for s, sign in _moves(stencil, step)]
 
 
+def evaluate_moved_element(be, fn: Callable, args: tuple, position: int, eps: float,
+                           stencil=STENCILS["central"]) -> None:
+    """One call of ``fn`` as the element-by-element loop makes it: the first element of
+    ``args[position]`` moved by the stencil's first step (outputs discarded)."""
+    first_moves = _element_moves(stencil, eps, be.is_complex(args[position]))[0][:1]
+    with be.perturber(args, position) as perturber, sharing(fn):
+        if perturber.numel:
+            perturber.evaluate_element_moves(fn, 0, first_moves)
+
+
 def _element_moves(stencil, eps, complex_input) -> list:
     """Each element's moves: along the real axis, then (complex input) the imaginary one."""
     return [_moves(stencil, step) for step in ((eps, eps * 1j) if complex_input else (eps,))]
