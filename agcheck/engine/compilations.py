@@ -15,7 +15,7 @@ import weakref
 
 __all__ = ["Compilations", "COMPILATIONS"]
 
-_RAN = "engine ran"
+_RAN = object()  # the engine has run: its programs are compiled
 
 
 class Compilations:
@@ -24,25 +24,25 @@ class Compilations:
     def __init__(self):
         self._seen = weakref.WeakKeyDictionary()  # fn -> {signature: seconds, or _RAN}
 
-    def _entries(self, fn) -> dict | None:
+    def _entries(self, fn, *, make: bool) -> dict | None:
         try:
-            return self._seen.setdefault(fn, {})
+            return self._seen.setdefault(fn, {}) if make else self._seen.get(fn)
         except TypeError:  # a function that cannot be weakly referenced is not remembered
             return None
 
     def engine_ran(self, fn, signature) -> bool:
         """Whether the engine has run for ``fn`` at ``signature`` in this process."""
-        entries = self._entries(fn)
-        return entries is not None and entries.get(signature) == _RAN
+        entries = self._entries(fn, make=False)
+        return entries is not None and entries.get(signature) is _RAN
 
     def price(self, fn, signature, measured: float) -> float:
         """The compilation the engine's programs of ``fn`` at ``signature`` would repeat:
         ``measured`` now, or the larger one seen before (0 once the engine has run)."""
-        entries = self._entries(fn)
+        entries = self._entries(fn, make=True)
         if entries is None:
             return measured
         known = entries.get(signature, 0.0)
-        if known == _RAN:
+        if known is _RAN:
             return 0.0
         if measured > known:
             entries[signature] = known = measured
@@ -50,7 +50,7 @@ class Compilations:
 
     def note_engine_run(self, fn, signature) -> None:
         """The engine compiled its programs of ``fn`` at ``signature``."""
-        entries = self._entries(fn)
+        entries = self._entries(fn, make=True)
         if entries is not None:
             entries[signature] = _RAN
 
