@@ -347,6 +347,13 @@ def test_jax_functions_with_many_outputs(monkeypatch, kind, scale):
     # op-by-op JAX on so small a problem finds JVPs dearer (the cost model is tested on
     # torch above): here the reverse passes are made to look dear, to test the tie
     monkeypatch.setattr(forward_jacobian, "_REVERSE_PASSES", 1e6)
+    # the engine whatever the loop costs (a new function's first check on JAX is priced
+    # with its compilation, and may go to the loop)
+    from agcheck.backends.jax_backend import JaxBackend
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(JaxBackend, "engine_setup_seconds", 0.0)
+    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
     with jax.enable_x64(True):
         fn = _jax_functions(jax, jnp, scale)[kind]
         r = run(fn, (jnp.asarray(_x().detach().numpy()),), backend="jax")
