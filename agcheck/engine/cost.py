@@ -69,9 +69,9 @@ def measured_loop_seconds(evaluations: int, backward_passes: int, evaluation_sec
 #: engine's set-up is priced at this many times the compilation the check's first
 #: evaluation paid (first evaluation minus the same one again, warm): the engine compiles
 #: several programs of about that size (batched evaluations, batched VJPs, their probes).
-#: JAX's CPU, eight functions (elementwise, an MLP, softmax, logsumexp, cumsum, a
-#: convolution, sort, a matmul) first checked in a fresh process: the engine's first call
-#: cost 3 to 11 times (median 4.5) that compilation more than the loop's first call
+#: JAX's CPU, functions first checked in a fresh process (an MLP, softmax, logsumexp,
+#: cumsum, a convolution, a matmul): the engine's first call cost 3 to 11 times (median
+#: 4.4) that compilation more than the loop's first call
 ENGINE_COMPILATIONS = 4
 
 
