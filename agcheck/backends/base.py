@@ -235,10 +235,11 @@ class Backend:
     #: the batched engine then takes its batches as large as the memory budget allows from
     #: the first one, instead of ramping up through sizes that would each compile
     whole_batches: bool = False
-    #: seconds the batched engine pays on a check of a new shape before it saves anything,
-    #: beyond what the cost model measures (JAX: compiling its batch shapes); the
-    #: element-by-element loop is taken where its estimate is below this plus
-    #: ``cost.ENGINE_WORTH_SECONDS``
+    #: seconds the batched engine pays at least on a check of a new shape before it saves
+    #: anything, beyond what the cost model measures (JAX: compiling its batch shapes). Where
+    #: it is set, ``"auto"`` prices the engine's set-up from the compilation the check's
+    #: first evaluation paid, at no less than this, and the loop from its own calls
+    #: (:func:`agcheck.checks.jacobian._loop_is_cheap`, :mod:`agcheck.engine.compilations`)
     engine_setup_seconds: float = 0.0
     #: whether a function written once against the array API (``array_api_compat``) runs
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)

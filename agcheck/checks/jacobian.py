@@ -191,7 +191,7 @@ def _loop_call_seconds(run, piece: Piece) -> tuple | None:
     one-hot cotangent (None in forward mode), as the loop makes them (the calls alone: no
     row is assembled, which would be a new shape to compile), each timed on its second
     call (the first may compile a program the check's traced evaluation did not); None
-    where they cannot be had (the loop meets any error itself)."""
+    where they cannot be had."""
     be, p = run.be, piece.checked[0]
     x = piece.args[p]
     if be.numel(x) == 0 or not piece.diff:
@@ -204,46 +204,42 @@ def _loop_call_seconds(run, piece: Piece) -> tuple | None:
     def unit_vjp():
         next(iter(piece.trace.unit_vjps(piece.diff[0], [0], be.one_hot)))
 
+    evaluation = _warm_seconds(run, element)
+    if evaluation is None or piece.forward:
+        return None if evaluation is None else (evaluation, None)
+    backward = _warm_seconds(run, unit_vjp)
+    return None if backward is None else (evaluation, backward)
+
+
+def _warm_seconds(run, call: Callable) -> float | None:
+    """:func:`_seconds_of` the second of two calls (the first may compile)."""
+    return None if _seconds_of(run, call) is None else _seconds_of(run, call)
+
+
+def _seconds_of(run, call: Callable) -> float | None:
+    """Seconds of work ``call()`` took (as the engine's stopwatch counts them); None where
+    it raised an error of agcheck's own making (one of ``fn``'s or its backward's
+    propagates: the loop raises it where torch's checker would)."""
+    watch = run.stopwatch()
     try:
-        evaluation = _second_call_seconds(run, element)
-        return evaluation, None if piece.forward else _second_call_seconds(run, unit_vjp)
-    except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
+        call()
+    except Exception as error:  # noqa: BLE001 - see the docstring
         if error in run.user_errors:
             raise
         return None
-
-
-def _second_call_seconds(run, call: Callable) -> float:
-    call()
-    watch = run.stopwatch()
-    call()
     return watch.seconds()
 
 
 def _evaluation_seconds_again(run, piece: Piece) -> float | None:
     """Seconds of a second evaluation of the piece with its graph, as the check's first
-    was timed; None where it cannot be had (the loop meets any error itself)."""
-    watch = run.stopwatch()
-    try:
-        run.be.trace(piece.fn, piece.args, piece.checked)
-    except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
-        if error in run.user_errors:
-            raise
-        return None
-    return watch.seconds()
+    was timed; None where it cannot be had."""
+    return _seconds_of(run, lambda: run.be.trace(piece.fn, piece.args, piece.checked))
 
 
 def _one_jvp_seconds(run, piece: Piece) -> float | None:
     """Seconds of one JVP of the piece (its first input's first element), as the forward
-    loop computes each; None where it cannot be had (the loop meets any error itself)."""
-    watch = run.stopwatch()
-    try:
-        jac.analytical_rows_forward(run.be, piece.fn, piece.args, piece.checked, 0, [0])
-    except Exception as error:  # noqa: BLE001 - the loop raises it where torch's checker would
-        if error in run.user_errors:
-            raise
-        return None
-    return watch.seconds()
+    loop computes each; None where it cannot be had."""
+    return _seconds_of(run, lambda: jac.analytical_rows_forward(run.be, piece.fn, piece.args, piece.checked, 0, [0]))
 
 
 def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytical: dict | None = None) -> None:
