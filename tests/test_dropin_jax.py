@@ -124,15 +124,24 @@ def test_verdicts_where_they_should_be():
         agcheck.check_grads(bad_second_order, (X,), 2, modes=("rev",))
 
 
-def test_failure_carries_agcheck_report():
+def test_failure_carries_agcheck_account():
     with pytest.raises(AssertionError) as info:
         agcheck.check_grads(bad_sin, (X,), 1, modes=("rev",))
+    e = info.value
+    assert "agcheck (along the check's random direction)" in str(e)
+    assert "The VJP's projection is 2.00 x the finite differences'" in str(e)
+    assert e.account.factor == pytest.approx(2.0, rel=1e-3) and e.report is None and e.level == "VJP"
+
+
+def test_failure_carries_agcheck_report_of_full_jacobians_on_request():
+    with pytest.raises(AssertionError) as info:
+        agcheck.check_grads(bad_sin, (X,), 1, modes=("rev",), account="full")
     e = info.value
     text = str(e)
     assert "agcheck (full Jacobians of this level, slow mode)" in text
     assert "Jacobian mismatch for output 0 with respect to input 0" in text
     assert "analytical = 2.00 x numerical" in text
-    assert e.report is not None and e.report.blocks and e.level == "VJP"
+    assert e.report is not None and e.report.blocks and e.level == "VJP" and e.account is None
 
 
 def test_tolerances_and_eps_keywords():
@@ -163,7 +172,7 @@ def test_patch_jax_routes_check_grads():
         jax.test_util.check_grads(good_sin, (X,), 1, modes=("rev",))
         with pytest.raises(AssertionError) as info:
             jax.test_util.check_grads(bad_sin, (X,), 1, modes=("rev",))
-        assert "agcheck (full Jacobians" in str(info.value)
+        assert "agcheck (along the check's random direction)" in str(info.value)
         assert patch.checks == 2 and patch.failures == 1
     assert jax.test_util.check_grads is _JAX["check_grads"] and module.check_grads is _JAX["check_grads"]
     handle = agcheck.patch_jax()
@@ -204,8 +213,11 @@ def test_plugin_agcheck_jax(pytester):
     result = run(pytester, "--agcheck-jax")
     result.assert_outcomes(passed=1, failed=1)
     text = result.stdout.str()
-    assert "VJP cotangent projection" in text and "agcheck (full Jacobians of this level" in text
+    assert "VJP cotangent projection" in text and "agcheck (along the check's random direction)" in text
     assert "2 jax check_grads calls went through agcheck (1 failed)" in text
+    full = run(pytester, "--agcheck-jax", "--agcheck-jax-account=full")
+    full.assert_outcomes(passed=1, failed=1)
+    assert "agcheck (full Jacobians of this level" in full.stdout.str()
     plain = run(pytester)
     plain.assert_outcomes(passed=1, failed=1)
-    assert "agcheck (full Jacobians" not in plain.stdout.str()
+    assert "agcheck (" not in plain.stdout.str()

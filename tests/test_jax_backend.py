@@ -835,8 +835,8 @@ def test_stencil_combined_on_the_host_is_ieee_and_within_an_ulp_of_xlas(dtype, s
 
 
 def test_a_failing_accounts_arithmetic_compiles_nothing_of_its_own():
-    """agcheck's element-by-element check of a JAX function, as the drop-in runs it on a
-    failure, does its own arithmetic (moves, differences, row stacking, comparisons) on
+    """agcheck's element-by-element check of a JAX function, as the drop-in runs it for a
+    failure's full account (``account="full"``), does its own arithmetic (moves, differences, row stacking, comparisons) on
     the host: with JAX's own check run first (it compiles what ``fn`` needs at this
     shape), no program of that arithmetic is compiled, only ``fn``'s (here ``sin``,
     ``cos`` and ``multiply``). Before, about 20 small programs were compiled per new shape."""
@@ -867,7 +867,7 @@ def test_a_failing_accounts_arithmetic_compiles_nothing_of_its_own():
     logger.addHandler(handler)
     try:
         with jax.log_compiles(), pytest.raises(AssertionError, match="agcheck"):
-            agcheck.check_grads(f, (x,), 1, ["fwd", "rev"])
+            agcheck.check_grads(f, (x,), 1, ["fwd", "rev"], account="full")
     finally:
         logger.removeHandler(handler)
     assert not set(compiled) - {"jit(sin)", "jit(cos)", "jit(multiply)"}, compiled
@@ -951,11 +951,11 @@ def test_complex_checks_run_under_strict_dtype_promotion(case, how, scale):
 
 
 def test_a_failing_complex_check_grads_is_accounted_for_under_strict_promotion():
-    """The drop-in's account of a failing level compares full Jacobians under strict dtype
+    """The drop-in's full account of a failing level compares full Jacobians under strict dtype
     promotion too (it said it could not, with a TypePromotionError, for complex inputs)."""
     x = rand(2, 3, seed=4, complex=True).astype(jnp.complex64)
     with jax.numpy_dtype_promotion("strict"), pytest.raises(AssertionError) as failure:
-        agcheck.check_grads(_scaled_square(1.5), (x,), 1, ["fwd", "rev"])
+        agcheck.check_grads(_scaled_square(1.5), (x,), 1, ["fwd", "rev"], account="full")
     assert "agcheck (full Jacobians of this level, slow mode)" in str(failure.value)
     assert "could not compare" not in str(failure.value)
 

@@ -14,7 +14,8 @@ Every import counts, also one placed inside a function. The layers, lowest first
     agcheck.crosscheck.*                               several backends compared
     agcheck.frontends.*                                CLI, main job, catalog, pytest plugin,
                                                        drop-in (and its framework side,
-                                                       agcheck.backends.{torch,jax}_dropin)
+                                                       agcheck.backends.{torch,jax}_dropin,
+                                                       agcheck.backends.jax_direction_account)
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def _rank(module: str) -> int:
     order = [
         # the framework side of the drop-in: patches a framework to call agcheck's public API
         ("agcheck.backends.torch_dropin", 8), ("agcheck.backends.jax_dropin", 8),
+        ("agcheck.backends.jax_direction_account", 8),  # the JAX drop-in's account of a failure
         ("agcheck.backends.base", 0), ("agcheck.errors", 0), ("agcheck.options", 0), ("agcheck.core.stencil", 0),
         ("agcheck.report.values", 0), ("agcheck.report.render", 0), ("agcheck.report.model", 0),
         ("agcheck.report.errors", 0),

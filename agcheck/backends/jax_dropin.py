@@ -22,6 +22,11 @@ Tolerances default per dtype (JAX's gradient tolerances: float32 ``2e-3``, float
 ``1e-5``, ...); ``atol``/``rtol`` may be numbers or dicts by dtype. Comparisons scale
 ``atol`` and ``rtol`` by the size of the compared arrays, as JAX's do.
 
+A failure raises JAX's ``AssertionError`` message followed by agcheck's account of the
+failing level: by default from the arrays the check compared
+(:mod:`agcheck.backends.jax_direction_account`, no further calls of ``f``), with
+``account="full"`` from the level's full Jacobians (slow mode, element by element).
+
 ``full=True`` (beyond JAX) additionally compares full Jacobians of every level with
 :func:`agcheck.gradcheck` / :func:`agcheck.gradgradcheck` (slow mode, JAX backend).
 """
@@ -34,6 +39,8 @@ from functools import partial
 
 import jax
 import numpy as np
+
+from agcheck.backends.jax_direction_account import Evidence, direction_account, inner_product
 
 __all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"]
 
@@ -99,11 +106,11 @@ def gradient_tolerance(tol=None) -> dict | float:
 
 
 def _tol_for(dtype, tol) -> float:
+    """The tolerance for ``dtype`` from a number or a table of :func:`gradient_tolerance`."""
     if not isinstance(tol, dict):
         return tol
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
-    table = {np.dtype(k): v for k, v in tol.items()}
-    return table[dtype] if dtype in table else _VALUE_TOL[dtype]
+    return tol[dtype] if dtype in tol else _VALUE_TOL[dtype]
 
 
 # -- leaf arithmetic (NumPy, as the reference does it) -----------------------------------------
@@ -168,12 +175,6 @@ def _central_difference(f, primals, tangents, eps):
     return _scale(jax.tree_util.tree_map(_difference, forward, backward), 0.5 / eps)
 
 
-def _inner(xs, ys):
-    def one(x, y):
-        return np.real(np.dot(np.conj(x).reshape(-1), y.reshape(-1)))
-    return jax.tree_util.tree_reduce(np.add, jax.tree_util.tree_map(one, xs, ys))
-
-
 # -- comparisons ------------------------------------------------------------------------------
 
 def _close_leaf(a, b, atol, rtol, err_msg):
@@ -231,6 +232,7 @@ class _LevelEvaluations:
         self._computes_value = value  # where given, computes f(*args) from a parent's work
         self._difference = None  # (tangent, its central difference) once computed
         self.vjp = None  # (value, pullback) of jax.vjp(f, *args), once the "rev" check made it
+        self.forward = None  # (tangent, JVP along it) of the passing "fwd" check
 
     def value(self):
         if self._value is None:
@@ -260,31 +262,43 @@ def _same_leaves(xs, ys) -> bool:
     return tree_x == tree_y and all(np.array_equal(x, y) for x, y in zip(flat_x, flat_y))
 
 
-def _check_jvp(shared, f_jvp, atol, rtol, err_msg):
-    """JAX's JVP check of ``shared.f`` at ``shared.args`` (a :class:`_LevelEvaluations`)."""
+def _check_jvp(shared, f_jvp, atol, rtol, err_msg, evidence):
+    """JAX's JVP check of ``shared.f`` at ``shared.args`` (a :class:`_LevelEvaluations`);
+    what it computes goes into ``evidence`` (an :class:`Evidence`) for a failure's account."""
     rng = np.random.RandomState(0)
     tangent = jax.tree_util.tree_map(partial(_random_like, rng), shared.args)
     value, tangent_out = f_jvp(shared.args, tangent)
+    evidence.comparing("dtypes", value, tangent_out)
     _same_dtypes(value, tangent_out)
     expected_value = shared.value()
+    evidence.comparing("dtypes", value, expected_value)
     _same_dtypes(value, expected_value)
     expected_tangent = shared.central_difference(tangent)
+    evidence.comparing("primal", value, expected_value)
     _close(value, expected_value, atol, rtol, _label("primal", err_msg))
+    evidence.comparing("tangent", tangent_out, expected_tangent)
     _close(tangent_out, expected_tangent, atol, rtol, _label("tangent", err_msg))
+    shared.forward = (tangent, tangent_out)
 
 
-def _check_vjp(shared, f_vjp, atol, rtol, err_msg):
-    """JAX's VJP check of ``shared.f`` at ``shared.args`` (a :class:`_LevelEvaluations`)."""
+def _check_vjp(shared, f_vjp, atol, rtol, err_msg, evidence):
+    """JAX's VJP check of ``shared.f`` at ``shared.args`` (a :class:`_LevelEvaluations`);
+    what it computes goes into ``evidence`` (an :class:`Evidence`) for a failure's account."""
     draw = partial(_random_like, np.random.RandomState(0))
     value, pullback = f_vjp(*shared.args)
     shared.vjp = (value, pullback)
+    evidence.comparing("primal", value, shared.value())
     _close(value, shared.value(), atol, rtol, _label("primal", err_msg))
     tangent = jax.tree_util.tree_map(draw, shared.args)
     tangent_out = shared.central_difference(tangent)
     cotangent = jax.tree_util.tree_map(draw, value)
     pulled = _conj(pullback(_conj(cotangent)))
-    _close(_inner(tangent, pulled), _inner(tangent_out, cotangent), atol, rtol,
-           _label("cotangent projection", err_msg))
+    evidence.cotangent = cotangent
+    if shared.forward is not None and _same_leaves(shared.forward[0], tangent):
+        evidence.forward = shared.forward[1]
+    projection, expected = inner_product(tangent, pulled), inner_product(tangent_out, cotangent)
+    evidence.comparing("projection", projection, expected)
+    _close(projection, expected, atol, rtol, _label("cotangent projection", err_msg))
 
 
 def _jvp_by_linearize(f, primals, tangents):
@@ -303,13 +317,17 @@ def _vjp_at_output(f):
 
 class CheckGradsError(AssertionError):
     """A failed :func:`agcheck.check_grads`: JAX's ``AssertionError`` message, then
-    agcheck's account of the failing level. ``.report`` is agcheck's failure report of that
-    level (or ``None``), ``.level`` says which one (``"VJP of JVP"``, ...)."""
+    agcheck's account of the failing level. ``.level`` says which one (``"VJP of JVP"``,
+    ...); ``.account`` is the account from the check's own evaluations
+    (:class:`~agcheck.backends.jax_direction_account.DirectionAccount`, by default),
+    ``.report`` agcheck's failure report of the level's full Jacobians (``account="full"``);
+    the other is ``None``."""
 
-    def __init__(self, message, *, report=None, level=None):
+    def __init__(self, message, *, report=None, level=None, account=None):
         super().__init__(message)
         self.report = report
         self.level = level
+        self.account = account
 
 
 #: agcheck's full-Jacobian account of a failing level is skipped above this many entries
@@ -358,45 +376,80 @@ def _agcheck_account(f, args, mode, atol, rtol, eps):
             "entries, or the finite differences are inaccurate at this step."), None
 
 
-def _guarded(kind, f, args, atol, rtol, eps, level, run):
+def _input_elements(args) -> int:
+    """The floating-point and complex input elements of a level (what a full account moves)."""
+    return sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(args)
+               if np.issubdtype(_leaf_dtype(x), np.inexact))
+
+
+def _guarded(kind, f, args, atol, rtol, eps, level, run, account):
+    """Run one check (``run(evidence)``); on a failure, re-raise JAX's ``AssertionError`` as
+    a :class:`CheckGradsError` with agcheck's account of the level (``account``: ``"direction"``
+    from the check's own evaluations, ``"full"`` from the level's full Jacobians)."""
+    evidence = Evidence(kind)
     try:
-        run()
+        run(evidence)
     except CheckGradsError:
         raise
     except AssertionError as failure:
-        text, report = _agcheck_account(f, args, kind, atol, rtol, eps)
         message = str(failure).rstrip("\n")
-        raise CheckGradsError(f"{message}\n\n{text}", report=report, level=level) from failure
+        if account == "full":
+            text, report = _agcheck_account(f, args, kind, atol, rtol, eps)
+            raise CheckGradsError(f"{message}\n\n{text}", report=report, level=level) from failure
+        try:
+            explained = direction_account(evidence, level, lambda dtype: (_tol_for(dtype, atol), _tol_for(dtype, rtol)),
+                                          eps, _input_elements(args))
+            text = explained.text
+        except Exception as error:  # noqa: BLE001 - the account must never hide the failure
+            explained, text = None, f"agcheck could not explain this failure: {type(error).__name__}: {error}"
+        raise CheckGradsError(f"{message}\n\n{text}", level=level, account=explained) from failure
+
+
+#: how a failure is explained: "direction" (the check's own evaluations) or "full"
+ACCOUNTS = ("direction", "full")
 
 
 # -- the public check -------------------------------------------------------------------------
 
-def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False):
+def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False,
+                account=None):
     """Check derivatives of ``f`` at ``args`` up to ``order`` as ``jax.test_util.check_grads``
-    does (see the module docstring); ``full=True`` also compares full Jacobians."""
+    does (see the module docstring); ``full=True`` also compares full Jacobians.
+
+    ``account`` says how a failure is explained: ``"direction"`` (the default) from the
+    failing check's own evaluations, at no cost; ``"full"`` (the default with ``full=True``)
+    by comparing the failing level's full Jacobians, about two evaluations of its function
+    per input element."""
+    if account is None:
+        account = "full" if full else "direction"
+    if account not in ACCOUNTS:
+        raise ValueError(f"account must be one of {ACCOUNTS}, got {account!r}")
     args = tuple(args)
     eps = eps or DEFAULT_EPS
     atol_table = gradient_tolerance(atol)
     rtol_table = gradient_tolerance(rtol)
 
+    def guarded(kind, f, args, name, run):
+        _guarded(kind, f, args, atol_table, rtol_table, eps, name, run, account)
+
     def level(f, args, order, err_msg="", value=None):
         shared = _LevelEvaluations(f, args, eps, value)
         if "fwd" in modes:
             name = f"JVP of {err_msg}" if err_msg else "JVP"
-            _guarded("fwd", f, args, atol_table, rtol_table, eps, name,
-                     lambda: _check_jvp(shared, partial(jax.jvp, f), atol_table, rtol_table, name))
+            guarded("fwd", f, args, name,
+                    lambda ev: _check_jvp(shared, partial(jax.jvp, f), atol_table, rtol_table, name, ev))
             if order > 1:
                 level(partial(jax.jvp, f), (args, args), order - 1, name)
         if "rev" in modes:
             name = f"VJP of {err_msg}" if err_msg else "VJP"
-            _guarded("rev", f, args, atol_table, rtol_table, eps, name,
-                     lambda: _check_vjp(shared, partial(jax.vjp, f), atol_table, rtol_table, name))
+            guarded("rev", f, args, name,
+                    lambda ev: _check_vjp(shared, partial(jax.vjp, f), atol_table, rtol_table, name, ev))
             if order > 1:
                 level(_vjp_at_output(f), args, order - 1, name, shared.value_of_vjp_at_output())
         if "lin" in modes:
             name = f"LIN of {err_msg}" if err_msg else "LIN"
-            _guarded("lin", f, args, atol_table, rtol_table, eps, name,
-                     lambda: _check_jvp(shared, partial(_jvp_by_linearize, f), atol_table, rtol_table, name))
+            guarded("lin", f, args, name,
+                    lambda ev: _check_jvp(shared, partial(_jvp_by_linearize, f), atol_table, rtol_table, name, ev))
             if order > 1:
                 level(partial(_jvp_by_linearize, f), (args, args), order - 1, name)
 
@@ -442,10 +495,14 @@ _MODULE = importlib.import_module("jax._src.public_test_util")
 observer = None
 
 
+#: agcheck's keywords added to every routed call (``patch_jax(account="full")``)
+defaults: dict = {}
+
+
 def dropin_check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None):
     """agcheck's :func:`check_grads` in the place of ``jax.test_util.check_grads``."""
     __tracebackhide__ = True
-    kwargs = dict(order=order, modes=modes, atol=atol, rtol=rtol, eps=eps)
+    kwargs = dict(defaults, order=order, modes=modes, atol=atol, rtol=rtol, eps=eps)
     if observer is None:
         return check_grads(f, args, **kwargs)
     return observer("check_grads", check_grads, f, args, kwargs)

@@ -200,14 +200,27 @@ def patch_torch(**agcheck_keywords) -> Patch:
     return Patch("torch", agcheck_keywords)._install()
 
 
-def patch_jax() -> Patch:
+def patch_jax(**agcheck_keywords) -> Patch:
     """Route ``jax.test_util.check_grads`` to :func:`agcheck.check_grads` (same arguments,
-    same ``AssertionError`` on failure, with agcheck's report in the message). A context
-    manager, or a :class:`Patch` to ``restore()``."""
-    return Patch("jax")._install()
+    same ``AssertionError`` on failure, with agcheck's account in the message). A context
+    manager, or a :class:`Patch` to ``restore()``.
+
+    ``agcheck_keywords`` (``account``) are added to every routed call:
+    ``patch_jax(account="full")`` explains each failure by the failing level's full
+    Jacobians instead of the check's own evaluations. A patch nested in an active one
+    keeps the outer patch's keywords.
+    """
+    unknown = sorted(set(agcheck_keywords) - {"account"})
+    if unknown:
+        raise TypeError(f"patch_jax() takes agcheck's account keyword only, got {unknown}")
+    account = agcheck_keywords.get("account")
+    if account is not None and account not in ("direction", "full"):
+        raise ValueError(f"account must be 'direction' or 'full', got {account!r}")
+    return Patch("jax", agcheck_keywords)._install()
 
 
-def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False):
+def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False,
+                account=None):
     """``jax.test_util.check_grads`` on agcheck: the same checks, defaults and verdicts.
 
     Checks the JVP (``"fwd"``), the VJP (``"rev"``) and/or ``jax.linearize``
@@ -218,12 +231,18 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
 
     Raises an ``AssertionError`` (:class:`~agcheck.backends.jax_dropin.CheckGradsError`)
     on a failure: JAX's message (which level, ``primal`` / ``tangent`` / ``cotangent
-    projection``), then agcheck's comparison of the failing level's full Jacobians with
-    its failure report (``.report``). ``full=True`` (beyond JAX) also compares full
-    Jacobians of every level with :func:`agcheck.gradcheck` / ``gradgradcheck`` (slow
-    mode) after the random-direction checks pass.
+    projection``), then agcheck's account of the failing level. By default
+    (``account="direction"``) the account comes from the arrays the check compared, with
+    no further calls of ``f``: which output differs and where, the pattern (zero, a
+    constant factor, a flipped sign, a conjugate, a few elements), and whether the JVP
+    along the same tangent points at the reverse rule (``.account``). ``account="full"``
+    compares the failing level's full Jacobians instead, in slow mode, with agcheck's
+    failure report (``.report``); it costs about two evaluations per input element.
+    ``full=True`` (beyond JAX) also compares full Jacobians of every level with
+    :func:`agcheck.gradcheck` / ``gradgradcheck`` (slow mode) after the random-direction
+    checks pass, and makes ``"full"`` the default account.
     """
     __tracebackhide__ = True
     from agcheck.backends.jax_dropin import check_grads as run
 
-    return run(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full)
+    return run(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full, account=account)

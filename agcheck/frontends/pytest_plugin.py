@@ -37,6 +37,11 @@ Options
     Also the ini setting ``agcheck_engine``.
 ``--agcheck-jax``
     The same for ``jax.test_util.check_grads`` (ini: ``agcheck_jax = true``).
+``--agcheck-jax-account direction|full``
+    How a failing check ``--agcheck-jax`` routes is explained: ``direction`` (the default)
+    from the check's own evaluations, ``full`` by the failing level's full Jacobians (their
+    report is what ``--agcheck-report-dir`` saves). Also the ini setting
+    ``agcheck_jax_account``.
 ``--agcheck-report-dir DIR``
     Save the report of every failed check (of the fixtures, and of the suite's own checks
     under ``--agcheck-torch`` / ``--agcheck-jax``) as ``DIR/<test id>.html`` (``.json``
@@ -86,7 +91,14 @@ def pytest_addoption(parser):
         help="agcheck's engine for the checks routed by --agcheck-torch (auto, batched, reference; "
              "reference evaluates the suite's functions exactly as often as torch's checker)",
     )
+    group.addoption(
+        "--agcheck-jax-account", action="store", default=None, choices=("direction", "full"),
+        help="how agcheck explains a failing check routed by --agcheck-jax: direction (default, from the "
+             "check's own evaluations) or full (the failing level's full Jacobians, element by element)",
+    )
     parser.addini("agcheck_engine", "agcheck's engine for the checks routed by agcheck_torch", default="")
+    parser.addini("agcheck_jax_account", "agcheck's account of failures routed by agcheck_jax (direction, full)",
+                  default="")
     parser.addini("agcheck_torch", "route torch.autograd.gradcheck/gradgradcheck to agcheck", type="bool",
                   default=False)
     parser.addini("agcheck_jax", "route jax.test_util.check_grads to agcheck", type="bool", default=False)
@@ -366,7 +378,11 @@ class _DropinSession:
                 engine = self.config.getoption("agcheck_engine", None) or self.config.getini("agcheck_engine")
                 patch = dropin.patch_torch(**({"engine": engine} if engine else {}))
             else:
-                patch = dropin.patch_jax()
+                account = self.config.getoption("agcheck_jax_account", None) or self.config.getini(
+                    "agcheck_jax_account")
+                if account not in ("", "direction", "full"):
+                    raise pytest.UsageError(f"agcheck_jax_account must be direction or full, got {account!r}")
+                patch = dropin.patch_jax(**({"account": account} if account else {}))
             self.patches[framework] = patch
         if self.patches:
             dropin.add_failure_listener(self.on_failure)
