@@ -1,20 +1,22 @@
 """Failing ``check_grads`` calls: what JAX's checker and agcheck's drop-in each cost per failure.
 
 JAX's checker raises at the first level whose projection differs; agcheck raises the same
-``AssertionError`` message and adds its account of that level: the full Jacobians compared
-in slow mode (element by element, on the JAX backend) and their diagnosis. The derivatives
+``AssertionError`` message and adds its account of that level, by default from the arrays
+the check compared (``--account full``: the level's full Jacobians compared in slow mode,
+element by element, on the JAX backend, and their diagnosis). The derivatives
 are broken as in the real-suite run with ``-p suites_broken_jax`` (the JVPs of ``sin``,
 ``exp``, ``log`` and ``tanh`` scaled by 1.1). This prints the medians of the warm CPU
 times (each call run twice untimed first: JAX compiles on first use, and whichever checker
 ran first would pay for both), alternating the checkers in one process.
 
-    python bench/jax_failures.py [--repeat 7]
+    python bench/jax_failures.py [--repeat 7] [--account full]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+from functools import partial
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -52,12 +54,16 @@ def _failing(check, f, args):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7, help="alternations of the checkers per case")
+    ap.add_argument("--account", choices=("direction", "full"), default="direction",
+                    help="agcheck's account of the failing level")
     args = ap.parse_args(argv)
     suites_broken_jax.pytest_configure(None)
     reference = getattr(public_test_util.check_grads, "agcheck_original", public_test_util.check_grads)
-    print(f"failing check_grads (order 2, fwd and rev), median of {args.repeat} warm alternations (CPU ms)")
+    ours = partial(agcheck.check_grads, account=args.account)
+    print(f"failing check_grads (order 2, fwd and rev), median of {args.repeat} warm alternations (CPU ms); "
+          f"agcheck's account: {args.account}")
     for name, (f, inputs) in _cases().items():
-        times = alternated({"jax": _failing(reference, f, inputs), "agcheck": _failing(agcheck.check_grads, f, inputs)},
+        times = alternated({"jax": _failing(reference, f, inputs), "agcheck": _failing(ours, f, inputs)},
                            args.repeat, warm=2)
         print(f"  {name:16s} jax {statistics.median(times['jax']) * 1e3:8.2f}  agcheck "
               f"{statistics.median(times['agcheck']) * 1e3:8.2f}  ({median_ratio(times['jax'], times['agcheck']):.3f}x)")
