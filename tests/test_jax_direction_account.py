@@ -205,3 +205,21 @@ def test_an_assertion_of_f_itself_keeps_its_message():
     error, account = _failure(asserting, (X,))
     assert str(error).startswith("f wants three elements")
     assert account.stage == "unknown" and "failed before comparing anything" in account.text
+
+
+def test_an_integer_output_fails_as_under_jax_and_its_dtypes_are_named():
+    """JAX's check asserts that a JVP's tangents have the primal's dtypes (an integer
+    output's tangent is float0): an AssertionError without a message, under both checkers."""
+    from jax._src import public_test_util
+
+    jax_check = getattr(public_test_util.check_grads, "agcheck_original", public_test_util.check_grads)
+
+    def with_int(x):
+        return jnp.sin(x), jnp.floor(3 * x).astype(jnp.int32)
+
+    agcheck.check_grads(lambda x: with_int(x)[0], (X,), 1)
+    with pytest.raises(AssertionError) as by_jax:
+        jax_check(with_int, (X,), 1)
+    error, account = _failure(with_int, (X,))
+    assert str(by_jax.value) == "" and str(error).startswith("\n\n" + HEAD)
+    assert account.stage == "dtypes" and "output 1: int32 against float0" in account.text

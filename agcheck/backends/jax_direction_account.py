@@ -88,6 +88,11 @@ class DirectionAccount:
     lines: list = field(default_factory=list, repr=False)
 
 
+def _dtype_name(x) -> str:
+    dtype = np.asarray(x).dtype
+    return "float0" if dtype == jax.dtypes.float0 else str(dtype)
+
+
 def _as_numbers(x) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype.kind == "c":
@@ -213,9 +218,12 @@ def _projection_account(account, evidence, tolerance):
     account.lines.append(f"<t, J^H c> from the VJP is {fmt(derived)}; <J t, c> from finite differences is "
                          f"{fmt(expected)} (t, c: the check's random tangent and cotangent)")
     forward = evidence.forward
+    try:
+        jvp_projection = None if forward is None else float(inner_product(forward, evidence.cotangent))
+    except (TypeError, ValueError):  # a JVP with float0 tangents (integer outputs) projects nothing
+        forward = jvp_projection = None
     if forward is not None:
         atol, rtol = tolerance(np.asarray(evidence.pair[0]).dtype)
-        jvp_projection = float(inner_product(forward, evidence.cotangent))
         account.forward_projection = jvp_projection
         if abs(jvp_projection - expected) <= atol + rtol * abs(expected):
             account.kind = "reverse_rule"
@@ -264,7 +272,7 @@ def direction_account(evidence: Evidence, level: str, tolerance, eps, n_inputs: 
     what = "the JVP" if evidence.check in ("fwd", "lin") else "the VJP"
     if evidence.stage == "dtypes":
         derived, expected = evidence.pair
-        dtypes = [(str(np.asarray(a).dtype), str(np.asarray(b).dtype)) for a, b in
+        dtypes = [(_dtype_name(a), _dtype_name(b)) for a, b in
                   zip(jax.tree_util.tree_leaves(derived), jax.tree_util.tree_leaves(expected))]
         differ = [f"output {i}: {a} against {b}" for i, (a, b) in enumerate(dtypes) if a != b]
         account.lines.append("dtypes differ: " + ("; ".join(differ) or "in the structure of the outputs") + ".")
