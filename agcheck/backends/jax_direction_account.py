@@ -293,7 +293,8 @@ def direction_account(evidence: Evidence, level: str, tolerance, eps, n_inputs: 
         account.lines.append(order)
     account.lines.append(f"(agcheck's account from the check's own evaluations, no further calls of f. The full "
                          f"Jacobians of this level, compared element by element, take about {2 * n_inputs} more "
-                         'evaluations: agcheck.check_grads(..., account="full"), or patch_jax(account="full") / '
+                         "evaluations of its function and one derivative call per element: "
+                         'agcheck.check_grads(..., account="full"), or patch_jax(account="full") / '
                          "pytest --agcheck-jax-account=full.)")
     account.text = "agcheck (along the check's random direction):\n" + "\n".join(
         "  " + line for line in account.lines)
