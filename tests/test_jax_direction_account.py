@@ -22,18 +22,13 @@ HEAD = "agcheck (along the check's random direction):"
 def _sin_with_transpose(scale):
     """``sin`` whose JVP is right and whose transpose (hence VJP) is ``scale`` times it:
     the JVP solves ``(1 / cos x) y = t``; the broken part is the solve's ``transpose_solve``."""
-    @jax.custom_jvp
-    def f(x):
-        return jnp.sin(x)
+    def jvp_by_solve(primals, tangents):
+        c = jnp.cos(primals[0])
+        return jnp.sin(primals[0]), lax.custom_linear_solve(
+            lambda v: v / c, tangents[0], solve=lambda _, b: b * c, transpose_solve=lambda _, b: scale * b * c)
 
-    @f.defjvp
-    def f_jvp(primals, tangents):
-        (x,), (t,) = primals, tangents
-        c = jnp.cos(x)
-        y = lax.custom_linear_solve(lambda v: v / c, t, solve=lambda _, b: b * c,
-                                    transpose_solve=lambda _, b: scale * b * c)
-        return jnp.sin(x), y
-
+    f = jax.custom_jvp(lambda x: jnp.sin(x))
+    f.defjvp(jvp_by_solve)
     return f
 
 
