@@ -235,8 +235,8 @@ def _projection_account(account, evidence, tolerance):
             account.kind = "small_forward_error"
             account.lines.append(
                 f"The JVP along the same tangent gives <J t, c> = {fmt(jvp_projection)}, agreeing with the VJP, "
-                "not with finite differences: the derivative itself is off by a little, which the JVP check "
-                "let through (its tolerance grows with the number of elements compared).")
+                "not with finite differences: the derivative itself is off, by less than the JVP check's "
+                "tolerance (which grows with the number of elements compared) but more than this projection's.")
         else:
             account.lines.append(f"The JVP along the same tangent gives <J t, c> = {fmt(jvp_projection)}: it "
                                  "agrees with neither.")
