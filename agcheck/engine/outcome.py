@@ -27,6 +27,8 @@ class EngineEvent:
         ``"batched"`` / ``"looped"`` (numerical, vjp), ``"repriced"`` (numerical, vjp: a
         batch that did not pay against the loop's price from the probe or the first
         columns, the loop priced again and found dearer, so that batching goes on),
+        ``"remeasured"`` (numerical: a batch whose rows cost far more than the probe's
+        one-row batch, measured once more before the loop takes over),
         ``"shared"`` (numerical: the real parts' pass over complex outputs took the
         imaginary parts' evaluations, ``figures["served"]`` of them), ``"coloured"`` /
         ``"column by column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` /
@@ -46,7 +48,8 @@ class EngineEvent:
     figures : dict
         The measurements the decision was taken on, in seconds: ``"loop_row"`` (one
         element's rows computed one at a time), ``"stacked_probe"``, ``"vmap_probe"`` or
-        ``"functional_probe"`` (the probe's two-row batch in the form chosen),
+        ``"functional_probe"`` (the probe's batch of one row's two points, in the form chosen),
+        ``"probe_row"`` (that batch's seconds, per row),
         ``"batched_row"`` (a row of the batch that decided), ``"loop_column"`` /
         ``"batched_column"`` (one VJP, alone or in a batch); for a confirmed failure,
         counts: ``"exact_rows"`` and

@@ -34,6 +34,9 @@ PROBE_SEED = 5113
 SAMPLES_SEED = 5119
 #: one batched call may always take this many bytes (see Problem.batch_bytes)
 MIN_BATCH_BYTES = 8 << 20
+#: a batch whose rows cost this many times the probe's one-row batch is measured once more
+#: before the loop takes over (the first measurement was a moment of load, not the form)
+_OUTLIER = 4
 #: from this many elements on, the probe's plain calls are timed twice (the best counts)
 _RETIMED_NUMEL = 64
 #: another path's inexact rows are preferred to the loop moving samples together (exact
@@ -532,8 +535,9 @@ class Problem:
             * points * (2 if complex_input else 1)
         self._row_bytes[pos] = estimate
         looped = self._element_cost.get(pos, float("inf"))
-        probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")
-        per_row_of, start = {}, 0
+        probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")  # two points of one row
+        row_probe = probe * points / 2 * (2 if complex_input else 1) if probe else None
+        per_row_of, start, remeasured = {}, 0, False
         size = cost.rows_per_chunk(estimate, self.batch_bytes, n)
         if not be.whole_batches:
             size = min(cost.RAMP[0], size)
@@ -550,10 +554,19 @@ class Problem:
             if stop >= n:
                 return
             per_row_of[size] = seconds / size
-            slope = cost.slope_per_row(probe * (2 if complex_input else 1) if probe else None, 1, seconds, size) \
-                if len(per_row_of) == 1 else None
+            slope = cost.slope_per_row(row_probe, 1, seconds, size) if len(per_row_of) == 1 else None
             chunk = cost.rows_per_chunk(self._row_bytes[pos], self.batch_bytes, n)
+            ran = size
             size, why = self._next_batch_size(pos, per_row_of, looped, chunk, seconds, slope)
+            start = stop
+            if size is None and not remeasured and row_probe and per_row_of[ran] > _OUTLIER * row_probe:
+                # a batch's rows far dearer than the probe's one-row batch: a moment of load
+                # (another process, threads spinning), not the batched form; measured again
+                remeasured, size = True, ran
+                self.run.engine_log.append(EngineEvent("numerical", "remeasured", pos, "a batch far dearer than its probe",
+                                                       via=self._via[pos], figures={
+                                                           "batched_row": per_row_of[ran], "probe_row": row_probe}))
+                continue
             repriced = None
             if size is None and pos not in self._repriced:
                 # before giving the rest of the input to the loop, its price again, now
@@ -567,7 +580,6 @@ class Problem:
                                                                via=self._via[pos], figures={
                                                                    "loop_row": looped,
                                                                    "batched_row": per_row_of[max(per_row_of)]}))
-            start = stop
             if size is None:
                 self._looped.add(pos)
                 figures = {"loop_row": looped, "batched_row": per_row_of[max(per_row_of)]}
