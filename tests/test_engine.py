@@ -329,7 +329,7 @@ def test_a_pathologically_slow_batched_vjp_is_dropped_after_one_small_batch(monk
     assert broken.verdict is False and len(calls) == 1
 
 
-def test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_batch(monkeypatch):
+def test_a_pathologically_slow_batched_evaluation_is_dropped_after_a_small_batch_or_two(monkeypatch):
     from agcheck.engine.rows import Problem as _Problem
 
     calls = _slowed(monkeypatch, "_batched_rows", owner=_Problem)
@@ -399,7 +399,7 @@ def _sines(broken, dense=False):
 def test_batched_evaluations_are_not_dropped_for_time_spent_waiting(broken, monkeypatch):
     # the engine's costs are seconds of work (agcheck.core.stopwatch): a batch that the
     # scheduler kept waiting is not taken for a slow one (a 0.2 s busy batch is dropped:
-    # test_a_pathologically_slow_batched_evaluation_is_dropped_after_one_small_batch)
+    # test_a_pathologically_slow_batched_evaluation_is_dropped_after_a_small_batch_or_two)
     from agcheck.engine.rows import Problem as _Problem
 
     calls = _waiting(monkeypatch, "_batched_rows", owner=_Problem)
