@@ -22,25 +22,32 @@ from agcheck.report.diagnosis.facts import BlockFacts, coefficient_text
 from agcheck.report.diagnosis.structure import structure
 from agcheck.report.values import fmt, index_text, unravel
 
-__all__ = ["Evidence", "DirectionAccount", "direction_account", "inner_product"]
+__all__ = ["Evidence", "DirectionAccount", "direction_account", "inner_product", "same_leaves"]
 
 
 class Evidence:
     """What one check of a level computed, as it computed it: ``stage`` names the comparison
     under way (``"dtypes"``, ``"primal"``, ``"tangent"``, ``"projection"``) and ``pair`` its
-    two sides (autodiff's, then the expected one). On ``"projection"``, ``cotangent`` is the
-    check's random cotangent and ``forward`` the JVP along the same tangent from the level's
-    passing ``"fwd"`` check (``None`` where there was none)."""
+    two sides (autodiff's, then the expected one). On ``"projection"``, ``tangent`` and
+    ``cotangent`` are the check's random directions and ``forward`` the level's passing
+    ``"fwd"`` check as ``(its tangent, the JVP along it)`` (``None`` where there was none)."""
 
     def __init__(self, check: str):
         self.check = check  # "fwd", "rev" or "lin"
         self.stage = None
         self.pair = None
-        self.cotangent = None
+        self.tangent = self.cotangent = None
         self.forward = None
 
     def comparing(self, stage: str, derived, expected) -> None:
         self.stage, self.pair = stage, (derived, expected)
+
+
+def same_leaves(xs, ys) -> bool:
+    """Whether the pytrees ``xs`` and ``ys`` have the same structure and equal leaves."""
+    flat_x, tree_x = jax.tree_util.tree_flatten(xs)
+    flat_y, tree_y = jax.tree_util.tree_flatten(ys)
+    return tree_x == tree_y and all(np.array_equal(x, y) for x, y in zip(flat_x, flat_y))
 
 
 @dataclass
@@ -127,8 +134,7 @@ def _differing_leaf(derived, expected, tolerance):
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype.kind not in "fc" and b.dtype.kind not in "fc" or a.shape != b.shape:
             continue
-        (atol_a, rtol_a), (atol_b, rtol_b) = tolerance(a.dtype), tolerance(b.dtype)
-        abs_tol, rel_tol = max(atol_a, atol_b) * a.size, max(rtol_a, rtol_b) * b.size
+        abs_tol, rel_tol = tolerance(a, b)
         numbers_a, numbers_b = _as_numbers(a).reshape(1, -1), _as_numbers(b).reshape(1, -1)
         both_nan = np.isnan(numbers_a) & np.isnan(numbers_b)
         if both_nan.any():
@@ -218,12 +224,14 @@ def _projection_account(account, evidence, tolerance):
     account.lines.append(f"<t, J^H c> from the VJP is {fmt(derived)}; <J t, c> from finite differences is "
                          f"{fmt(expected)} (t, c: the check's random tangent and cotangent)")
     forward = evidence.forward
+    # both checks of a level draw their first tangent alike; the JVP is used where it did
+    forward = forward[1] if forward is not None and same_leaves(forward[0], evidence.tangent) else None
     try:
         jvp_projection = None if forward is None else float(inner_product(forward, evidence.cotangent))
     except (TypeError, ValueError):  # a JVP with float0 tangents (integer outputs) projects nothing
         forward = jvp_projection = None
     if forward is not None:
-        atol, rtol = tolerance(np.asarray(evidence.pair[0]).dtype)
+        atol, rtol = tolerance(*(np.asarray(v) for v in evidence.pair))  # scalars: unscaled
         account.forward_projection = jvp_projection
         if abs(jvp_projection - expected) <= atol + rtol * abs(expected):
             account.kind = "reverse_rule"
@@ -266,8 +274,9 @@ def _order_line(level: str) -> str | None:
 def direction_account(evidence: Evidence, level: str, tolerance, eps, n_inputs: int) -> DirectionAccount:
     """Explain a failing check from ``evidence`` (see the module docstring).
 
-    ``tolerance(dtype)`` gives the check's ``(atol, rtol)`` for a dtype, unscaled; ``eps``
-    is the finite-difference step and ``n_inputs`` the level's input elements."""
+    ``tolerance(a, b)`` gives the check's ``(atol, rtol)`` for comparing arrays ``a`` and
+    ``b`` (scaled by their size, as JAX's check scales them); ``eps`` is the
+    finite-difference step and ``n_inputs`` the level's input elements."""
     account = DirectionAccount(level=level, stage=evidence.stage or "unknown")
     what = "the JVP" if evidence.check in ("fwd", "lin") else "the VJP"
     if evidence.stage == "dtypes":

@@ -40,7 +40,7 @@ from functools import partial
 import jax
 import numpy as np
 
-from agcheck.backends.jax_direction_account import Evidence, direction_account, inner_product
+from agcheck.backends.jax_direction_account import Evidence, direction_account, inner_product, same_leaves
 
 __all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"]
 
@@ -177,12 +177,18 @@ def _central_difference(f, primals, tangents, eps):
 
 # -- comparisons ------------------------------------------------------------------------------
 
+def _leaf_tolerances(a, b, atol, rtol) -> tuple:
+    """``(atol, rtol)`` for comparing the arrays ``a`` and ``b``: the larger of their dtypes'
+    tolerances, scaled by the arrays' size, as JAX's check scales them."""
+    return (max(_tol_for(a.dtype, atol), _tol_for(b.dtype, atol)) * a.size,
+            max(_tol_for(a.dtype, rtol), _tol_for(b.dtype, rtol)) * b.size)
+
+
 def _close_leaf(a, b, atol, rtol, err_msg):
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         raise AssertionError()  # JAX's bare assert: no message (pytest would rewrite an assert statement)
-    abs_tol = max(_tol_for(a.dtype, atol), _tol_for(b.dtype, atol)) * a.size
-    rel_tol = max(_tol_for(a.dtype, rtol), _tol_for(b.dtype, rtol)) * b.size
+    abs_tol, rel_tol = _leaf_tolerances(a, b, atol, rtol)
     float0 = np.dtype(jax.dtypes.float0)
     if a.dtype == float0 and b.dtype == float0:
         np.testing.assert_array_equal(a, b, err_msg=err_msg)
@@ -252,16 +258,9 @@ class _LevelEvaluations:
         return lambda: pullback(value)
 
     def central_difference(self, tangent):
-        if self._difference is None or not _same_leaves(self._difference[0], tangent):
+        if self._difference is None or not same_leaves(self._difference[0], tangent):
             self._difference = (tangent, _central_difference(self.f, self.args, tangent, self.eps))
         return self._difference[1]
-
-
-def _same_leaves(xs, ys) -> bool:
-    """Whether the pytrees ``xs`` and ``ys`` have the same structure and equal leaves."""
-    flat_x, tree_x = jax.tree_util.tree_flatten(xs)
-    flat_y, tree_y = jax.tree_util.tree_flatten(ys)
-    return tree_x == tree_y and all(np.array_equal(x, y) for x, y in zip(flat_x, flat_y))
 
 
 def _check_jvp(shared, f_jvp, atol, rtol, err_msg, evidence):
@@ -295,9 +294,7 @@ def _check_vjp(shared, f_vjp, atol, rtol, err_msg, evidence):
     tangent_out = shared.central_difference(tangent)
     cotangent = jax.tree_util.tree_map(draw, value)
     pulled = _conj(pullback(_conj(cotangent)))
-    evidence.cotangent = cotangent
-    if shared.forward is not None and _same_leaves(shared.forward[0], tangent):
-        evidence.forward = shared.forward[1]
+    evidence.tangent, evidence.cotangent, evidence.forward = tangent, cotangent, shared.forward
     projection, expected = inner_product(tangent, pulled), inner_product(tangent_out, cotangent)
     evidence.comparing("projection", projection, expected)
     _close(projection, expected, atol, rtol, _label("cotangent projection", err_msg))
@@ -399,7 +396,7 @@ def _guarded(kind, f, args, atol, rtol, eps, level, run, account):
             text, report = _agcheck_account(f, args, kind, atol, rtol, eps)
             raise CheckGradsError(f"{message}\n\n{text}", report=report, level=level) from failure
         try:
-            explained = direction_account(evidence, level, lambda dtype: (_tol_for(dtype, atol), _tol_for(dtype, rtol)),
+            explained = direction_account(evidence, level, partial(_leaf_tolerances, atol=atol, rtol=rtol),
                                           eps, _input_elements(args))
             text = explained.text
         except Exception as error:  # noqa: BLE001 - the account must never hide the failure

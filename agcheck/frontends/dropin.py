@@ -214,8 +214,11 @@ def patch_jax(**agcheck_keywords) -> Patch:
     if unknown:
         raise TypeError(f"patch_jax() takes agcheck's account keyword only, got {unknown}")
     account = agcheck_keywords.get("account")
-    if account is not None and account not in ("direction", "full"):
-        raise ValueError(f"account must be 'direction' or 'full', got {account!r}")
+    if account is not None:
+        from agcheck.backends.jax_dropin import ACCOUNTS  # patching JAX imports it anyway
+
+        if account not in ACCOUNTS:
+            raise ValueError(f"account must be one of {ACCOUNTS}, got {account!r}")
     return Patch("jax", agcheck_keywords)._install()
 
 

@@ -380,9 +380,10 @@ class _DropinSession:
             else:
                 account = self.config.getoption("agcheck_jax_account", None) or self.config.getini(
                     "agcheck_jax_account")
-                if account not in ("", "direction", "full"):
-                    raise pytest.UsageError(f"agcheck_jax_account must be direction or full, got {account!r}")
-                patch = dropin.patch_jax(**({"account": account} if account else {}))
+                try:
+                    patch = dropin.patch_jax(**({"account": account} if account else {}))
+                except ValueError as error:  # the ini setting's value (the option's is checked by argparse)
+                    raise pytest.UsageError(f"agcheck_jax_account: {error}") from None
             self.patches[framework] = patch
         if self.patches:
             dropin.add_failure_listener(self.on_failure)
