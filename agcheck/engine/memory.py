@@ -9,7 +9,10 @@ resident memory (``VmHWM``, Linux) is read before and after a call, and never re
 (resetting it would hide memory from the caller's own measurements). When the call raised
 the process's peak, ``VmHWM - VmRSS before`` is exactly what the call took at its worst;
 when it did not, the call stayed within memory the process had already used, and cost
-no peak at all. Elsewhere (other systems, device memory) only the estimates apply.
+no peak at all. File-backed pages the call brought in (``statm``'s third field: code of
+the framework run for the first time, 1-9 MB for a first ``vmap``) are left out: they are
+paid once per process, not per batch, and larger batches do not add to them. Elsewhere
+(other systems, device memory) only the estimates apply.
 """
 from __future__ import annotations
 
@@ -34,10 +37,11 @@ _works: bool | None = None
 _statm: tuple[int, int] | None = None
 
 
-def _read() -> tuple[int, int] | None:
-    """``(resident bytes, peak resident bytes)`` of this process (``VmRSS`` and
-    ``VmHWM``: ``statm``'s second field and ``getrusage``'s ``ru_maxrss``), or ``None``
-    where the kernel does not tell."""
+def _read() -> tuple[int, int, int] | None:
+    """``(resident bytes, peak resident bytes, file-backed resident bytes)`` of this
+    process (``VmRSS``, ``VmHWM`` and ``RssFile + RssShmem``: ``statm``'s second field,
+    ``getrusage``'s ``ru_maxrss`` and ``statm``'s third field), or ``None`` where the
+    kernel does not tell."""
     global _statm
     if resource is None:
         return None
@@ -48,11 +52,12 @@ def _read() -> tuple[int, int] | None:
                 os.close(_statm[1])
                 _statm = None
             _statm = (pid, os.open(_STATM, os.O_RDONLY))
-        resident = int(os.pread(_statm[1], 256, 0).split()[1]) * _PAGE
+        fields = os.pread(_statm[1], 256, 0).split()
+        resident, file_backed = int(fields[1]) * _PAGE, int(fields[2]) * _PAGE
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     except (OSError, ValueError, IndexError):
         return None
-    return resident, peak
+    return resident, peak, file_backed
 
 
 def reading_works() -> bool:
@@ -83,6 +88,8 @@ def measured(call, *args) -> MeasuredCall:
     after = _read()
     if after is None:
         return MeasuredCall(result, None)
-    rss_before, peak_before = before
-    _, peak_after = after
-    return MeasuredCall(result, peak_after - rss_before if peak_after > peak_before else None)
+    rss_before, peak_before, file_before = before
+    _, peak_after, file_after = after
+    if peak_after <= peak_before:
+        return MeasuredCall(result, None)
+    return MeasuredCall(result, max(0, peak_after - rss_before - max(0, file_after - file_before)))
