@@ -531,8 +531,7 @@ class Problem:
             return
         complex_input = be.is_complex(x)
         points = len(self.run.stencil.offsets)
-        estimate = max((n + self.out_numel) * self.itemsize * INTERMEDIATES, self.copy_bytes(pos)) \
-            * points * (2 if complex_input else 1)
+        estimate = max((n + self.out_numel) * self.itemsize * INTERMEDIATES, self.copy_bytes(pos)) * points
         self._row_bytes[pos] = estimate
         looped = self._element_cost.get(pos, float("inf"))
         probe = self._figures.get(pos, {}).get(f"{self._via[pos]}_probe")  # two points of one row
