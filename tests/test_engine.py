@@ -220,47 +220,6 @@ def test_small_memory_budgets_recompute_but_agree(budget):
     assert bad.verdict is False
 
 
-@pytest.mark.parametrize("backward_factor", [1.0, 1.01])
-def test_complex_rows_are_batched_as_one_call_holds_them(backward_factor, monkeypatch):
-    # a complex input's real and imaginary moves are evaluated in two calls, one after
-    # the other: a batch of rows may take what one call of its copies takes, not half
-    from agcheck.engine import cost, memory, rows
-
-    monkeypatch.setattr(memory, "reading_works", lambda: False)  # the estimates alone
-    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
-    sizes = []
-    original = rows.Problem._batched_rows
-
-    def recording(self, pos, flat, *args):
-        sizes.append(len(flat))
-        return original(self, pos, flat, *args)
-
-    monkeypatch.setattr(rows.Problem, "_batched_rows", recording)
-    ScaledComplexExp.factor = backward_factor
-    z = torch.randn(200, dtype=torch.complex128, generator=torch.Generator().manual_seed(4), requires_grad=True)
-    r = run(lambda t: ScaledComplexExp.apply(t) * t.conj(), (z,), memory_budget=4 << 20)
-    assert r.verdict is (backward_factor == 1.0)
-    # a quarter of 4 MiB per call, (200 + 200) elements x 16 bytes x 4 x 2 points a row
-    assert max(sizes) == (1 << 20) // ((200 + 200) * 16 * rows.INTERMEDIATES * 2) == 20
-
-
-class ScaledComplexExp(torch.autograd.Function):
-    """exp of a complex tensor with its backward scaled by ``factor`` (1.0 is correct)."""
-
-    factor = 1.0
-
-    @staticmethod
-    def forward(ctx, z):
-        y = z.exp()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y.conj() * ScaledComplexExp.factor
-
-
 class ScaledExp(torch.autograd.Function):
     """exp with backward and jvp scaled by ``factor`` (1.0 is correct)."""
 
@@ -282,6 +241,30 @@ class ScaledExp(torch.autograd.Function):
     def jvp(ctx, t):
         (y,) = ctx.saved_tensors
         return t * y * ScaledExp.factor
+
+
+@pytest.mark.parametrize("backward_factor", [1.0, 1.01])
+def test_complex_rows_are_batched_as_one_call_holds_them(backward_factor, monkeypatch):
+    # a complex input's real and imaginary moves are evaluated in two calls, one after
+    # the other: a batch of rows may take what one call of its copies takes, not half
+    from agcheck.engine import cost, memory, rows
+
+    monkeypatch.setattr(memory, "reading_works", lambda: False)  # the estimates alone
+    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
+    sizes = []
+    original = rows.Problem._batched_rows
+
+    def recording(self, pos, flat, *args):
+        sizes.append(len(flat))
+        return original(self, pos, flat, *args)
+
+    monkeypatch.setattr(rows.Problem, "_batched_rows", recording)
+    monkeypatch.setattr(ScaledExp, "factor", backward_factor)
+    z = torch.randn(200, dtype=torch.complex128, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    r = run(lambda t: ScaledExp.apply(t) * t.conj(), (z,), memory_budget=4 << 20)
+    assert r.verdict is (backward_factor == 1.0)
+    # a quarter of 4 MiB per call, (200 + 200) elements x 16 bytes x 4 x 2 points a row
+    assert max(sizes) == (1 << 20) // ((200 + 200) * 16 * rows.INTERMEDIATES * 2) == 20
 
 
 @pytest.mark.parametrize("kw", [{}, {"check_forward_ad": True, "check_backward_ad": False}])
