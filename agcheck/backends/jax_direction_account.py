@@ -232,14 +232,18 @@ def _projection_account(account, evidence, tolerance):
         forward = jvp_projection = None
     if forward is not None:
         atol, rtol = tolerance(*(np.asarray(v) for v in evidence.pair))  # scalars: unscaled
+
+        def agrees_with(value):
+            return abs(jvp_projection - value) <= atol + rtol * abs(value)
+
         account.forward_projection = jvp_projection
-        if abs(jvp_projection - expected) <= atol + rtol * abs(expected):
+        if agrees_with(expected):
             account.kind = "reverse_rule"
             account.lines.append(
                 f"The JVP along the same tangent gives <J t, c> = {fmt(jvp_projection)}, agreeing with finite "
                 "differences: the forward derivative is right and the reverse one is wrong (a custom_vjp's "
                 "backward, a transpose rule).")
-        elif abs(jvp_projection - derived) <= atol + rtol * abs(derived):
+        elif agrees_with(derived):
             account.kind = "small_forward_error"
             account.lines.append(
                 f"The JVP along the same tangent gives <J t, c> = {fmt(jvp_projection)}, agreeing with the VJP, "

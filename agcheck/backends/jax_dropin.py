@@ -408,6 +408,12 @@ def _guarded(kind, f, args, atol, rtol, eps, level, run, account):
 ACCOUNTS = ("direction", "full")
 
 
+def validate_account(account) -> None:
+    """Raise ``ValueError`` unless ``account`` is one of :data:`ACCOUNTS`."""
+    if account not in ACCOUNTS:
+        raise ValueError(f"account must be one of {ACCOUNTS}, got {account!r}")
+
+
 # -- the public check -------------------------------------------------------------------------
 
 def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False,
@@ -421,8 +427,7 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
     per input element."""
     if account is None:
         account = "full" if full else "direction"
-    if account not in ACCOUNTS:
-        raise ValueError(f"account must be one of {ACCOUNTS}, got {account!r}")
+    validate_account(account)
     args = tuple(args)
     eps = eps or DEFAULT_EPS
     atol_table = gradient_tolerance(atol)

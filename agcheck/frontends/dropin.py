@@ -215,10 +215,9 @@ def patch_jax(**agcheck_keywords) -> Patch:
         raise TypeError(f"patch_jax() takes agcheck's account keyword only, got {unknown}")
     account = agcheck_keywords.get("account")
     if account is not None:
-        from agcheck.backends.jax_dropin import ACCOUNTS  # patching JAX imports it anyway
+        from agcheck.backends.jax_dropin import validate_account  # patching JAX imports it anyway
 
-        if account not in ACCOUNTS:
-            raise ValueError(f"account must be one of {ACCOUNTS}, got {account!r}")
+        validate_account(account)
     return Patch("jax", agcheck_keywords)._install()
 
 
