@@ -23,7 +23,7 @@ from .helpers import Snapshot, make
 MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
 #: the diagnoses that claim a specific bug (as opposed to noise / notes)
 BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
-             "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "precision",
+             "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "discontinuity", "precision",
              "nondeterministic_fn"}
 
 
@@ -251,6 +251,44 @@ def test_relu_within_eps_of_zero_is_a_kink():
     rep = failure(torch.relu, (x,))
     assert kinds(rep) == ["kink"]
     assert "changes with the" in the(rep, "kink").message
+
+
+def _step_at_zero(analytical_at_zero):
+    """``x + step(x)`` (a jump of 1 at 0), whose backward gives ``analytical_at_zero`` at 0
+    (as the derivatives of eigenvectors blow up at a repeated eigenvalue) and 1 elsewhere."""
+    return function(lambda x: x + (x >= 0).to(x.dtype),
+                    lambda x, g: g * torch.where(x == 0, torch.full_like(x, analytical_at_zero), torch.ones_like(x)))
+
+
+@pytest.mark.parametrize("analytical_at_zero", [1.0, 1e12])
+def test_a_jump_in_the_value_is_a_discontinuity_whatever_the_analytical_value(analytical_at_zero):
+    # with 1e12 the estimates' spread (4.5e6) is small beside the analytical value: it was
+    # taken for noise, which made the numerical Jacobian (1 and 5e5) "zero"
+    x = _away_from_zero_but(48, [0, 3])
+    rep = failure(_step_at_zero(analytical_at_zero), (x,))
+    assert kinds(rep) == ["discontinuity"]
+    d = the(rep, "discontinuity")
+    assert "jumps at the input" in d.message and d.evidence["jump"] == pytest.approx(1.0, rel=1e-3)
+    assert {e["row"] for e in d.evidence["entries"]} == {0, 3}
+    # the other half: away from the jump the same function passes
+    assert agcheck.gradcheck(_step_at_zero(analytical_at_zero), (_away_from_zero_but(48, []),))
+
+
+def test_a_smooth_function_with_a_huge_wrong_derivative_is_no_discontinuity():
+    rep = failure(sin_backward_times(1e12), (make(3, 4),))
+    assert kinds(rep) == ["factor"]
+
+
+def test_discontinuity_needs_a_jump_beyond_the_rounding_of_the_output():
+    def probe(output_value, coarse=0.5e6):
+        # central estimates with steps eps/10, eps, 10 eps that scale as 1 / step
+        return probes.Probe(0, 0, coarse, 1.0, 10 * coarse, coarse / 10, 0.0, 0.0, 0.0, 0.0, 1e-6, output_value)
+
+    assert probe(1.0).discontinuous and probe(1.0).jump_size == pytest.approx(1.0)
+    assert not probe(None).discontinuous  # nothing to tell rounding by
+    # one ulp of an output of 1.0 moved by the steps: 1 / step as well, but rounding
+    assert not probe(1.0, coarse=2.2e-16 / 2e-6).discontinuous
+    assert probe(1e-20, coarse=2.2e-16 / 2e-6).discontinuous  # the same change of an output near 0
 
 
 def test_kink_in_fast_mode():

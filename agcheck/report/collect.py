@@ -60,7 +60,7 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
             double = bool(be.is_double_precision(x))
             kw.update(input_shape=tuple(int(s) for s in x.shape), output_shape=tuple(int(s) for s in out.shape),
                       input_dtype=be.dtype_name(x), input_double=double,
-                      output_float32_valued=double and _float32_valued(be, out),
+                      output_float32_valued=double and _float32_valued(be, out), output_scale=_largest(be, out),
                       eps=float(run.eps_for(x)))
             shared = None
             if sum(be.numel(o) for o in outputs if be.is_array(o)) <= SHARED_OUTPUT_ELEMENTS:
@@ -90,6 +90,15 @@ def _float32_valued(be, out):
         return None
 
 
+def _largest(be, out):
+    """The largest |entry| of a backend array, or ``None`` where it cannot be read."""
+    try:
+        a = np.abs(np.asarray(be.to_numpy(out)))
+        return float(a.max()) if a.size else None
+    except Exception:  # noqa: BLE001 - a hint for the diagnosis, never a reason to lose the block
+        return None
+
+
 def _to_scalar(be, v):
     if isinstance(v, (int, float, complex)):
         return v
@@ -103,9 +112,10 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
     ``(len(rows), output.numel)``; the points they share are evaluated once, and those
     in ``shared`` (kept for the other blocks of the input) not again.
 
-    Its ``unmoved()`` gives the block's output at the unmoved input twice, as NumPy
-    arrays: as the check computed it (``checked``, converted only when asked) and from a
-    call of ``fn`` now (the probes' own call at that point where ``shared`` kept it)."""
+    Its ``values()`` gives the block's output at the unmoved input as the check computed
+    it (``checked``, converted only when asked), and ``unmoved()`` that output twice, as
+    NumPy arrays: as the check computed it and from a call of ``fn`` now (the probes' own
+    call at that point where ``shared`` kept it)."""
     def resample(steps, rows):
         found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
                                   [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps],
@@ -116,7 +126,11 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
         again = outputs_at_input(run.be, fn, args, position, evaluated=shared)[output_position]
         return np.asarray(run.be.to_numpy(checked)), np.asarray(run.be.to_numpy(again))
 
+    def values():
+        return np.asarray(run.be.to_numpy(checked))
+
     resample.unmoved = unmoved
+    resample.values = values
     return resample
 
 

@@ -88,6 +88,8 @@ class JacobianBlock:
     input_double: bool | None = None
     #: a double-precision input's output holds only float32 values (fn rounds inside)
     output_float32_valued: bool | None = None
+    #: the largest |output| at the input: finite differences' rounding error scales with it
+    output_scale: float | None = None
     eps: float | None = None
     atol: float = 0.0
     rtol: float = 0.0
@@ -181,6 +183,7 @@ class JacobianBlock:
             "output_shape": None if self.output_shape is None else list(self.output_shape),
             "input_dtype": self.input_dtype, "input_double": self.input_double,
             "output_float32_valued": self.output_float32_valued,
+            "output_scale": encode_number(self.output_scale),
             "eps": encode_number(self.eps), "atol": encode_number(self.atol), "rtol": encode_number(self.rtol),
             "mismatches": self.mismatches,
             "max_abs_diff": encode_number(self.max_abs_diff),
@@ -202,7 +205,8 @@ class JacobianBlock:
             output=d["output"], input=d["input"], shape=tuple(d["shape"]), mode=d["mode"], part=d["part"],
             fast=d["fast"], input_shape=opt_tuple(d["input_shape"]), output_shape=opt_tuple(d["output_shape"]),
             input_dtype=d["input_dtype"], input_double=d["input_double"],
-            output_float32_valued=d.get("output_float32_valued"), eps=decode_number(d["eps"]),
+            output_float32_valued=d.get("output_float32_valued"), output_scale=decode_number(d.get("output_scale")),
+            eps=decode_number(d["eps"]),
             atol=decode_number(d["atol"]), rtol=decode_number(d["rtol"]), mismatches=d["mismatches"],
             max_abs_diff=decode_number(d["max_abs_diff"]),
             max_abs_entry=None if d["max_abs_entry"] is None else Entry.from_dict(d["max_abs_entry"]),

@@ -16,6 +16,9 @@ pass) and fires only when the evidence is strong:
   (re-evaluated with ``eps / 10`` and ``eps * 10``) or differs between the right and left
   one-sided differences even for a small step: the input sits on a non-differentiable
   point;
+* ``discontinuity`` — those estimates grow tenfold as the step shrinks tenfold, beyond
+  the rounding of the output: fn's value jumps at the input (a step, sorting or argmax
+  with ties, eigenvectors of a repeated eigenvalue), whatever the analytical value;
 * ``precision`` — the same instability with an input in less than double precision, or
   with a double input whose output holds only float32 values (``fn`` rounds inside; also
   when that rounding leaves the numerical Jacobian zero): finite differences are

@@ -2,6 +2,7 @@
 the finite-difference error floor, and how entries and numbers are written in messages."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,8 +55,9 @@ class BlockFacts:
     """A failing block with the numbers the hypotheses share.
 
     ``floor`` is the finite-difference error floor (absolute): differences below it are
-    not evidence of anything. It starts from ``100 * machine epsilon / eps`` relative to the
-    block's scale and grows to the spread of the step-size probes when there are some.
+    not evidence of anything. It starts from ``100 * machine epsilon / eps`` times the
+    output's largest entry (the block's largest entry where the output is not known; at
+    most 1 % of that) and grows to the spread of the step-size probes when there are some.
     """
 
     block: object
@@ -78,8 +80,11 @@ class BlockFacts:
         r0 = float(diff.max())
         scale = float(max(np.abs(N).max(), np.abs(A).max()))
         eps = block.eps or 1e-6
-        macheps = machine_eps(block.input_dtype, N)
+        macheps = machine_eps("float32" if block.output_float32_valued else block.input_dtype, N)
+        output_scale = getattr(block, "output_scale", None)
         floor = min(100 * macheps / eps, 1e-2) * scale
+        if output_scale is not None and math.isfinite(output_scale):
+            floor = min(100 * macheps / eps * output_scale, 1e-2 * scale)
         return cls(block, index, N, A, diff, r0, scale, eps, floor)
 
     def diagnosis(self, kind: str, message: str, evidence=None, lines=None) -> Diagnosis:

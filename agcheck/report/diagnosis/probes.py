@@ -7,7 +7,9 @@ The probes of an input's failing blocks cost at most ``PROBE_SHARE`` of the eval
 The re-evaluation is the caller's: ``resample(steps, rows)`` returns, for each
 ``(eps, side)`` of ``steps``, rows ``rows`` of the block's numerical Jacobian computed with
 step ``eps`` — with the check's own stencil (``side="central"``) or a one-sided difference
-(``"right"``, ``"left"``) — as an array ``(len(rows), output.numel)``.
+(``"right"``, ``"left"``) — as an array ``(len(rows), output.numel)``; its optional
+``values()`` gives the block's output at the input (the check's own), which tells a jump in
+fn's value from rounding.
 :mod:`agcheck.report.collect` builds it from the checked function; without it (a report
 rebuilt from data, a synthetic block) only the error-floor estimate of noise is made.
 """
@@ -34,6 +36,9 @@ PROBED_BLOCKS = 2
 #: the probes of one input's blocks cost at most this share of the evaluations of fn the
 #: check made for that input's numerical Jacobian (two per element), and one row at least
 PROBE_SHARE = 0.25
+#: a jump in fn's value is told from rounding when it exceeds this many machine epsilons
+#: of the output there
+DISCONTINUITY_ROUNDING = 1000
 
 
 def probe_rows(input_numel: int, blocks: int = 1) -> int:
@@ -57,6 +62,9 @@ class Probe:
     left: complex
     right_eps: complex  # one-sided, step eps
     left_eps: complex
+    eps: float = 0.0
+    #: |fn's output| at the entry's output element (None where the caller cannot give it)
+    output_value: float | None = None
 
     @property
     def mismatch(self) -> float:
@@ -83,6 +91,24 @@ class Probe:
         return size > 0 and gap > 0.1 * size and gap >= 0.5 * abs(self.right_eps - self.left_eps)
 
     @property
+    def discontinuous(self) -> bool:
+        """The estimates grow tenfold as the step shrinks tenfold, as ``jump / step`` does:
+        fn's value itself jumps at the input, by far more than rounding of the output."""
+        return self.jump_size is not None
+
+    @property
+    def jump_size(self) -> float | None:
+        """How far fn's output jumps at the input, where :attr:`discontinuous`."""
+        if self.output_value is None or not self.eps:
+            return None
+        rounding = DISCONTINUITY_ROUNDING * float(np.finfo(np.float64).eps) * self.output_value
+        for fine, coarse, width in ((self.small, self.numerical, 2), (self.right, self.right_eps, 1),
+                                    (self.left, self.left_eps, 1)):
+            if coarse != 0 and abs(fine / coarse - 10) <= 3 and width * self.eps * abs(coarse) > rounding:
+                return width * self.eps * abs(coarse)
+        return None
+
+    @property
     def steady_jump(self) -> bool:
         """A jump whose gap stays the same (within a factor 2) from step eps to eps/10, as
         at a kink; rounding's gaps grow as the step shrinks, or vanish."""
@@ -91,7 +117,7 @@ class Probe:
 
     @property
     def kink(self) -> bool:
-        return self.unstable or self.jump
+        return self.unstable or self.jump or self.discontinuous
 
     @property
     def noise(self) -> bool:
@@ -136,13 +162,28 @@ def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> l
     small, large, right, left, right_eps, left_eps = resample(
         [(eps / 10, "central"), (eps * 10, "central"), (eps / 10, "right"), (eps / 10, "left"),
          (eps, "right"), (eps, "left")], rows)
+    values = _output_magnitudes(resample, n.shape[1])
     probes = []
     for e in chosen:
         i, c = at[e.row], e.col
         probes.append(Probe(e.row, c, n[e.row, c].item(), a[e.row, c].item(), small[i, c].item(),
                             large[i, c].item(), right[i, c].item(), left[i, c].item(),
-                            right_eps[i, c].item(), left_eps[i, c].item()))
+                            right_eps[i, c].item(), left_eps[i, c].item(), float(eps),
+                            None if values is None else float(values[c])))
     return probes
+
+
+def _output_magnitudes(resample, columns: int):
+    """``|fn's output at the input|`` per output element, from ``resample.values()`` (the
+    check's own output, no new call), or None."""
+    values = getattr(resample, "values", None)
+    if values is None:
+        return None
+    try:
+        out = np.abs(np.asarray(values())).reshape(-1)
+    except Exception:  # noqa: BLE001 - a hint for the kink test, never a reason to lose the probes
+        return None
+    return out if out.size == columns else None
 
 
 def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> tuple:
@@ -236,6 +277,8 @@ def kink(facts, probes: list, kinks: list):
             "Compute in double precision throughout, or check with a step suited to float32 "
             f"(eps={fmt(machine_eps('float32') ** (1 / 3))}) and loose tolerances (docs/accuracy.md)",
             {**ev, "output_float32_valued": True}, lines)
+    if all(p.discontinuous for p in kinks):
+        return discontinuity(facts, probes, kinks)
     return facts.diagnosis(
         "kink",
         f"the numerical derivative at {len(kinks)} of {len(probes)} probed entries changes with the "
@@ -244,6 +287,20 @@ def kink(facts, probes: list, kinks: list):
         "with ties), where finite differences and the analytical derivative legitimately disagree. "
         "Move the test input away from it",
         ev, lines)
+
+
+def discontinuity(facts, probes: list, jumps: list):
+    """``discontinuity``: the estimates grow as ``1 / step``, so fn's value jumps at the input."""
+    size = max(p.jump_size for p in jumps)
+    return facts.diagnosis(
+        "discontinuity",
+        f"the numerical derivative at {len(jumps)} of {len(probes)} probed entries grows tenfold each time "
+        f"the step shrinks tenfold (eps*10, eps, eps/10): fn's output itself jumps at the input (by about "
+        f"{fmt(size)}), so it has no derivative there and finite differences measure jump / step, whatever "
+        "the analytical value. Typical causes: a step, rounding or sorting, argmax or top-k with ties, "
+        "eigenvectors of a repeated eigenvalue. Move the test input away from it",
+        {"entries": [p.evidence() for p in jumps], "eps": facts.eps, "probed": len(probes), "jump": size},
+        [p.line(facts.block) for p in jumps])
 
 
 def probed_noise(facts, probes: list):
