@@ -545,6 +545,63 @@ def test_the_blocks_of_one_input_share_their_probed_points(case, monkeypatch):
     assert calls_alone - calls_together == 6 * 2 + 1 + 2
 
 
+class _WeightedSinPair(torch.autograd.Function):
+    """``(sin(x), w * sin(x))``, ``w`` weighting other elements than ``|cos(x)|`` does, with
+    a backward scaled by ``factor`` (1: correct)."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x.sin(), w * x.sin()
+
+    @staticmethod
+    def backward(ctx, g0, g1):
+        x, w = ctx.saved_tensors
+        return (g0 + w * g1) * x.cos() * _WeightedSinPair.factor, None
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
+def test_a_second_block_failing_in_the_rows_already_probed_probes_only_those(factor, monkeypatch):
+    """The second output's worst rows are not the first's, but it fails in the first's
+    rows too: its entries there are probed, at no new evaluation of fn."""
+    import agcheck.report.collect as collect
+
+    monkeypatch.setattr(_WeightedSinPair, "factor", factor)
+    x = make(48, seed=3)
+    w = 1.0 / (x.detach().cos() ** 2 + 0.01)  # |w cos(x)| is largest where |cos(x)| is 0.1
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        return _WeightedSinPair.apply(t, w)
+
+    if factor == 1.0:
+        assert agcheck.gradcheck(fn, (x,)) and torch.autograd.gradcheck(fn, (x,))
+        return
+
+    def report(shared):
+        monkeypatch.setattr(collect, "SHARED_OUTPUT_ELEMENTS", 32768 if shared else 0)
+        assert agcheck.gradcheck(fn, (x,), engine="reference", raise_exception=False) is False
+        checked = len(calls)
+        with pytest.raises(GradcheckError) as info:
+            agcheck.gradcheck(fn, (x,), engine="reference")
+        return info.value.report, len(calls) - 2 * checked
+
+    rep, probing = report(shared=True)
+    assert kinds(rep) == ["factor", "factor"]
+    first, second = (sorted(set(np.argsort(-np.abs(b.analytical - b.numerical).max(axis=1))[:2].tolist()))
+                     for b in rep.blocks)
+    assert first != second  # the blocks' own worst rows differ
+    assert probes.probe_rows(48, 2) == 2
+    assert probing == 6 * 2 + 1  # the first block's two rows and x; nothing for the second
+    calls.clear()
+    alone, probing_alone = report(shared=False)  # unshared points are not free: each block its own rows
+    assert kinds(alone) == ["factor", "factor"]
+    assert probing_alone == 2 * (6 * 2 + 1) + 2
+
+
 @pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
 @pytest.mark.parametrize("n, rows", [(5, 1), (30, 2), (48, 4), (400, 4)])
 def test_the_probes_cost_at_most_a_quarter_of_the_checks_evaluations(n, rows, factor, monkeypatch):

@@ -131,6 +131,7 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
 
     resample.unmoved = unmoved
     resample.values = values
+    resample.shared = shared is not None
     return resample
 
 

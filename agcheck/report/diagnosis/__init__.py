@@ -70,7 +70,8 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
     ``resamplers`` maps the index of a block in ``report.blocks`` to its ``resample``
     callable (blocks without one, and blocks after the first ``PROBED_BLOCKS``, skip the
     step-size probes). The probed blocks of one input share its probe budget
-    (:func:`~agcheck.report.diagnosis.probes.probe_rows`).
+    (:func:`~agcheck.report.diagnosis.probes.probe_rows`), and a block with failing
+    entries in rows an earlier block of its input probed probes those rows only.
     """
     if report.blocks:
         resamplers = resamplers or {}
@@ -78,10 +79,10 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
         sharing = {}
         for i in probed:
             sharing[report.blocks[i].input] = sharing.get(report.blocks[i].input, 0) + 1
-        found = []
+        found, evaluated = [], {}
         for i, block in enumerate(report.blocks):
             rows = probe_rows(math.prod(block.input_shape or ()), sharing.get(block.input, 1))
-            found += diagnose_block(block, i, probed.get(i), rows)
+            found += diagnose_block(block, i, probed.get(i), rows, evaluated.setdefault(block.input, set()))
         return found
     handler = CHECK_HANDLERS.get(report.check)
     return handler(report) if handler is not None else []

@@ -139,38 +139,65 @@ class Probe:
                 "right": self.right, "left": self.left}
 
 
-def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> list | None:
+def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES, evaluated: set | None = None) -> list | None:
     """Re-evaluate the worst mismatching entries with other steps (``None`` if impossible):
-    up to ``PROBED_ENTRIES`` of them, in at most ``max_rows`` rows."""
+    up to ``PROBED_ENTRIES`` of them, in at most ``max_rows`` rows.
+
+    ``evaluated`` holds the rows the input's earlier blocks probed (updated here): where
+    ``resample`` shares their points (``resample.shared``) and this block has failing
+    entries in them, those entries are probed, at no new evaluation of fn."""
     if resample is None or not block.eps:
         return None
     n, a = block.numerical, block.analytical
     tol = block.atol + block.rtol * np.abs(n)
+    free = evaluated if evaluated is not None and getattr(resample, "shared", False) else set()
+    chosen = _failing_in(n, a, tol, free) or _worst_failing(block, tol, max_rows)
+    if not chosen:
+        return None
+    rows = sorted({r for r, _ in chosen})
+    at = {r: i for i, r in enumerate(rows)}
+    eps = block.eps
+    small, large, right, left, right_eps, left_eps = resample(
+        [(eps / 10, "central"), (eps * 10, "central"), (eps / 10, "right"), (eps / 10, "left"),
+         (eps, "right"), (eps, "left")], rows)
+    if evaluated is not None:
+        evaluated.update(rows)
+    values = _output_magnitudes(resample, n.shape[1])
+    probes = []
+    for r, c in chosen:
+        i = at[r]
+        probes.append(Probe(r, c, n[r, c].item(), a[r, c].item(), small[i, c].item(),
+                            large[i, c].item(), right[i, c].item(), left[i, c].item(),
+                            right_eps[i, c].item(), left_eps[i, c].item(), float(eps),
+                            None if values is None else float(values[c])))
+    return probes
+
+
+def _worst_failing(block, tol, max_rows: int) -> list:
+    """``(row, col)`` of the block's worst failing entries, in at most ``max_rows`` rows."""
     chosen, kept = [], set()
     for e in block.worst:
         if len(chosen) == PROBED_ENTRIES:
             break
         if abs(e.analytical - e.numerical) <= tol[e.row, e.col] or (e.row not in kept and len(kept) == max_rows):
             continue
-        chosen.append(e)
+        chosen.append((e.row, e.col))
         kept.add(e.row)
-    if not chosen:
-        return None
-    rows = sorted(kept)
-    at = {r: i for i, r in enumerate(rows)}
-    eps = block.eps
-    small, large, right, left, right_eps, left_eps = resample(
-        [(eps / 10, "central"), (eps * 10, "central"), (eps / 10, "right"), (eps / 10, "left"),
-         (eps, "right"), (eps, "left")], rows)
-    values = _output_magnitudes(resample, n.shape[1])
-    probes = []
-    for e in chosen:
-        i, c = at[e.row], e.col
-        probes.append(Probe(e.row, c, n[e.row, c].item(), a[e.row, c].item(), small[i, c].item(),
-                            large[i, c].item(), right[i, c].item(), left[i, c].item(),
-                            right_eps[i, c].item(), left_eps[i, c].item(), float(eps),
-                            None if values is None else float(values[c])))
-    return probes
+    return chosen
+
+
+def _failing_in(n, a, tol, rows) -> list:
+    """``(row, col)`` of the worst failing entries in ``rows``, worst first."""
+    found = []
+    for r in sorted(rows):
+        if r >= n.shape[0]:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = np.abs(a[r] - n[r])
+        bad = np.flatnonzero(d > tol[r])
+        found += [(float(d[c]), r, int(c)) for c in bad[np.argsort(-d[bad])[:PROBED_ENTRIES]]]
+    found.sort(key=lambda t: -t[0])
+    return [(r, c) for _, r, c in found[:PROBED_ENTRIES]]
 
 
 def _output_magnitudes(resample, columns: int):
@@ -186,7 +213,8 @@ def _output_magnitudes(resample, columns: int):
     return out if out.size == columns else None
 
 
-def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> tuple:
+def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES,
+                       evaluated: set | None = None) -> tuple:
     """``(diagnoses, settled)``: what the step sizes say about a block (probing at most
     ``max_rows`` rows), and whether that settles it (no structural hypothesis is tried after
     a noise or a mostly-kink verdict).
@@ -195,7 +223,7 @@ def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_
     """
     found = []
     try:
-        probes = probe(facts.block, resample, max_rows)
+        probes = probe(facts.block, resample, max_rows, evaluated)
     except Exception as ex:  # fn may fail at other steps; the other hypotheses still apply
         probes = None
         found.append(facts.diagnosis(
