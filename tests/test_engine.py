@@ -162,6 +162,37 @@ def test_as_shipped_a_few_elements_go_to_the_loop_and_a_few_hundred_to_the_engin
         assert large.verdict is (factor == 1.0)
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
+def test_a_first_call_slowed_once_does_not_send_a_small_check_to_the_engine(factor, monkeypatch):
+    """The loop is priced from one timed call; near the limit a second is timed and the
+    faster taken: a one-time cost (an op's first use in the process) or an interruption of
+    the first call leaves the choice as it would be warm, and a function slow on every call
+    still goes to the engine."""
+    from agcheck.engine import cost
+
+    monkeypatch.undo()  # the limit as shipped, not the module fixture's
+    # a wide band: a loaded machine may time the first call well above 0.5 ms
+    monkeypatch.setattr(cost, "RETIMED_BELOW", 100)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    slowed = []
+
+    def fn(t, every_call):
+        if every_call or not slowed:
+            slowed.append(1)
+            busy(0.0005)  # 32 calls of 0.5 ms: about 17 ms of loop, over the 8 ms limit
+        return ScaledSin.apply(t)
+
+    once = run(lambda t: fn(t, False), (make(2, 4),))
+    (plan,) = [e for e in once.engine_log if e.path == "plan"]
+    assert plan.decision == "reference"
+    assert plan.figures["evaluation"] >= 0.0005 > plan.figures["evaluation_again"]
+    assert cost.loop_seconds(8, 8, plan.figures["evaluation"]) >= cost.ENGINE_WORTH_SECONDS
+    assert once.verdict is (factor == 1.0)
+    always = run(lambda t: fn(t, True), (make(2, 4),))
+    assert not [e for e in always.engine_log if e.path == "plan"] and paths(always)
+    assert always.verdict is (factor == 1.0)
+
+
 def test_closure_is_detected_and_falls_back():
     lin = torch.nn.Linear(30, 4).double()
     data = torch.randn(3, 30, dtype=torch.float64)

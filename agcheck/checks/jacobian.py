@@ -110,6 +110,14 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     estimate = cost.loop_seconds(moved, n_out, seconds)
     figures = {"evaluation": seconds, "loop_estimate": estimate}
     worth = cost.ENGINE_WORTH_SECONDS
+    if not be.engine_setup_seconds and worth <= estimate < cost.RETIMED_BELOW * worth and \
+            seconds <= estimate / cost.RETIMED_CALLS:
+        # one timing decides: a first call that paid a one-time cost (an op's first use in
+        # the process) or was interrupted would send a small check to the engine's probes
+        again = _evaluation_seconds_again(run, piece)
+        if again is not None and again < seconds:
+            seconds = figures["evaluation_again"] = again
+            estimate = figures["loop_estimate"] = cost.loop_seconds(moved, n_out, seconds)
     if be.engine_setup_seconds:
         signature = _signature(be, piece)
         ran = COMPILATIONS.engine_ran(_function(piece), signature)  # its programs are compiled

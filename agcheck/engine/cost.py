@@ -11,7 +11,7 @@ batch size that made rows dearer is not grown further.
 """
 from __future__ import annotations
 
-__all__ = ["RAMP", "ENGINE_WORTH_SECONDS", "ENGINE_COMPILATIONS", "loop_seconds", "measured_loop_seconds",
+__all__ = ["RAMP", "RETIMED_BELOW", "RETIMED_CALLS", "ENGINE_WORTH_SECONDS", "ENGINE_COMPILATIONS", "loop_seconds", "measured_loop_seconds",
            "rows_per_chunk", "batching_loses", "batching_saves_nothing", "next_batch_size", "slope_per_row",
            "setup_worth_paying", "spent_instead_of_setup"]
 
@@ -73,6 +73,14 @@ def measured_loop_seconds(evaluations: int, backward_passes: int, evaluation_sec
 #: cumsum, a convolution, a matmul): the engine's first call cost 3 to 11 times (median
 #: 4.4) that compilation more than the loop's first call
 ENGINE_COMPILATIONS = 4
+
+
+#: a loop estimated between ``ENGINE_WORTH_SECONDS`` and this many times it, from one timed
+#: evaluation, of at least ``RETIMED_CALLS`` calls, has a second evaluation timed and is
+#: priced from the faster (one more call: a few milliseconds at most, a sixteenth of the
+#: loop at most, against the engine's probes for a check the loop does cheaply)
+RETIMED_BELOW = 4
+RETIMED_CALLS = 16
 
 
 #: a forward-mode check whose loop is estimated (as :func:`loop_seconds`) above this has
