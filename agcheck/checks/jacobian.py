@@ -240,8 +240,8 @@ def _seconds_of(run, call: Callable) -> float | None:
 
 def _evaluation_seconds_again(run, piece: Piece) -> float | None:
     """Seconds of a second evaluation of the piece with its graph, as the check's first
-    was timed; None where it cannot be had."""
-    return _seconds_of(run, lambda: run.be.trace(piece.fn, piece.args, piece.checked))
+    was timed (an error of ``fn``'s there propagates, as from any of its calls)."""
+    return _seconds_of(run, lambda: run.user_errors.call(run.be.trace, piece.fn, piece.args, piece.checked))
 
 
 def _one_jvp_seconds(run, piece: Piece) -> float | None:
