@@ -170,3 +170,36 @@ def test_jvp_call_counts_are_torchs():
         ours = [count(agcheck.gradcheck, r, fast_mode=fast_mode, **kw) for r, kw in configs]
         assert ours == [2, 6, 12, 5]
         assert ours == [count(TORCH_GRADCHECK, r, fast_mode=fast_mode, **kw) for r, kw in configs]
+
+
+@pytest.mark.parametrize("slowed", [False, True], ids=["warm first call", "slow first call"])
+def test_a_small_forward_check_times_no_jvp_of_its_own(slowed):
+    """A forward-mode check of a few calls priced near the loop's limit (here from a first
+    call slowed to some 0.5 ms: 8 calls estimated at about 4 ms) spends no JVP on timing
+    one: the calls into the custom Function's jvp stay torch's."""
+    from .helpers import busy
+
+    calls, first = [0], [True]
+
+    class UserFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            if slowed and first[0]:
+                first[0] = False
+                busy(0.0005)
+            return x.clone(), y.clone()
+
+        @staticmethod
+        def jvp(ctx, x_t, y_t):
+            calls[0] += 1
+            return x_t, y_t
+
+    def count(check):
+        calls[0] = 0
+        first[0] = True
+        x, y = (torch.rand(1, dtype=torch.double, requires_grad=True) for _ in range(2))
+        assert check(UserFn.apply, (x, y), check_forward_ad=True, check_backward_ad=False,
+                     check_batched_grad=False, check_undefined_grad=False)
+        return calls[0]
+
+    assert count(agcheck.gradcheck) == count(TORCH_GRADCHECK) == 2

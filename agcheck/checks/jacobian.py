@@ -126,9 +126,11 @@ def _loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
             estimate, seconds, setup = _priced_where_compiled(run, piece, moved, n_out, seconds, signature,
                                                               figures)
         worth += setup
-    if piece.forward and cost.JVP_TIMED_FROM_SECONDS <= estimate < worth:
+    if piece.forward and cost.JVP_TIMED_FROM_SECONDS <= estimate < worth and \
+            2 * moved + n_in >= cost.RETIMED_CALLS:
         # a JVP may cost many evaluations (dual numbers through an op's decomposition): one
-        # is timed where the answer can change the choice
+        # is timed where the answer can change the choice, and the loop makes enough calls
+        # that one more is small beside them
         jvp = _one_jvp_seconds(run, piece)
         if jvp is not None and be.engine_setup_seconds and cost.forward_loop_seconds(moved, n_in, seconds, jvp) >= worth:
             again = _one_jvp_seconds(run, piece)  # the first JVP of a new shape also compiled it

@@ -78,13 +78,15 @@ ENGINE_COMPILATIONS = 4
 #: a loop estimated between ``ENGINE_WORTH_SECONDS`` and this many times it, from one timed
 #: evaluation, of at least ``RETIMED_CALLS`` calls, has a second evaluation timed and is
 #: priced from the faster (one more call: a few milliseconds at most, a sixteenth of the
-#: loop at most, against the engine's probes for a check the loop does cheaply)
+#: loop at most, against the engine's probes for a check the loop does cheaply); a
+#: forward-mode loop of fewer calls has no JVP timed either (``JVP_TIMED_FROM_SECONDS``)
 RETIMED_BELOW = 4
 RETIMED_CALLS = 16
 
 
-#: a forward-mode check whose loop is estimated (as :func:`loop_seconds`) above this has
-#: one JVP timed before the choice, which JVPs far dearer than an evaluation can change
+#: a forward-mode check whose loop is estimated (as :func:`loop_seconds`) above this, and
+#: makes at least ``RETIMED_CALLS`` calls, has one JVP timed before the choice, which JVPs
+#: far dearer than an evaluation can change
 JVP_TIMED_FROM_SECONDS = ENGINE_WORTH_SECONDS / 4
 
 
