@@ -410,6 +410,11 @@ def _engine_bindings():
         import torch
         found.append((torch.autograd.Variable, "_execution_engine"))
         direct = sys.modules.get("agcheck.backends.torch_engine")
+        if direct is None and "agcheck" in sys.modules:
+            # imported now, not during a counted check: it would bind the stand-in of that
+            # check for good (and count every later check's direct VJPs into it as well)
+            import importlib
+            direct = importlib.import_module("agcheck.backends.torch_engine")
         if direct is not None and getattr(direct, "_ENGINE", None) is not None:
             found.append((direct, "_ENGINE"))
     return found

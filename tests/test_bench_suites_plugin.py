@@ -232,6 +232,27 @@ def test_counting_tallies_backward_passes_apart_and_bills_each_second_once(plugi
     assert (torch.autograd.Variable._execution_engine, direct._ENGINE) == engines
 
 
+def test_agchecks_direct_engine_is_bound_to_torchs_before_a_counted_run(plugin, monkeypatch):
+    """agcheck loaded, its direct-engine module not yet (it is imported on a first check):
+    counting imports it first, so that it binds torch's engine and not the stand-in of the
+    run being counted, for good."""
+    import importlib
+    import sys
+
+    engine = torch.autograd.Variable._execution_engine
+    monkeypatch.delitem(sys.modules, "agcheck.backends.torch_engine", raising=False)
+
+    def checker(f, inputs, **kwargs):
+        importlib.import_module("agcheck.backends.torch_engine")  # as a first check does
+        return f(*inputs)
+
+    monkeypatch.setitem(plugin._STATE, "count_fn", True)
+    _, error, _ = plugin._timed(checker, (lambda x: x, (1.0,)), {})
+    assert error is None
+    assert sys.modules["agcheck.backends.torch_engine"]._ENGINE is engine
+    assert torch.autograd.Variable._execution_engine is engine
+
+
 def test_the_report_splits_each_checkers_time_between_fn_backward_and_its_own_work(real_suites):
     module = real_suites
     records = [_call("a", [1.0, 1.0, 1.0], [0.5, 0.5, 0.5]), _call("b", [2.0, 2.0, 2.0], [2.0, 2.0, 2.0])]
