@@ -156,6 +156,20 @@ def test_one_entry_off_is_listed():
     assert block.max_abs_diff == pytest.approx(0.25, rel=1e-6)
 
 
+def test_an_elementwise_function_wrong_everywhere_is_not_a_few_entries():
+    # exp's backward with x where exp(x) belongs: every derivative of the diagonal block is
+    # wrong, 5 of its 25 entries; nothing the report knows fits, and it says so
+    rep = failure(function(torch.exp, lambda x, g: g * x), (make(5),))
+    assert kinds(rep) == []
+    assert "no known pattern" in rep.summary()
+    # the other half: wrong in one branch only (abs's backward without the sign), half of
+    # the derivatives: a few entries
+    x = torch.tensor([0.5, -1.0, 1.5, -2.0, 2.5, 3.0, -0.7, 1.1], dtype=torch.float64, requires_grad=True)
+    rep = failure(function(torch.abs, lambda x, g: g.clone()), (x,))
+    assert kinds(rep) == ["few_entries"] and the(rep, "few_entries").evidence["count"] == 3
+    assert agcheck.gradcheck(function(torch.exp, lambda x, g: g * x.exp()), (make(5),))
+
+
 def test_one_input_element_wrong_is_localized():
     a = torch.linspace(-1, 1, 36, dtype=torch.float64).reshape(6, 6)
 

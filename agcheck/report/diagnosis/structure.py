@@ -30,6 +30,11 @@ def _nonzero(facts: BlockFacts) -> int:
     return int(np.count_nonzero(np.abs(facts.N) > facts.floor))
 
 
+def _derivatives(facts: BlockFacts) -> int:
+    """Entries that either side makes nonzero (above the error floor)."""
+    return int(np.count_nonzero((np.abs(facts.N) > facts.floor) | (np.abs(facts.A) > facts.floor)))
+
+
 def zero_analytical(facts: BlockFacts):
     n_max, a_max = float(np.abs(facts.N).max()), float(np.abs(facts.A).max())
     if not (a_max <= facts.floor and n_max > facts.floor):
@@ -215,8 +220,11 @@ def localized_cols(facts: BlockFacts, wrong: WrongEntries):
 
 
 def few_entries(facts: BlockFacts, wrong: WrongEntries):
+    """``few_entries``: at most ``FEW`` wrong entries, at most a quarter of the block and
+    at most half of the entries either side makes nonzero (an elementwise function whose
+    every derivative is wrong is not "a few entries" of its mostly zero block)."""
     k, size = wrong.count, facts.N.size
-    if not (k <= FEW and 4 * k <= size):
+    if not (k <= FEW and 4 * k <= size and 2 * k <= _derivatives(facts)):
         return None
     entries = np.argwhere(wrong.mask)
     entries = entries[np.argsort(-facts.diff[wrong.mask], kind="stable")]
