@@ -24,6 +24,7 @@ MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
 #: the diagnoses that claim a specific bug (as opposed to noise / notes)
 BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
              "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "discontinuity", "precision",
+             "swapped",
              "nondeterministic_fn"}
 
 
@@ -135,6 +136,51 @@ def test_conjugated_complex_to_real():
     fn = function(lambda z: (z * z.conj()).real, lambda z, g: 2 * z.conj() * g)
     rep = failure(fn, (make(4, dtype=torch.complex128),))
     assert kinds(rep) == ["conjugate"]
+
+
+# -- two inputs' derivatives swapped ---------------------------------------------------------------
+
+class _XTimesYSquared(torch.autograd.Function):
+    """``x * y**2``; ``swapped`` returns the two gradients in the wrong order, ``factor``
+    scales y's."""
+
+    bug = None
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y ** 2
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        gx, gy = g * y ** 2, g * 2 * x * y
+        if _XTimesYSquared.bug == "swapped":
+            return gy, gx
+        if _XTimesYSquared.bug == "factor":
+            return gx, 3 * gy
+        return gx, gy
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("bug", [None, "swapped", "factor"])
+def test_gradients_returned_in_the_wrong_order_are_swapped(bug, fast, monkeypatch):
+    monkeypatch.setattr(_XTimesYSquared, "bug", bug)
+    inputs = (make(4), make(4, seed=1))
+    if bug is None:
+        assert agcheck.gradcheck(_XTimesYSquared.apply, inputs, fast_mode=fast)
+        return
+    rep = failure(_XTimesYSquared.apply, inputs, fast_mode=fast)
+    if bug == "factor":  # one block wrong, by a factor: no pair to swap
+        assert kinds(rep) == ["factor"] and rep.diagnoses[0].block == 0 and rep.blocks[0].input == 1
+        return
+    if fast:  # fast mode reports the failing block alone: no pair to compare
+        assert len(rep.blocks) == 1 and "swapped" not in kinds(rep)
+        return
+    assert [(b.output, b.input) for b in rep.blocks] == [(0, 0), (0, 1)]
+    assert kinds(rep) == ["swapped"]
+    d = the(rep, "swapped")
+    assert d.evidence["inputs"] == [0, 1] and "wrong order" in d.message
 
 
 # -- a few entries wrong -------------------------------------------------------------------------

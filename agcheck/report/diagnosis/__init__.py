@@ -10,6 +10,9 @@ pass) and fires only when the evidence is strong:
   within 1 % of the mismatch (and finite-difference noise), far closer than to ``N``
   itself;
 * ``zero_analytical`` / ``zero_numerical`` — one side is zero, the other is not;
+* ``swapped`` — two failing blocks of one output, for two inputs of the same size: each
+  analytical block is the other's numerical one (the backward returns its gradients in
+  the wrong order);
 * ``few_entries`` / ``localized`` — only a handful of entries (listed), or only the
   entries of a few input or output elements, disagree;
 * ``kink`` — the numerical derivative at the worst entries changes with the step size
@@ -43,6 +46,7 @@ recomputing numerical entries with other steps, it receives from the caller as a
 checked function; see :mod:`agcheck.report.diagnosis.probes`).
 
 Modules: :mod:`~agcheck.report.diagnosis.blocks` (one Jacobian block, in order),
+:mod:`~agcheck.report.diagnosis.pairs` (two blocks of one output: swapped inputs),
 :mod:`~agcheck.report.diagnosis.probes` (step-size evidence),
 :mod:`~agcheck.report.diagnosis.structure` (whole-block hypotheses, one function each),
 :mod:`~agcheck.report.diagnosis.checks` (the other checks),
@@ -57,6 +61,7 @@ from typing import Callable, Mapping
 from agcheck.report.model import Diagnosis
 
 from .blocks import diagnose_block
+from .pairs import swapped_inputs
 from .checks import CHECK_HANDLERS
 from .facts import machine_eps
 from .probes import PROBED_BLOCKS, probe_rows
@@ -83,6 +88,6 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
         for i, block in enumerate(report.blocks):
             rows = probe_rows(math.prod(block.input_shape or ()), sharing.get(block.input, 1))
             found += diagnose_block(block, i, probed.get(i), rows, evaluated.setdefault(block.input, set()))
-        return found
+        return swapped_inputs(report.blocks, found)
     handler = CHECK_HANDLERS.get(report.check)
     return handler(report) if handler is not None else []
