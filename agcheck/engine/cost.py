@@ -11,9 +11,9 @@ batch size that made rows dearer is not grown further.
 """
 from __future__ import annotations
 
-__all__ = ["RAMP", "RETIMED_BELOW", "RETIMED_CALLS", "ENGINE_WORTH_SECONDS", "ENGINE_COMPILATIONS", "loop_seconds", "measured_loop_seconds",
-           "rows_per_chunk", "batching_loses", "batching_saves_nothing", "next_batch_size", "slope_per_row",
-           "setup_worth_paying", "spent_instead_of_setup"]
+__all__ = ["RAMP", "RETIMED_BELOW", "RETIMED_CALLS", "ENGINE_WORTH_SECONDS", "ENGINE_COMPILATIONS", "loop_seconds",
+           "measured_loop_seconds", "rows_per_chunk", "batching_loses", "batching_saves_nothing", "next_batch_size",
+           "slope_per_row", "setup_worth_paying", "spent_instead_of_setup"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4

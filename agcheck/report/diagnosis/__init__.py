@@ -61,9 +61,9 @@ from typing import Callable, Mapping
 from agcheck.report.model import Diagnosis
 
 from .blocks import diagnose_block
-from .pairs import swapped_inputs
 from .checks import CHECK_HANDLERS
 from .facts import machine_eps
+from .pairs import swapped_inputs
 from .probes import PROBED_BLOCKS, probe_rows
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_block", "machine_eps"]

@@ -55,9 +55,10 @@ class BlockFacts:
     """A failing block with the numbers the hypotheses share.
 
     ``floor`` is the finite-difference error floor (absolute): differences below it are
-    not evidence of anything. It starts from ``100 * machine epsilon / eps`` times the
-    output's largest entry (the block's largest entry where the output is not known; at
-    most 1 % of that) and grows to the spread of the step-size probes when there are some.
+    not evidence of anything. It starts from ``100 * machine epsilon / eps`` (float32's
+    where the output holds float32 values) times the output's largest entry (the block's
+    where the output is not known), at most 1 % of the block's largest entry, and grows to
+    the spread of the step-size probes when there are some.
     """
 
     block: object
