@@ -24,7 +24,7 @@ MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
 #: the diagnoses that claim a specific bug (as opposed to noise / notes)
 BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
              "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "discontinuity", "precision",
-             "swapped",
+             "swapped", "permuted",
              "nondeterministic_fn"}
 
 
@@ -181,6 +181,27 @@ def test_gradients_returned_in_the_wrong_order_are_swapped(bug, fast, monkeypatc
     assert kinds(rep) == ["swapped"]
     d = the(rep, "swapped")
     assert d.evidence["inputs"] == [0, 1] and "wrong order" in d.message
+
+
+# -- gradients routed to the wrong elements ---------------------------------------------------------
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_backward_that_does_not_undo_a_flip_is_permuted(fast):
+    flip = function(lambda x: x.flip(0), lambda x, g: g)  # the backward of flip is flip
+    rep = failure(flip, (make(6),), fast_mode=fast)
+    assert kinds(rep) == ["permuted"]
+    d = the(rep, "permuted")
+    assert d.evidence["axis"] == "rows" and d.evidence["order"] == [5, 4, 3, 2, 1, 0] and d.evidence["moved"] == 6
+    assert "input(0,) <- input(5,)" in d.message
+    assert agcheck.gradcheck(function(lambda x: x.flip(0), lambda x, g: g.flip(0)), (make(6),), fast_mode=fast)
+
+
+def test_a_backward_that_reads_grad_output_reversed_is_permuted_by_columns():
+    w = torch.linspace(-1, 2, 12, dtype=torch.float64).reshape(3, 4) ** 2
+    rep = failure(function(lambda x: w @ x, lambda x, g: w.T @ g.flip(0)), (make(4),))
+    d = the(rep, "permuted")
+    assert kinds(rep) == ["permuted"] and d.evidence["axis"] == "cols" and d.evidence["order"] == [2, 1, 0]
+    assert agcheck.gradcheck(function(lambda x: w @ x, lambda x, g: w.T @ g), (make(4),))
 
 
 # -- a few entries wrong -------------------------------------------------------------------------

@@ -10,6 +10,8 @@ pass) and fires only when the evidence is strong:
   within 1 % of the mismatch (and finite-difference noise), far closer than to ``N``
   itself;
 * ``zero_analytical`` / ``zero_numerical`` — one side is zero, the other is not;
+* ``permuted`` — the analytical block is the numerical one with its rows or columns
+  reordered (a flip, roll or index the backward does not undo);
 * ``swapped`` — two failing blocks of one output, for two inputs of the same size: each
   analytical block is the other's numerical one (the backward returns its gradients in
   the wrong order);

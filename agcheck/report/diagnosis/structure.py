@@ -1,6 +1,7 @@
 """Whole-block hypotheses: the analytical block is a simple transformation of the numerical
 one (zero, a constant factor, a sign flip, conjugated, transposed, the adjoint, summed
-over grad_output or the tangent), or only a few entries, rows or columns are wrong.
+over grad_output or the tangent, its rows or columns reordered), or only a few entries,
+rows or columns are wrong.
 
 Each hypothesis is one function of :class:`~agcheck.report.diagnosis.facts.BlockFacts`
 returning a :class:`~agcheck.report.model.Diagnosis` or ``None``; :func:`structure` tries
@@ -169,9 +170,78 @@ def ignores_tangent(facts: BlockFacts):
         dict(_base(facts), residual=rx))
 
 
+#: blocks whose rows (or columns) are matched up to this many, and with at most this many
+#: entries times their rows (columns), are tried for a permutation (one matrix product)
+PERMUTED_LINES = 1024
+PERMUTED_WORK = 20_000_000
+
+
+def _matching_lines(A, N):
+    """For each row of ``A``, the row of ``N`` nearest to it (least squares), or ``None``
+    unless that is a permutation other than the identity (rows of one entry, numbers
+    rather than rows, are not matched)."""
+    n = A.shape[0]
+    if n < 2 or A.shape[1] < 2 or n > PERMUTED_LINES or n * A.size > PERMUTED_WORK:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        distance = ((np.abs(A) ** 2).sum(axis=1)[:, None] + (np.abs(N) ** 2).sum(axis=1)[None, :]
+                    - 2 * (A @ N.conj().T).real)
+    if not np.isfinite(distance).all():
+        return None
+    order = np.argmin(distance, axis=1)
+    if np.unique(order).size != n or np.array_equal(order, np.arange(n)):
+        return None
+    return order
+
+
+def _moved_text(order, shape, what: str) -> str:
+    moved = [i for i in range(len(order)) if order[i] != i]
+    pairs = [f"{what}{index_text(unravel(i, shape))} <- {what}{index_text(unravel(int(order[i]), shape))}"
+             for i in moved[:4]]
+    return ", ".join(pairs) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+
+
+def permuted_rows(facts: BlockFacts):
+    """``permuted``: the analytical block is the numerical one with its rows (input
+    elements) reordered: gradients reach the wrong input elements."""
+    order = _matching_lines(facts.A, facts.N)
+    if order is None:
+        return None
+    ok, rx = facts.fit(facts.N[order])
+    if not ok:
+        return None
+    moved = int(np.count_nonzero(order != np.arange(len(order))))
+    return facts.diagnosis(
+        "permuted",
+        f"analytical = numerical with its rows reordered: the gradients of {moved} input elements are those of "
+        f"other elements ({_moved_text(order, facts.block.input_shape, 'input')}; residual {fmt(rx)} vs mismatch "
+        f"{fmt(facts.r0)}): the backward likely routes gradients to the wrong elements (an index, flip, roll or "
+        "permutation it does not undo, or undoes the wrong way)",
+        dict(_base(facts), residual=rx, axis="rows", order=[int(i) for i in order[:64]], moved=moved))
+
+
+def permuted_cols(facts: BlockFacts):
+    """``permuted``: the analytical block is the numerical one with its columns (output
+    elements) reordered."""
+    order = _matching_lines(facts.A.T, facts.N.T)
+    if order is None:
+        return None
+    ok, rx = facts.fit(facts.N[:, order])
+    if not ok:
+        return None
+    moved = int(np.count_nonzero(order != np.arange(len(order))))
+    return facts.diagnosis(
+        "permuted",
+        f"analytical = numerical with its columns reordered: the derivatives of {moved} output elements are those "
+        f"of other elements ({_moved_text(order, facts.block.output_shape, 'output')}; residual {fmt(rx)} vs "
+        f"mismatch {fmt(facts.r0)}): the backward likely reads grad_output at the wrong elements (an index, "
+        "flip, roll or permutation it does not undo)",
+        dict(_base(facts), residual=rx, axis="cols", order=[int(i) for i in order[:64]], moved=moved))
+
+
 #: the transformations tried, in order (``zero_*`` end the search even when later ones fit)
 TRANSFORMATIONS = (zero_analytical, zero_numerical, factor, conjugate, transposed, adjoint, ignores_grad_output,
-                   ignores_tangent)
+                   ignores_tangent, permuted_rows, permuted_cols)
 
 
 # -- a few wrong entries, rows or columns -------------------------------------------------
