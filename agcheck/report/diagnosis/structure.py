@@ -201,42 +201,44 @@ def _moved_text(order, shape, what: str) -> str:
     return ", ".join(pairs) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
 
 
-def permuted_rows(facts: BlockFacts):
+#: what a reordering along each axis means: (the lines, the shape they index, the elements'
+#: name, what is wrong with them, the likely cause)
+_REORDERED = {
+    "rows": ("rows", "input_shape", "input", "gradients",
+             "the backward likely routes gradients to the wrong elements (an index, flip, roll or permutation "
+             "it does not undo, or undoes the wrong way)"),
+    "cols": ("columns", "output_shape", "output", "derivatives",
+             "the backward likely reads grad_output at the wrong elements (an index, flip, roll or permutation "
+             "it does not undo)"),
+}
+
+
+def _permuted(facts: BlockFacts, axis: str):
     """``permuted``: the analytical block is the numerical one with its rows (input
-    elements) reordered: gradients reach the wrong input elements."""
-    order = _matching_lines(facts.A, facts.N)
+    elements) or columns (output elements) reordered."""
+    A, N = (facts.A, facts.N) if axis == "rows" else (facts.A.T, facts.N.T)
+    order = _matching_lines(A, N)
     if order is None:
         return None
-    ok, rx = facts.fit(facts.N[order])
+    ok, rx = facts.fit(N[order] if axis == "rows" else N[order].T)
     if not ok:
         return None
+    lines, shape, what, derivatives, cause = _REORDERED[axis]
     moved = int(np.count_nonzero(order != np.arange(len(order))))
     return facts.diagnosis(
         "permuted",
-        f"analytical = numerical with its rows reordered: the gradients of {moved} input elements are those of "
-        f"other elements ({_moved_text(order, facts.block.input_shape, 'input')}; residual {fmt(rx)} vs mismatch "
-        f"{fmt(facts.r0)}): the backward likely routes gradients to the wrong elements (an index, flip, roll or "
-        "permutation it does not undo, or undoes the wrong way)",
-        dict(_base(facts), residual=rx, axis="rows", order=[int(i) for i in order[:64]], moved=moved))
+        f"analytical = numerical with its {lines} reordered: the {derivatives} of {moved} {what} elements are "
+        f"those of other elements ({_moved_text(order, getattr(facts.block, shape), what)}; residual {fmt(rx)} "
+        f"vs mismatch {fmt(facts.r0)}): {cause}",
+        dict(_base(facts), residual=rx, axis=axis, order=[int(i) for i in order[:64]], moved=moved))
+
+
+def permuted_rows(facts: BlockFacts):
+    return _permuted(facts, "rows")
 
 
 def permuted_cols(facts: BlockFacts):
-    """``permuted``: the analytical block is the numerical one with its columns (output
-    elements) reordered."""
-    order = _matching_lines(facts.A.T, facts.N.T)
-    if order is None:
-        return None
-    ok, rx = facts.fit(facts.N[:, order])
-    if not ok:
-        return None
-    moved = int(np.count_nonzero(order != np.arange(len(order))))
-    return facts.diagnosis(
-        "permuted",
-        f"analytical = numerical with its columns reordered: the derivatives of {moved} output elements are those "
-        f"of other elements ({_moved_text(order, facts.block.output_shape, 'output')}; residual {fmt(rx)} vs "
-        f"mismatch {fmt(facts.r0)}): the backward likely reads grad_output at the wrong elements (an index, "
-        "flip, roll or permutation it does not undo)",
-        dict(_base(facts), residual=rx, axis="cols", order=[int(i) for i in order[:64]], moved=moved))
+    return _permuted(facts, "cols")
 
 
 #: the transformations tried, in order (``zero_*`` end the search even when later ones fit)
