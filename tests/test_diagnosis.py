@@ -196,6 +196,18 @@ def test_a_backward_that_does_not_undo_a_flip_is_permuted(fast):
     assert agcheck.gradcheck(function(lambda x: x.flip(0), lambda x, g: g.flip(0)), (make(6),), fast_mode=fast)
 
 
+def test_a_backward_that_puts_gradients_one_element_off_is_permuted():
+    # x[[0, 2, 4]] whose backward writes into elements 1, 3, 5: the zero rows tie with one
+    # another, and still pair up, nearest first
+    picked = torch.tensor([0, 2, 4])
+    rep = failure(function(lambda x: x[picked], lambda x, g: torch.zeros_like(x).index_put((picked + 1,), g)),
+                  (make(6),))
+    d = the(rep, "permuted")
+    assert kinds(rep) == ["permuted"] and d.evidence["order"] == [1, 0, 3, 2, 5, 4]
+    assert agcheck.gradcheck(function(lambda x: x[picked], lambda x, g: torch.zeros_like(x).index_put((picked,), g)),
+                             (make(6),))
+
+
 def test_a_backward_that_reads_grad_output_reversed_is_permuted_by_columns():
     w = torch.linspace(-1, 2, 12, dtype=torch.float64).reshape(3, 4) ** 2
     rep = failure(function(lambda x: w @ x, lambda x, g: w.T @ g.flip(0)), (make(4),))
@@ -234,6 +246,10 @@ def test_an_elementwise_function_wrong_everywhere_is_not_a_few_entries():
     x = torch.tensor([0.5, -1.0, 1.5, -2.0, 2.5, 3.0, -0.7, 1.1], dtype=torch.float64, requires_grad=True)
     rep = failure(function(torch.abs, lambda x, g: g.clone()), (x,))
     assert kinds(rep) == ["few_entries"] and the(rep, "few_entries").evidence["count"] == 3
+    # and wrong in the branch most elements take, as long as some derivatives are right
+    x = torch.tensor([-0.5, -1.0, 1.5, -2.0, 2.5, -3.0, -0.7, 1.1], dtype=torch.float64, requires_grad=True)
+    rep = failure(function(lambda t: t ** 3, lambda t, g: g * 3 * t * t.abs()), (x,))
+    assert kinds(rep) == ["few_entries"] and the(rep, "few_entries").evidence["count"] == 5
     assert agcheck.gradcheck(function(torch.exp, lambda x, g: g * x.exp()), (make(5),))
 
 

@@ -188,10 +188,26 @@ def _matching_lines(A, N):
                     - 2 * (A @ N.conj().T).real)
     if not np.isfinite(distance).all():
         return None
-    order = np.argmin(distance, axis=1)
-    if np.unique(order).size != n or np.array_equal(order, np.arange(n)):
+    order = _nearest_free(distance)
+    if order is None or np.array_equal(order, np.arange(n)):
         return None
     return order
+
+
+def _nearest_free(distance):
+    """Each row's column, nearest pairs first, each column taken once (equal rows, zero rows
+    say, share their nearest); ``None`` if that takes more than a few passes over the rows."""
+    n = distance.shape[0]
+    order, taken, left = np.full(n, -1), np.zeros(n, dtype=bool), n
+    for seen, flat in enumerate(np.argsort(distance, axis=None, kind="stable")):
+        if seen > 16 * n:
+            return None
+        i, j = divmod(int(flat), n)
+        if order[i] < 0 and not taken[j]:
+            order[i], taken[j], left = j, True, left - 1
+            if not left:
+                return order
+    return None
 
 
 def _moved_text(order, shape, what: str) -> str:
@@ -292,11 +308,11 @@ def localized_cols(facts: BlockFacts, wrong: WrongEntries):
 
 
 def few_entries(facts: BlockFacts, wrong: WrongEntries):
-    """``few_entries``: at most ``FEW`` wrong entries, at most a quarter of the block and
-    at most half of the entries either side makes nonzero (an elementwise function whose
-    every derivative is wrong is not "a few entries" of its mostly zero block)."""
+    """``few_entries``: at most ``FEW`` wrong entries, at most a quarter of the block, and
+    not all of the entries either side makes nonzero (an elementwise function whose every
+    derivative is wrong is not "a few entries" of its mostly zero block)."""
     k, size = wrong.count, facts.N.size
-    if not (k <= FEW and 4 * k <= size and 2 * k <= _derivatives(facts)):
+    if not (k <= FEW and 4 * k <= size and k < _derivatives(facts)):
         return None
     entries = np.argwhere(wrong.mask)
     entries = entries[np.argsort(-facts.diff[wrong.mask], kind="stable")]
