@@ -131,6 +131,18 @@ def test_conjugated_complex_backward(fast):
     assert not set(kinds(rep)) & {"factor", "transposed", "sign"}
 
 
+def test_a_missing_conjugation_of_a_constant_is_conjugate_not_a_complex_factor():
+    # c * z's backward is g * conj(c); g * c makes analytical = (c / conj(c)) x numerical
+    # too, a unit complex factor: the conjugation is named
+    c = torch.tensor(2 + 1j, dtype=torch.complex128)
+    rep = failure(function(lambda z: z * c, lambda z, g: g * c), (make(3, dtype=torch.complex128),))
+    assert kinds(rep) == ["conjugate"]
+    assert agcheck.gradcheck(function(lambda z: z * c, lambda z, g: g * c.conj()), (make(3, dtype=torch.complex128),))
+    # a complex factor that is no conjugation stays a factor
+    rep = failure(function(lambda z: z * c, lambda z, g: 1j * g * c.conj()), (make(3, dtype=torch.complex128),))
+    assert kinds(rep) == ["factor"]
+
+
 def test_conjugated_complex_to_real():
     # |z|^2 -> real; correct VJP 2 z g, broken 2 conj(z) g
     fn = function(lambda z: (z * z.conj()).real, lambda z, g: 2 * z.conj() * g)

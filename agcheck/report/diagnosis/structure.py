@@ -81,6 +81,10 @@ def factor(facts: BlockFacts):
     ok, rx = facts.fit(c * N)
     if not (ok and abs(c - 1) > 1e-3):
         return None
+    if isinstance(c, complex) and conjugate(facts) is not None:
+        # a constant Jacobian's conjugate is also a (unit) complex multiple of it: the
+        # missing conjugation is the likelier bug, and conjugate() names it
+        return None
     nonzero = _nonzero(facts)
     weak = " (a single nonzero entry: weak evidence)" if nonzero <= 1 else ""
     ev = dict(_base(facts), factor=c, residual=rx)
