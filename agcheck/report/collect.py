@@ -115,7 +115,8 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
     Its ``values()`` gives the block's output at the unmoved input as the check computed
     it (``checked``, converted only when asked), and ``unmoved()`` that output twice, as
     NumPy arrays: as the check computed it and from a call of ``fn`` now (the probes' own
-    call at that point where ``shared`` kept it)."""
+    call at that point where ``shared`` kept it); where there is ``shared``,
+    ``evaluated_rows()`` gives the input elements whose moved points it holds."""
     def resample(steps, rows):
         found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
                                   [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps],
@@ -131,7 +132,8 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
 
     resample.unmoved = unmoved
     resample.values = values
-    resample.shared = shared is not None
+    if shared is not None:
+        resample.evaluated_rows = lambda: {element for element, _ in shared if element is not None}
     return resample
 
 

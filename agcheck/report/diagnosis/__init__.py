@@ -86,10 +86,10 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
         sharing = {}
         for i in probed:
             sharing[report.blocks[i].input] = sharing.get(report.blocks[i].input, 0) + 1
-        found, evaluated = [], {}
+        found = []
         for i, block in enumerate(report.blocks):
             rows = probe_rows(math.prod(block.input_shape or ()), sharing.get(block.input, 1))
-            found += diagnose_block(block, i, probed.get(i), rows, evaluated.setdefault(block.input, set()))
+            found += diagnose_block(block, i, probed.get(i), rows)
         return swapped_inputs(report.blocks, found)
     handler = CHECK_HANDLERS.get(report.check)
     return handler(report) if handler is not None else []

@@ -20,12 +20,12 @@ STRUCTURE_LIMIT = 20_000_000
 
 
 def diagnose_block(block, index: int = 0, resample: Callable | None = None,
-                   max_rows: int = PROBED_ENTRIES, evaluated: set | None = None) -> list:
+                   max_rows: int = PROBED_ENTRIES) -> list:
     """The diagnoses of one failing Jacobian block (``report.blocks[index]``).
 
     ``resample(steps, rows)`` recomputes numerical rows with other steps, at most
-    ``max_rows`` of them, or only rows in ``evaluated`` (those the input's earlier blocks
-    probed) where they hold failing entries of this block (see
+    ``max_rows`` of them, or only rows it already evaluated for the input's earlier blocks
+    where they hold failing entries of this block (see
     :mod:`agcheck.report.diagnosis.probes`); without it the kink test is skipped.
     """
     if not block.has_arrays:
@@ -38,7 +38,7 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
     if not (np.isfinite(N).all() and np.isfinite(A).all()):
         return [_non_finite(block, index)]
     facts = BlockFacts.of(block, index)
-    found, settled = step_size_evidence(facts, resample, max_rows, evaluated)
+    found, settled = step_size_evidence(facts, resample, max_rows)
     changing = nondeterministic_fn(facts, resample)
     if changing is not None:  # what the steps or the block's structure say is then noise
         return [changing]

@@ -9,7 +9,7 @@ The re-evaluation is the caller's: ``resample(steps, rows)`` returns, for each
 step ``eps`` — with the check's own stencil (``side="central"``) or a one-sided difference
 (``"right"``, ``"left"``) — as an array ``(len(rows), output.numel)``; its optional
 ``values()`` gives the block's output at the input (the check's own), which tells a jump in
-fn's value from rounding.
+fn's value from rounding, and ``evaluated_rows()`` the rows whose points it already holds.
 :mod:`agcheck.report.collect` builds it from the checked function; without it (a report
 rebuilt from data, a synthetic block) only the error-floor estimate of noise is made.
 """
@@ -139,18 +139,19 @@ class Probe:
                 "right": self.right, "left": self.left}
 
 
-def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES, evaluated: set | None = None) -> list | None:
+def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> list | None:
     """Re-evaluate the worst mismatching entries with other steps (``None`` if impossible):
     up to ``PROBED_ENTRIES`` of them, in at most ``max_rows`` rows.
 
-    ``evaluated`` holds the rows the input's earlier blocks probed (updated here): where
-    ``resample`` shares their points (``resample.shared``) and this block has failing
-    entries in them, those entries are probed, at no new evaluation of fn."""
+    Where ``resample.evaluated_rows()`` gives rows whose points it already holds (those the
+    input's earlier blocks probed) and this block has failing entries in them, those
+    entries are probed, at no new evaluation of fn."""
     if resample is None or not block.eps:
         return None
     n, a = block.numerical, block.analytical
     tol = block.atol + block.rtol * np.abs(n)
-    free = evaluated if evaluated is not None and getattr(resample, "shared", False) else set()
+    evaluated_rows = getattr(resample, "evaluated_rows", None)
+    free = evaluated_rows() if evaluated_rows is not None else set()
     chosen = _failing_in(n, a, tol, free) or _worst_failing(block, tol, max_rows)
     if not chosen:
         return None
@@ -160,8 +161,6 @@ def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES, eval
     small, large, right, left, right_eps, left_eps = resample(
         [(eps / 10, "central"), (eps * 10, "central"), (eps / 10, "right"), (eps / 10, "left"),
          (eps, "right"), (eps, "left")], rows)
-    if evaluated is not None:
-        evaluated.update(rows)
     values = _output_magnitudes(resample, n.shape[1])
     probes = []
     for r, c in chosen:
@@ -213,8 +212,7 @@ def _output_magnitudes(resample, columns: int):
     return out if out.size == columns else None
 
 
-def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES,
-                       evaluated: set | None = None) -> tuple:
+def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> tuple:
     """``(diagnoses, settled)``: what the step sizes say about a block (probing at most
     ``max_rows`` rows), and whether that settles it (no structural hypothesis is tried after
     a noise or a mostly-kink verdict).
@@ -223,7 +221,7 @@ def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_
     """
     found = []
     try:
-        probes = probe(facts.block, resample, max_rows, evaluated)
+        probes = probe(facts.block, resample, max_rows)
     except Exception as ex:  # fn may fail at other steps; the other hypotheses still apply
         probes = None
         found.append(facts.diagnosis(
