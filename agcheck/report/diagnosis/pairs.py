@@ -18,9 +18,11 @@ from .facts import BlockFacts
 
 __all__ = ["swapped_inputs"]
 
-#: diagnoses the swap may replace: what the block's structure alone suggested
+#: diagnoses the swap may replace: what the block's structure alone suggested (the kinds
+#: :func:`~agcheck.report.diagnosis.structure.structure` names, but for its "precision",
+#: which the step-size probes name too)
 STRUCTURAL = {"factor", "sign", "transposed", "adjoint", "conjugate", "ignores_grad_output", "ignores_tangent",
-              "zero_analytical", "zero_numerical", "few_entries", "localized"}
+              "permuted", "zero_analytical", "zero_numerical", "few_entries", "localized"}
 
 
 def swapped_inputs(blocks: list, found: list) -> list:
