@@ -24,7 +24,7 @@ MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
 #: the diagnoses that claim a specific bug (as opposed to noise / notes)
 BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
              "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "discontinuity", "precision",
-             "swapped", "permuted",
+             "swapped", "permuted", "input_statistics", "low_rank",
              "nondeterministic_fn"}
 
 
@@ -226,6 +226,97 @@ def test_a_backward_that_reads_grad_output_reversed_is_permuted_by_columns():
     d = the(rep, "permuted")
     assert kinds(rep) == ["permuted"] and d.evidence["axis"] == "cols" and d.evidence["order"] == [2, 1, 0]
     assert agcheck.gradcheck(function(lambda x: w @ x, lambda x, g: w.T @ g), (make(4),))
+
+
+# -- a term left out: the mismatch itself has a simple form ------------------------------------
+
+_W = torch.linspace(-1.5, 2.0, 40, dtype=torch.float64).reshape(4, 10).sin()
+
+
+def _normalised(x, detach, scale=True):
+    """``tanh`` of a linear map of ``x`` normalised per row (the last dimension), with the
+    mean and standard deviation detached (as kornia's OriNet normalises its patches) or not."""
+    mean, std = x.mean(dim=-1, keepdim=True), x.std(dim=-1, keepdim=True)
+    if detach:
+        mean, std = mean.detach(), std.detach()
+    z = (x - mean) / std if scale else x - mean
+    return torch.tanh(z @ _W.T)
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("shape", [(10,), (3, 10)], ids=["one", "per-sample"])
+def test_a_normalisation_with_detached_statistics_is_input_statistics(fast, shape):
+    rep = failure(lambda x: _normalised(x, detach=True), (make(*shape),), fast_mode=fast)
+    assert kinds(rep) == ["input_statistics"], rep.summary()
+    d = the(rep, "input_statistics")
+    assert not d.evidence["constant"] and "detached statistics" in d.message
+    assert {f["inputs"] for f in d.evidence["fits"]} == {10}  # each output reaches its own row only
+    assert agcheck.gradcheck(lambda x: _normalised(x, detach=False), (make(*shape),), fast_mode=fast)
+
+
+def test_a_detached_mean_alone_is_a_constant_per_output_element():
+    rep = failure(lambda x: _normalised(x, detach=True, scale=False), (make(10),))
+    d = the(rep, "input_statistics")
+    assert kinds(rep) == ["input_statistics"] and d.evidence["constant"]
+    assert all(f["beta"] == 0 for f in d.evidence["fits"])
+    assert agcheck.gradcheck(lambda x: _normalised(x, detach=False, scale=False), (make(10),))
+
+
+def test_a_constant_added_to_the_gradient_is_a_constant_per_output_element():
+    rep = failure(function(torch.sin, lambda x, g: g * x.cos() + 0.1), (make(8),))
+    d = the(rep, "input_statistics")
+    assert kinds(rep) == ["input_statistics"] and d.evidence["constant"]
+    assert all(abs(f["alpha"] - 0.1) < 1e-6 for f in d.evidence["fits"])
+    assert agcheck.gradcheck(function(torch.sin, lambda x, g: g * x.cos()), (make(8),))
+
+
+def _softmax(backward):
+    class Softmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            s = torch.softmax(x, 0)
+            ctx.save_for_backward(s)
+            return s
+
+        @staticmethod
+        def backward(ctx, g):
+            (s,) = ctx.saved_tensors
+            return backward(s, g)
+
+    return Softmax.apply
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_softmax_without_its_coupling_term_is_low_rank(fast):
+    rep = failure(_softmax(lambda s, g: g * s), (make(8),), fast_mode=fast)  # leaves out -s (g . s)
+    d = the(rep, "low_rank")
+    assert kinds(rep) == ["low_rank"] and d.evidence["rank"] == 1 and "softmax" in d.message
+    assert agcheck.gradcheck(_softmax(lambda s, g: s * (g - (g * s).sum())), (make(8),), fast_mode=fast)
+
+
+def test_an_error_in_a_jacobian_that_has_the_form_itself_is_not_blamed_on_a_term():
+    # f = sum(x^2) * w: its Jacobian 2 x w^T is affine in x per output element and of rank one,
+    # so a backward adding 1 (the same for every element) is an error of that form whatever its
+    # cause: neither hypothesis is evidence here
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    rep = failure(function(lambda x: (x ** 2).sum() * w, lambda x, g: (2 * x + 1) * (g * w).sum()), (make(6),))
+    assert not {"input_statistics", "low_rank"} & set(kinds(rep)), rep.summary()
+    assert agcheck.gradcheck(function(lambda x: (x ** 2).sum() * w, lambda x, g: 2 * x * (g * w).sum()), (make(6),))
+
+
+def test_a_dense_error_is_no_term():
+    wrong = _W + 0.05 * torch.linspace(0, 1, 40, dtype=torch.float64).reshape(4, 10).cos() ** 3
+    rep = failure(function(lambda x: _W @ x, lambda x, g: wrong.T @ g), (make(10),))
+    assert not {"input_statistics", "low_rank"} & set(kinds(rep)), rep.summary()
+    assert agcheck.gradcheck(function(lambda x: _W @ x, lambda x, g: _W.T @ g), (make(10),))
+
+
+def test_input_statistics_needs_the_input_values_and_low_rank_only_the_blocks():
+    rep = failure(lambda x: _normalised(x, detach=True), (make(10),))
+    block = JacobianBlock.from_dict(rep.blocks[0].to_dict())  # a report rebuilt from data: no inputs
+    assert "input_statistics" not in [d.kind for d in diagnose_block(block)]
+    rep = failure(_softmax(lambda s, g: g * s), (make(8),))
+    assert [d.kind for d in diagnose_block(JacobianBlock.from_dict(rep.blocks[0].to_dict()))] == ["low_rank"]
 
 
 # -- a few entries wrong -------------------------------------------------------------------------

@@ -130,8 +130,12 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
     def values():
         return np.asarray(run.be.to_numpy(checked))
 
+    def input_values():
+        return np.asarray(run.be.to_numpy(args[position])).reshape(-1)
+
     resample.unmoved = unmoved
     resample.values = values
+    resample.input_values = input_values
     if shared is not None:
         resample.evaluated_rows = lambda: {element for element, _ in shared if element is not None}
     return resample

@@ -381,7 +381,8 @@ class FailureReport:
                 lines.append(f"  ... and {len(self.diagnoses) - 4} more in error.report.diagnoses")
         elif self.completed and self.blocks:
             lines.append("diagnosis: no known pattern (not a constant factor, transposition, sign flip, "
-                         "conjugation, a few entries, a kink or finite-difference noise)")
+                         "conjugation, a few entries, a term of low rank or in the input's statistics, a kink "
+                         "or finite-difference noise)")
         if self.options:
             shown = [f"{k}={self.options[k]}" for k in _KEY_OPTIONS if k in self.options]
             shown += [f"{k}={v}" for k, v in self.options.items()

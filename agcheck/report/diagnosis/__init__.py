@@ -17,6 +17,10 @@ pass) and fires only when the evidence is strong:
   the wrong order);
 * ``few_entries`` / ``localized`` — only a handful of entries (listed), or only the
   entries of a few input or output elements, disagree;
+* ``input_statistics`` / ``low_rank`` — where none of the above fits, the mismatch itself
+  has a simple form: per output element an affine function of the input's values (the
+  derivative through a detached mean and scale is missing), or a rank-1 or rank-2 matrix
+  (a term such as softmax's ``-s s^T`` is missing);
 * ``kink`` — the numerical derivative at the worst entries changes with the step size
   (re-evaluated with ``eps / 10`` and ``eps * 10``) or differs between the right and left
   one-sided differences even for a small step: the input sits on a non-differentiable
@@ -51,6 +55,7 @@ Modules: :mod:`~agcheck.report.diagnosis.blocks` (one Jacobian block, in order),
 :mod:`~agcheck.report.diagnosis.pairs` (two blocks of one output: swapped inputs),
 :mod:`~agcheck.report.diagnosis.probes` (step-size evidence),
 :mod:`~agcheck.report.diagnosis.structure` (whole-block hypotheses, one function each),
+:mod:`~agcheck.report.diagnosis.terms` (the mismatch as a term left out),
 :mod:`~agcheck.report.diagnosis.checks` (the other checks),
 :mod:`~agcheck.report.diagnosis.facts` (what they share).
 """

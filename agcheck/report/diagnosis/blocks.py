@@ -26,7 +26,9 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
     ``resample(steps, rows)`` recomputes numerical rows with other steps, at most
     ``max_rows`` of them, or only rows it already evaluated for the input's earlier blocks
     where they hold failing entries of this block (see
-    :mod:`agcheck.report.diagnosis.probes`); without it the kink test is skipped.
+    :mod:`agcheck.report.diagnosis.probes`); without it the kink test is skipped. Its
+    ``input_values()``, where it has one, gives the checked input's values (for
+    :func:`~agcheck.report.diagnosis.terms.input_statistics`).
     """
     if not block.has_arrays:
         return []
@@ -38,6 +40,7 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
     if not (np.isfinite(N).all() and np.isfinite(A).all()):
         return [_non_finite(block, index)]
     facts = BlockFacts.of(block, index)
+    facts.inputs = _input_values(resample)
     found, settled = step_size_evidence(facts, resample, max_rows)
     changing = nondeterministic_fn(facts, resample)
     if changing is not None:  # what the steps or the block's structure say is then noise
@@ -48,6 +51,17 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
         return found + structure(facts)
     return found + [facts.diagnosis(
         "note", f"block of {N.size} entries: whole-block hypotheses (factor, transposition...) skipped")]
+
+
+def _input_values(resample: Callable | None):
+    """The checked input's values from ``resample.input_values()``, or None."""
+    values = getattr(resample, "input_values", None)
+    if values is None:
+        return None
+    try:
+        return np.asarray(values()).reshape(-1)
+    except Exception:  # noqa: BLE001 - a hint for one hypothesis, never a reason to lose the others
+        return None
 
 
 def _fast_only(block, index: int):

@@ -72,6 +72,9 @@ class BlockFacts:
     scale: float
     eps: float
     floor: float
+    #: the checked input's values, flattened (one per row of the block), where the caller
+    #: gives them (:meth:`resample.input_values`); ``None`` for a report rebuilt from data
+    inputs: np.ndarray | None = None
 
     @classmethod
     def of(cls, block, index: int) -> "BlockFacts":

@@ -1,7 +1,8 @@
 """Whole-block hypotheses: the analytical block is a simple transformation of the numerical
 one (zero, a constant factor, a sign flip, conjugated, transposed, the adjoint, summed
 over grad_output or the tangent, its rows or columns reordered), or only a few entries,
-rows or columns are wrong.
+rows or columns are wrong, or (:mod:`~agcheck.report.diagnosis.terms`) the mismatch
+itself is a simple term the backward leaves out.
 
 Each hypothesis is one function of :class:`~agcheck.report.diagnosis.facts.BlockFacts`
 returning a :class:`~agcheck.report.model.Diagnosis` or ``None``; :func:`structure` tries
@@ -16,6 +17,7 @@ import numpy as np
 from agcheck.report.values import fmt, index_text, unravel
 
 from .facts import BlockFacts, coefficient_text
+from .terms import TERMS
 
 __all__ = ["FEW", "structure", "TRANSFORMATIONS", "LOCAL"]
 
@@ -343,6 +345,10 @@ def structure(facts: BlockFacts) -> list:
         return []
     for hypothesis in LOCAL:
         found = hypothesis(facts, wrong)
+        if found is not None:
+            return [found]
+    for hypothesis in TERMS:  # the mismatch itself has a simple form: a term left out
+        found = hypothesis(facts)
         if found is not None:
             return [found]
     return []

@@ -1,0 +1,164 @@
+"""Hypotheses about the mismatch itself, ``D = analytical - numerical``: where no
+transformation of the numerical block gives the analytical one, the backward may still be
+right but for one term it leaves out (or adds), and that term has a simple form.
+
+* ``input_statistics`` — for each wrong output element, ``D`` over the input elements that
+  reach it is an affine function of those elements' values, ``alpha + beta * x``: the
+  derivative through a mean (the constant) and a scale such as a standard deviation (the
+  ``beta * x`` term) of the input is missing, as in a normalisation written with detached
+  statistics. Needs the input's values (``BlockFacts.inputs``).
+* ``low_rank`` — ``D`` is an outer product of one or two pairs of vectors, on a block large
+  enough for that to be rare by chance (and whose numerical side is not itself of that
+  rank): a term coupling every input element with every
+  output element through a few shared quantities (softmax's ``-s s^T``, a norm or sum of
+  the forward, a constant added to the gradient) is missing.
+
+A hypothesis fits when adding its term to the numerical block gives the analytical one as
+closely as :meth:`~agcheck.report.diagnosis.facts.BlockFacts.fit` asks of the whole-block
+transformations (1 % of the mismatch, or the error floor).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from agcheck.report.values import fmt, index_text, unravel
+
+from .facts import BlockFacts
+
+__all__ = ["MIN_SUPPORT", "RANK_LINES", "TERM_ENTRIES", "TERMS", "input_statistics", "low_rank"]
+
+#: input elements that must reach each wrong output element for an affine fit in their
+#: values (two coefficients) to be evidence
+MIN_SUPPORT = 6
+#: a rank-k mismatch is reported only on blocks with at least ``RANK_LINES * k`` rows and columns
+RANK_LINES = 4
+#: the largest rank reported
+MAX_RANK = 2
+#: blocks with more entries than this are not examined (each hypothesis holds a few copies)
+TERM_ENTRIES = 4_000_000
+
+
+def _real(facts: BlockFacts) -> bool:
+    return not (np.iscomplexobj(facts.N) or np.iscomplexobj(facts.A))
+
+
+def _wrong_columns(facts: BlockFacts) -> np.ndarray:
+    block = facts.block
+    with np.errstate(invalid="ignore"):
+        bad = (facts.diff > block.atol + block.rtol * np.abs(facts.N)) & (facts.diff > facts.floor)
+    return np.flatnonzero(bad.any(axis=0))
+
+
+def _affine_in(M, reach, xc, count):
+    """Per column of ``M``, its least-squares line in ``xc`` over the rows ``reach`` marks:
+    ``(mean, slope, mean of xc, line)``, the line as a block (zero off ``reach``)."""
+    scale = np.maximum(count, 1)
+    mean_x = (xc @ reach) / scale
+    spread = (xc ** 2) @ reach / scale - mean_x ** 2
+    M = M * reach
+    mean_m = M.sum(axis=0) / scale
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = np.where(spread > 0, ((xc @ M) / scale - mean_x * mean_m) / np.where(spread > 0, spread, 1), 0.0)
+    return mean_m, slope, mean_x, reach * (mean_m - slope * mean_x + slope * xc[:, None])
+
+
+def input_statistics(facts: BlockFacts):
+    """``input_statistics``: per output element, ``D = alpha + beta * x`` over the input
+    elements reaching it (those where either side is above the error floor), with at
+    least ``MIN_SUPPORT`` of them, of more than one value, for every wrong output element,
+    while the numerical block itself is no such function (a quadratic's Jacobian is affine
+    in ``x``, and so is any error in its coefficients)."""
+    x = facts.inputs
+    if x is None or not _real(facts) or np.iscomplexobj(x) or x.shape != (facts.N.shape[0],) \
+            or facts.N.size > TERM_ENTRIES:
+        return None
+    columns = _wrong_columns(facts)
+    reach = ((np.abs(facts.N) > facts.floor) | (np.abs(facts.A) > facts.floor)).astype(facts.N.dtype)
+    count = reach.sum(axis=0)
+    xc = x - x.mean()  # centred: the normal equations stay well conditioned
+    if not len(columns) or (count[columns] < MIN_SUPPORT).any() or (np.ptp(xc) == 0):
+        return None
+    mean_d, beta, mean_x, line = _affine_in(facts.A - facts.N, reach, xc, count)
+    ok, rx = facts.fit(facts.N + line)
+    if not ok:
+        return None
+    constant, rc = facts.fit(facts.N + reach * mean_d)
+    rx = rc if constant else rx
+    *_, numerical_line = _affine_in(facts.N, reach, xc, count)
+    if float(np.abs(facts.N * reach - numerical_line).max()) <= max(0.01 * facts.r0, facts.floor):
+        return None
+    beta = np.zeros_like(beta) if constant else beta
+    alpha = mean_d if constant else mean_d - beta * (mean_x + x.mean())  # the coefficients of x itself
+    reaching = sorted({int(count[c]) for c in columns})
+    size = str(reaching[0]) if len(reaching) == 1 else f"{reaching[0]} to {reaching[-1]}"
+    if constant:
+        what = ("a constant per output element (the same for every input element that reaches it): the backward "
+                "likely misses the derivative through a mean or sum of the input that the forward uses (a "
+                "detached mean, x - x.mean().detach()), or adds a constant to the gradient")
+    else:
+        what = ("an affine function of the input's values, alpha + beta * x, per output element: the backward "
+                "likely misses the derivative through statistics of the input that the forward treats as "
+                "constants, a mean (alpha) and a scale such as a standard deviation or norm (beta * x), as in a "
+                "normalisation written with detached statistics, (x - x.mean().detach()) / x.std().detach()")
+    fits = [{"output": int(c), "alpha": float(alpha[c]), "beta": float(beta[c]), "inputs": int(count[c])}
+            for c in columns[:16]]
+    lines = [f"output{index_text(unravel(f['output'], facts.block.output_shape))}: alpha {fmt(f['alpha'])}, "
+             f"beta {fmt(f['beta'])} over {f['inputs']} input elements" for f in fits[:3]]
+    return facts.diagnosis(
+        "input_statistics",
+        f"for the {len(columns)} wrong output element(s), analytical - numerical over the {size} input elements "
+        f"that reach each is {what} (residual {fmt(rx)} vs mismatch {fmt(facts.r0)})",
+        {"max_abs_diff": facts.r0, "residual": rx, "constant": bool(constant), "fits": fits},
+        lines)
+
+
+def low_rank(facts: BlockFacts):
+    """``low_rank``: ``D`` is a sum of at most ``MAX_RANK`` outer products."""
+    lines = min(facts.N.shape)
+    if not _real(facts) or lines < RANK_LINES or facts.N.size > TERM_ENTRIES:
+        return None
+    D = facts.A - facts.N
+    try:
+        u, s, vt = _leading(D)
+        un, sn, vnt = _leading(facts.N)
+    except np.linalg.LinAlgError:
+        return None
+    bound = max(0.01 * facts.r0, facts.floor)
+    for k in range(1, MAX_RANK + 1):
+        if lines < RANK_LINES * k:
+            return None
+        term = (u[:, :k] * s[:k]) @ vt[:k]
+        ok, rx = facts.fit(facts.N + term)
+        if ok:
+            break
+    else:
+        return None
+    # a numerical block of rank k itself makes any error within its spaces rank k: no evidence
+    if float(np.abs(facts.N - (un[:, :k] * sn[:k]) @ vnt[:k]).max()) <= bound:
+        return None
+    shape = f"{D.shape[0]} x {D.shape[1]}"
+    product = "an outer product u v^T" if k == 1 else f"a sum of {k} outer products"
+    return facts.diagnosis(
+        "low_rank",
+        f"analytical - numerical is a rank-{k} matrix, {product} of an input-side and an output-side vector, on a "
+        f"{shape} block (residual {fmt(rx)} vs mismatch {fmt(facts.r0)}): the backward likely leaves out (or adds) "
+        "a term that couples every input element with every output element through a few shared quantities: "
+        "softmax's -s s^T, the mean or variance terms of a normalisation, a norm or sum the forward computes, or "
+        "a constant added to the gradient",
+        {"max_abs_diff": facts.r0, "residual": rx, "rank": k,
+         "singular_values": [float(v) for v in s[:MAX_RANK + 1]]})
+
+
+def _leading(M):
+    """The leading singular triplets of ``M`` (``u, s, vt``, a few of them), from its range
+    sampled by ``MAX_RANK + 4`` Gaussian vectors (exact where ``M`` has at most that rank;
+    a private generator: the caller's random state is left alone): a few products with
+    ``M`` instead of a full decomposition."""
+    sample = np.random.default_rng(0).standard_normal((M.shape[1], MAX_RANK + 4))
+    q, _ = np.linalg.qr(M @ sample)
+    ub, s, vt = np.linalg.svd(q.T @ M, full_matrices=False)
+    return q @ ub, s, vt
+
+
+#: the hypotheses about the mismatch, tried in order after the whole-block and local ones
+TERMS = (input_statistics, low_rank)
