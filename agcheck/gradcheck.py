@@ -12,7 +12,7 @@ from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import check_output_types, resolve_problem, restore_if_modified
 from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.stencil import auto_eps, get_stencil
-from agcheck.core.stopwatch import Stopwatch
+from agcheck.core.stopwatch import Stopwatch, collections_left_out
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET
@@ -198,7 +198,8 @@ class _Run:
     # -- the order of the checks is torch's ---------------------------------------------
     def all_checks(self) -> None:
         try:
-            self._all_checks()
+            with collections_left_out():  # the engine's timings leave garbage collections out
+                self._all_checks()
         finally:
             self.numerical_memo.clear()  # not kept alive by a raised error's traceback
             self.progress.close()

@@ -193,6 +193,40 @@ def test_a_first_call_slowed_once_does_not_send_a_small_check_to_the_engine(fact
     assert always.verdict is (factor == 1.0)
 
 
+@pytest.mark.parametrize("factor", [1.0, 1.1], ids=["right backward", "wrong backward"])
+def test_a_garbage_collection_in_the_timed_call_again_does_not_send_a_small_check_to_the_engine(factor, monkeypatch):
+    """The second timing of a small check (after a first call slowed once) is the one
+    taken; a full garbage collection in it (a large test session holds many objects) is
+    not the function's cost, and the check still goes to the loop."""
+    import gc
+
+    from agcheck.engine import cost
+
+    monkeypatch.undo()  # the limit as shipped, not the module fixture's
+    monkeypatch.setattr(cost, "RETIMED_BELOW", 100)
+    monkeypatch.setattr(ScaledSin, "factor", factor)
+    garbage = [[] for _ in range(300_000)]  # alive: every full collection visits them
+    start = time.thread_time()
+    gc.collect()
+    assert time.thread_time() - start > 0.002, "the collection must cost more than the loop's limit allows a call"
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        if len(calls) == 1:
+            busy(0.0005)  # the traced call, slowed once
+        y = ScaledSin.apply(t)
+        if len(calls) == 2:  # the call timed again; at its end, where the work after the
+            gc.collect()  # collection (with the caches it flushed) is small beside the limit
+        return y
+
+    r = run(fn, (make(2, 4),))
+    (plan,) = [e for e in r.engine_log if e.path == "plan"]
+    assert plan.decision == "reference" and plan.figures["evaluation_again"] < 0.0005
+    assert r.verdict is (factor == 1.0)
+    del garbage
+
+
 def test_closure_is_detected_and_falls_back():
     lin = torch.nn.Linear(30, 4).double()
     data = torch.randn(3, 30, dtype=torch.float64)

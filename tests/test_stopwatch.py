@@ -60,3 +60,35 @@ def test_a_check_times_its_engine_on_the_clock_its_backend_names(device_work, mo
     watch = r.stopwatch()
     time.sleep(0.06)
     assert (watch.seconds() >= 0.06) is device_work
+
+
+def _slow_collection_seconds(garbage) -> float:
+    """CPU seconds of one full collection with ``garbage`` alive (many tracked objects)."""
+    import gc
+
+    start = time.thread_time()
+    gc.collect()
+    return time.thread_time() - start
+
+
+def test_a_garbage_collection_is_left_out_while_checks_count_them_and_counted_otherwise():
+    import gc
+
+    from agcheck.core.stopwatch import _on_collection, collections_left_out
+
+    garbage = [[] for _ in range(300_000)]  # alive: every full collection visits them
+    whole = _slow_collection_seconds(garbage)
+    assert whole > 0.002, "the collection must be long enough to tell apart"
+    outside = Stopwatch(True)
+    gc.collect()
+    assert outside.seconds() >= 0.5 * whole  # outside a check the stopwatch is a plain clock
+    with collections_left_out():
+        with collections_left_out():  # nested (a check inside a check's fn)
+            on_thread, wall = Stopwatch(True), Stopwatch(False)
+            gc.collect()
+            busy(0.02)
+            assert 0.02 <= on_thread.seconds() < 0.02 + 0.3 * whole
+            assert 0.02 <= wall.seconds() < 0.02 + 0.3 * whole + 0.05
+        assert _on_collection in gc.callbacks  # the outer user still counts
+    assert _on_collection not in gc.callbacks  # the caller's process is left as it was
+    del garbage
