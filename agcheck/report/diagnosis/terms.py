@@ -9,9 +9,9 @@ right but for one term it leaves out (or adds), and that term has a simple form.
   statistics. Needs the input's values (``BlockFacts.inputs``).
 * ``low_rank`` — ``D`` is an outer product of one or two pairs of vectors, on a block large
   enough for that to be rare by chance (and whose numerical side is not itself of that
-  rank): a term coupling every input element with every
-  output element through a few shared quantities (softmax's ``-s s^T``, a norm or sum of
-  the forward, a constant added to the gradient) is missing.
+  rank): a term coupling every input element with every output element through a few
+  shared quantities (softmax's ``-s s^T``, a norm or sum of the forward, a constant added
+  to the gradient) is missing.
 
 A hypothesis fits when adding its term to the numerical block gives the analytical one as
 closely as :meth:`~agcheck.report.diagnosis.facts.BlockFacts.fit` asks of the whole-block
@@ -64,10 +64,10 @@ def _affine_in(M, reach, xc, count):
 
 def input_statistics(facts: BlockFacts):
     """``input_statistics``: per output element, ``D = alpha + beta * x`` over the input
-    elements reaching it (those where either side is above the error floor), with at
-    least ``MIN_SUPPORT`` of them, of more than one value, for every wrong output element,
-    while the numerical block itself is no such function (a quadratic's Jacobian is affine
-    in ``x``, and so is any error in its coefficients)."""
+    elements reaching it (those where either side is above the error floor), at least
+    ``MIN_SUPPORT`` of them for every wrong output element, on an input that is not
+    constant, while the numerical block itself is no such function (a quadratic's Jacobian
+    is affine in ``x``, and so is any error in its coefficients)."""
     x = facts.inputs
     if x is None or not _real(facts) or np.iscomplexobj(x) or x.shape != (facts.N.shape[0],) \
             or facts.N.size > TERM_ENTRIES:
