@@ -348,7 +348,7 @@ def structure(facts: BlockFacts) -> list:
         if found is not None:
             return [found]
     for hypothesis in TERMS:  # the mismatch itself has a simple form: a term left out
-        found = hypothesis(facts)
+        found = hypothesis(facts, wrong)
         if found is not None:
             return [found]
     return []

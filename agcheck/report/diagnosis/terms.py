@@ -13,8 +13,10 @@ right but for one term it leaves out (or adds), and that term has a simple form.
   shared quantities (softmax's ``-s s^T``, a norm or sum of the forward, a constant added
   to the gradient) is missing.
 
-A hypothesis fits when adding its term to the numerical block gives the analytical one as
-closely as :meth:`~agcheck.report.diagnosis.facts.BlockFacts.fit` asks of the whole-block
+Each hypothesis takes the block's facts and its wrong entries
+(:class:`~agcheck.report.diagnosis.structure.WrongEntries`, as the local hypotheses do). One
+fits when adding its term to the numerical block gives the analytical one as closely as
+:meth:`~agcheck.report.diagnosis.facts.BlockFacts.fit` asks of the whole-block
 transformations (1 % of the mismatch, or the error floor).
 """
 from __future__ import annotations
@@ -42,13 +44,6 @@ def _real(facts: BlockFacts) -> bool:
     return not (np.iscomplexobj(facts.N) or np.iscomplexobj(facts.A))
 
 
-def _wrong_columns(facts: BlockFacts) -> np.ndarray:
-    block = facts.block
-    with np.errstate(invalid="ignore"):
-        bad = (facts.diff > block.atol + block.rtol * np.abs(facts.N)) & (facts.diff > facts.floor)
-    return np.flatnonzero(bad.any(axis=0))
-
-
 def _affine_in(M, reach, xc, count):
     """Per column of ``M``, its least-squares line in ``xc`` over the rows ``reach`` marks:
     ``(mean, slope, mean of xc, line)``, the line as a block (zero off ``reach``)."""
@@ -62,7 +57,7 @@ def _affine_in(M, reach, xc, count):
     return mean_m, slope, mean_x, reach * (mean_m - slope * mean_x + slope * xc[:, None])
 
 
-def input_statistics(facts: BlockFacts):
+def input_statistics(facts: BlockFacts, wrong):
     """``input_statistics``: per output element, ``D = alpha + beta * x`` over the input
     elements reaching it (those where either side is above the error floor), at least
     ``MIN_SUPPORT`` of them for every wrong output element, on an input that is not
@@ -72,7 +67,7 @@ def input_statistics(facts: BlockFacts):
     if x is None or not _real(facts) or np.iscomplexobj(x) or x.shape != (facts.N.shape[0],) \
             or facts.N.size > TERM_ENTRIES:
         return None
-    columns = _wrong_columns(facts)
+    columns = wrong.cols
     reach = ((np.abs(facts.N) > facts.floor) | (np.abs(facts.A) > facts.floor)).astype(facts.N.dtype)
     count = reach.sum(axis=0)
     xc = x - x.mean()  # centred: the normal equations stay well conditioned
@@ -112,8 +107,9 @@ def input_statistics(facts: BlockFacts):
         lines)
 
 
-def low_rank(facts: BlockFacts):
-    """``low_rank``: ``D`` is a sum of at most ``MAX_RANK`` outer products."""
+def low_rank(facts: BlockFacts, wrong):
+    """``low_rank``: ``D`` is a sum of at most ``MAX_RANK`` outer products (of the whole
+    mismatch: ``wrong`` is not needed)."""
     lines = min(facts.N.shape)
     if not _real(facts) or lines < RANK_LINES or facts.N.size > TERM_ENTRIES:
         return None
