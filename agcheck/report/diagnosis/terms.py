@@ -116,10 +116,8 @@ def low_rank(facts: BlockFacts, wrong):
     D = facts.A - facts.N
     try:
         u, s, vt = _leading(D)
-        un, sn, vnt = _leading(facts.N)
     except np.linalg.LinAlgError:
         return None
-    bound = max(0.01 * facts.r0, facts.floor)
     for k in range(1, MAX_RANK + 1):
         if lines < RANK_LINES * k:
             return None
@@ -130,7 +128,11 @@ def low_rank(facts: BlockFacts, wrong):
     else:
         return None
     # a numerical block of rank k itself makes any error within its spaces rank k: no evidence
-    if float(np.abs(facts.N - (un[:, :k] * sn[:k]) @ vnt[:k]).max()) <= bound:
+    try:
+        un, sn, vnt = _leading(facts.N)
+    except np.linalg.LinAlgError:
+        return None
+    if float(np.abs(facts.N - (un[:, :k] * sn[:k]) @ vnt[:k]).max()) <= max(0.01 * facts.r0, facts.floor):
         return None
     shape = f"{D.shape[0]} x {D.shape[1]}"
     product = "an outer product u v^T" if k == 1 else f"a sum of {k} outer products"
