@@ -382,6 +382,29 @@ def test_gradcheck_passes_the_right_derivative_and_fails_a_wrong_one(setup):
     assert agcheck.gradcheck(_with_wrong_gradient(be, fn), args, backend=be, raise_exception=False) is False
 
 
+MODES = {
+    "slow": {},
+    "fast": {"fast_mode": True},
+    "reference": {"engine": "reference"},
+    "forward": {"check_forward_ad": True, "check_backward_ad": False, "check_undefined_grad": False},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_an_output_that_is_not_an_array_is_refused_in_every_mode(setup, mode):
+    """A forgotten ``return`` (None), alone or beside an array, is an error on every
+    backend, never a check that passes with nothing compared; the same ``fn`` returning
+    its arrays passes."""
+    be, make, fn, args = setup
+    kw = MODES[mode]
+    if "check_forward_ad" in kw and not be.supports(Capability.FORWARD):
+        pytest.skip(f"{be.name} does not list {Capability.FORWARD!r}")
+    assert agcheck.gradcheck(fn, args, backend=be, **kw)
+    for returns in (lambda x, y: None, lambda x, y: (fn(x, y)[0], None)):
+        with pytest.raises(agcheck.OutputTypeError, match="NoneType"):
+            agcheck.gradcheck(returns, args, backend=be, **kw)
+
+
 def _with_wrong_gradient(be, fn):
     if be.name == "torch":
         import torch

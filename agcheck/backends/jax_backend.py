@@ -216,6 +216,10 @@ class _Outputs:
         return tuple(full)
 
 
+def _is_none(value) -> bool:
+    return value is None
+
+
 def _with_replaced(args: tuple, positions, values) -> tuple:
     new = list(args)
     for p, v in zip(positions, values):
@@ -421,7 +425,8 @@ class JaxBackend(TakesWrt, Backend):
             out = fn(*rebuilt)
             if owns(out):
                 return (out,)
-            return tuple(jax.tree_util.tree_leaves(out))
+            # None stays a leaf: the core refuses it as an output, as it does on every backend
+            return tuple(jax.tree_util.tree_leaves(out, is_leaf=_is_none))
 
         flat_fn.__wrapped__ = fn
         flat_fn.__name__ = getattr(fn, "__name__", "fn")
