@@ -9,7 +9,8 @@ from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
 from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.numpy_rng import numpy_rng_preserved
-from agcheck.core.problem import check_output_types, resolve_problem, restore_if_modified
+from agcheck.core.input_guard import InputGuard
+from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.stencil import auto_eps, get_stencil
 from agcheck.core.stopwatch import Stopwatch, collections_left_out
@@ -135,14 +136,18 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *,
     check's own of those inputs, so that a change that call made is found too."""
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
+    run = _Run(fn, args, be, opts, snapshots)
     try:
         with be.preserve_state(args), numpy_rng_preserved():
             try:
-                _Run(fn, args, be, opts, snapshots).all_checks()
-            except GradcheckError as e:
-                if opts.raise_exception:  # reports are filled in only for a raised failure
-                    complete_report(e, be, opts)
+                run.all_checks()
+            except BaseException as e:
+                run.verify_inputs(cause=e)  # a changed input, not the derivative, is then to blame
+                if isinstance(e, GradcheckError) and opts.raise_exception:
+                    complete_report(e, be, opts)  # reports are filled in only for a raised failure
+                    run.verify_inputs(cause=e)
                 raise
+            run.verify_inputs()
     except GradcheckError as e:
         if opts.raise_exception:
             be.adopt_error(e)  # torch: also torch.autograd.gradcheck.GradcheckError
@@ -158,9 +163,11 @@ SHARED_PROBE_EVALUATIONS = 8
 class _Run:
     """One gradcheck: the function, its inputs, the backend and the options."""
 
-    def __init__(self, fn, args, be, opts: GradcheckOptions, snapshots=None):
+    def __init__(self, fn, args, be, opts: GradcheckOptions, snapshots: dict | None = None):
         self.fn, self.args, self.be, self.opts = fn, args, be, opts
-        self._taken_snapshots = snapshots or {}
+        self._snapshots = snapshots
+        #: the checked inputs, watched for in-place changes once they are validated
+        self.guard: InputGuard | None = None
         #: what the engine decided on the way, and the undecided outcomes it handed back
         #: to the reference engine
         self.engine_log: list[EngineEvent] = []
@@ -178,6 +185,12 @@ class _Run:
         """A stopwatch for the engine's cost figures, started now: it counts this
         thread's CPU seconds where the backend computes on it (:mod:`agcheck.core.stopwatch`)."""
         return Stopwatch(self._timed_on_thread)
+
+    def verify_inputs(self, cause: BaseException | None = None) -> None:
+        """Raise :class:`CheckInputError`, the inputs restored, where ``fn`` changed a
+        checked input in place at any of its calls (see :mod:`agcheck.core.input_guard`)."""
+        if self.guard is not None:
+            self.guard.verify(cause=cause)
 
     def eps_for(self, x) -> float:
         """The finite-difference step for input ``x``."""
@@ -207,30 +220,36 @@ class _Run:
     def _all_checks(self) -> None:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
-        taken = self._taken_snapshots
-        before = [taken[p] if p in taken else be.snapshot(self.args[p]) for p in self.checked]
+        self.guard = InputGuard(be, self.args, self.checked, self._snapshots)
+        if self._snapshots is None:  # fn is the caller's own (not a VJP built around it)
+            self.fn = self.guard.watch(self.fn)
         watch = self.stopwatch()
         trace = be.trace(self.fn, self.args, self.checked)
         #: seconds of one evaluation of fn with its graph: the engine's first cost figure
         self.evaluation_seconds = watch.seconds()
-        restore_if_modified(be, self.args, self.checked, before)
+        self.guard.verify("the comparison of reverse-mode derivatives")
         diff = self._differentiable(trace.outputs)
         be.validate_outputs([trace.outputs[k] for k in diff])
         if not opts.fast_mode:
             self._warn_if_costly(trace.outputs)
 
         top = Piece.of(be, self.fn, self.args, self.checked, trace)
+        guard = self.guard
         if opts.check_backward_ad:
             self._reverse_mode(top)
+        guard.verify("the comparison of forward-mode derivatives")
         if opts.check_forward_ad:
             self._forward_mode(top)
         self.numerical_memo.clear()
+        guard.verify("the batched forward-mode check")
         if opts.check_batched_forward_grad:
             batched.check_forward(self, top)
         if not opts.check_backward_ad:
             return
+        guard.verify("the batched gradient check")
         if opts.check_batched_grad:
             batched.check_backward(self, top)
+        guard.verify("the check of grad_output scaling and undefined gradients")
         grad_output_scaling.check(self, top)
         if opts.check_undefined_grad:
             undefined_grads.check_backward(self, top)

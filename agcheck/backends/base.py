@@ -706,6 +706,12 @@ class Backend:
         are not shared between the passes over a function with complex outputs)."""
         return None
 
+    def modification_count(self, x) -> int | None:
+        """A number that moves whenever ``x`` is written in place (torch's version
+        counter), read around each call of ``fn`` to name the call that changed an input;
+        ``None`` where the framework keeps none (the check still finds the change)."""
+        return None
+
     def snapshot(self, x):
         """A copy of ``x`` to tell later whether ``x`` was modified (see :meth:`unchanged`)."""
         return self.clone(x)

@@ -786,6 +786,9 @@ class TorchBackend(Backend):
                 return f"grad is {kind} tensor, but has incorrect dense_dim {g.dense_dim()}, expected {x.dense_dim()}"
         return None
 
+    def modification_count(self, x):
+        return None if x.is_inference() else x._version
+
     def snapshot(self, x):
         return x.detach().clone() if x.layout == torch.strided else torch_sparse.snapshot(x)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 from agcheck.backends.registry import get_backend, infer_backend
-from agcheck.errors import CheckInputError, OutputTypeError
+from agcheck.errors import OutputTypeError
 
-__all__ = ["resolve_problem", "check_output_types", "restore_if_modified"]
+__all__ = ["resolve_problem", "check_output_types"]
 
 
 def resolve_problem(fn: Callable, inputs, backend, backend_options: dict):
@@ -31,17 +31,4 @@ def check_output_types(be, outputs) -> None:
             raise OutputTypeError(
                 f"fn must return an array or a tuple of arrays, but output {k} is "
                 f"{type(o).__name__}: {o!r:.80}"
-            )
-
-
-def restore_if_modified(be, args, positions, before) -> None:
-    """Raise :class:`~agcheck.errors.CheckInputError`, the input restored, where ``fn``
-    changed one of ``args[positions]`` in place since ``before`` (their ``be.snapshot``)."""
-    for p, snap in zip(positions, before):
-        if not be.unchanged(args[p], snap):
-            be.restore(args[p], snap)
-            raise CheckInputError(
-                f"fn modified input {p} in place. A gradient check moves each input and "
-                "compares results, so fn must leave its inputs unchanged: work on a copy "
-                "(e.g. x = x.clone()) inside fn. The input has been restored."
             )
