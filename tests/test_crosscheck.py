@@ -253,8 +253,10 @@ def test_gradcheck_names_the_wrong_side():
         agcheck.crosscheck(f_real, (x, y), backends=("torch", "numpy"), gradcheck=True, check_forward_ad=False,
                            backend_options={"numpy": {"vjp": vjp_scaled}})
     message = str(info.value)
-    assert "numpy: FAILED: Jacobian mismatch for output 0 with respect to input 0" in message
-    assert "finite differences side with torch: the derivatives of numpy are the wrong ones" in message
+    assert "numpy: FAILED gradcheck (reverse mode): Jacobian mismatch for output 0 with respect to input 0" in message
+    assert ("finite differences side with torch: numpy failed gradcheck (reverse mode), so the reverse-mode "
+            "derivatives of numpy are the wrong ones") in message
+    assert "kink" not in message
 
 
 def test_shared_wrong_derivative_fails_gradcheck():
@@ -281,11 +283,24 @@ def test_shared_wrong_derivative_fails_gradcheck():
                            backend_options=options)
 
 
-def test_raise_exception_false_returns_false():
+def test_raise_exception_false_returns_a_falsy_result_with_the_table():
     x, y = real_inputs()
     ports = {"torch": f_real, "numpy": lambda x, y: (np.sin(x) * y * 2, np.sum(x * x))}
-    assert agcheck.crosscheck(ports, (x, y), backends=("torch", "numpy"), backend_options=NUMPY_REAL,
-                              raise_exception=False) is False
+    result = agcheck.crosscheck(ports, (x, y), backends=("torch", "numpy"), backend_options=NUMPY_REAL,
+                                raise_exception=False)
+    assert isinstance(result, CrosscheckResult)
+    assert not result and result == False and result != True  # noqa: E712 - the comparison is the API
+    assert "torch and numpy disagree on the value of output 0 [value]" in result.message
+    assert "DISAGREEMENT" in str(result) and "DISAGREEMENT" in result.message
+    assert [d.quantity for d in result.disagreements()][0] == "value"
+    # the same as the error raised without raise_exception=False
+    with pytest.raises(GradcheckError) as info:
+        agcheck.crosscheck(ports, (x, y), backends=("torch", "numpy"), backend_options=NUMPY_REAL)
+    assert str(info.value) == result.message
+    # agreeing ports: truthy, == True, no message
+    good = agcheck.crosscheck(f_real, (x, y), backends=("torch", "numpy"), backend_options=NUMPY_REAL,
+                              raise_exception=False)
+    assert good and good == True and good != False and good.message == ""  # noqa: E712
 
 
 def test_missing_numpy_derivatives_are_noted_not_passed():
@@ -354,6 +369,7 @@ def test_wrt_and_pass_through_arguments():
                                 gradcheck=True)
     assert set(result.reverse["torch"]) == {(0, 0)}
     assert result.gradchecks == {"torch": "passed", "numpy": "passed"}
+    assert all(v.status == "passed" and v.checks == ("gradcheck",) for v in result.gradcheck_results.values())
 
 
 def test_inputs_are_not_modified():

@@ -24,8 +24,12 @@ Everything goes through the generic :class:`~agcheck.backend.Backend` interface
     one backend's side: its inputs and the quantities it computes;
 ``compare``
     the comparison of two sides, with its diagnoses (conjugates, kinks);
+``kinks``
+    the one-sided slopes at a disagreeing entry (a kink: each framework's own subgradient);
+``nearby``
+    values compared again at nearby inputs (ports that coincide only at the inputs given);
 ``gradchecks``
-    ``gradcheck=True``: which side is wrong;
+    ``gradcheck=True``: which check failed on which side, and what finite differences support;
 ``result``
     :class:`CrosscheckResult`, :class:`Difference` and the failure messages.
 """
@@ -47,7 +51,8 @@ from agcheck.crosscheck.arguments import (
 )
 from agcheck.crosscheck.compare import fill_table
 from agcheck.crosscheck.gradchecks import run_gradchecks
-from agcheck.crosscheck.result import QUANTITIES, CrosscheckResult, Difference, raise_failure
+from agcheck.crosscheck.nearby import compare_nearby
+from agcheck.crosscheck.result import QUANTITIES, BackendGradcheck, CrosscheckResult, Difference, raise_failure
 from agcheck.crosscheck.sides import (
     BackendPort,
     draw_probes,
@@ -58,7 +63,7 @@ from agcheck.crosscheck.sides import (
     value_arrays,
 )
 
-__all__ = ["crosscheck", "CrosscheckResult", "Difference", "DEFAULT_TOLERANCES"]
+__all__ = ["crosscheck", "CrosscheckResult", "Difference", "BackendGradcheck", "DEFAULT_TOLERANCES"]
 
 
 def crosscheck(
@@ -107,11 +112,12 @@ def crosscheck(
     order : {1, 2}
         ``2`` also compares second derivatives (torch and JAX, through their own autodiff).
     raise_exception : bool
-        Raise :class:`~agcheck.GradcheckError` on a disagreement (else return ``False``).
+        Raise :class:`~agcheck.GradcheckError` on a disagreement; with ``False``, return
+        the (falsy) result instead, its explanation in ``result.message``.
     gradcheck : bool
         Also run :func:`agcheck.gradcheck` (and with ``order=2``
         :func:`agcheck.gradgradcheck`) on every backend, so that a disagreement says
-        which side is wrong.
+        which side finite differences support (none at a kink, where they cannot decide).
     wrt : int or sequence of int, optional
         Positions of the inputs to differentiate (default: every floating/complex array).
     backend_options : mapping, optional
@@ -120,8 +126,9 @@ def crosscheck(
     Returns
     -------
     CrosscheckResult
-        Truthy; per-backend values and derivatives and the table of differences
-        (``print(result)`` shows it). ``False`` on a disagreement with ``raise_exception=False``.
+        Truthy when the backends agree, falsy (``result == False``) on a disagreement with
+        ``raise_exception=False``; per-backend values and derivatives, the table of
+        differences (``print(result)`` shows it) and, on a failure, ``result.message``.
 
     Raises
     ------
@@ -146,12 +153,11 @@ def crosscheck(
 
     computed = _compute(sides, result, np_inputs, checked, fast_mode, check_forward_ad, check_backward_ad, order)
     fill_table(result, computed, sides)
+    compare_nearby(result, sides, np_inputs, checked)
     if gradcheck:
-        result.gradchecks = run_gradchecks(sides, fast_mode, check_forward_ad, check_backward_ad, order)
-    if result.ok:
+        result.gradcheck_results = run_gradchecks(sides, fast_mode, check_forward_ad, check_backward_ad, order)
+    if result.ok or not raise_exception:
         return result
-    if not raise_exception:
-        return False
     raise_failure(result)
 
 

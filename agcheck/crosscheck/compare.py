@@ -1,15 +1,15 @@
 """Comparing what two backends computed: block by block against the reference backend,
 with the diagnoses a difference can carry — a complex conjugate, the other complex
-convention, a kink where each framework picks its own subgradient."""
+convention, a kink where each framework picks its own subgradient (:mod:`.kinks`)."""
 from __future__ import annotations
 
 import numpy as np
 
+from agcheck.crosscheck.kinks import kink_hint
 from agcheck.crosscheck.labelled import LabelledArray
 from agcheck.crosscheck.result import DESCRIPTION, CrosscheckResult, Difference
-from agcheck.crosscheck.sides import BackendPort
 
-__all__ = ["compare", "convention_mixup", "kink_hint", "fill_table"]
+__all__ = ["compare", "convention_mixup", "fill_table"]
 
 
 def _scalar(v):
@@ -31,7 +31,14 @@ def _compare_objects(d: Difference, x: np.ndarray, y: np.ndarray) -> Difference:
 
 def compare(quantity, ref: str, other: str, key: tuple, a: LabelledArray, b: LabelledArray,
             rtol, atol, exact=False) -> Difference:
-    """One row of the table: ``b`` (from ``other``) against ``a`` (from ``ref``)."""
+    """One row of the table: ``b`` (from ``other``) against ``a`` (from ``ref``).
+
+    An entry is outside tolerance when ``|b - a| > atol + rtol * |a|`` (``exact``: when
+    they differ), when one is NaN and the other not, or when they are different
+    infinities. NaN against NaN agrees (the two frameworks fail alike) and is counted in
+    ``both_nan``. ``where`` names the entry furthest outside tolerance (by ``|b - a| -
+    tolerance``), or, when every entry is within it, the largest difference.
+    """
     d = Difference(quantity, ref, other, key[0], key[1] if len(key) > 1 else None, key[2] if len(key) > 2 else None)
     x, y = a.data, b.data
     if x.shape != y.shape:
@@ -45,19 +52,26 @@ def compare(quantity, ref: str, other: str, key: tuple, a: LabelledArray, b: Lab
     if x.dtype == object or y.dtype == object:
         return _compare_objects(d, x, y)
     xf, yf = x.reshape(-1), y.reshape(-1)
-    both_nan = np.isnan(xf) & np.isnan(yf) if np.issubdtype(np.result_type(xf, yf), np.inexact) else np.zeros(xf.shape, bool)
+    inexact = np.issubdtype(np.result_type(xf, yf), np.inexact)
+    both_nan = np.isnan(xf) & np.isnan(yf) if inexact else np.zeros(xf.shape, bool)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(xf.astype(np.result_type(xf, yf, np.float64)) - yf)
         equal = (xf == yf) | both_nan
-        tol = 0.0 if exact else atol + rtol * np.abs(xf)
-        bad = ~(equal | (diff <= tol))
-        score = np.where(equal, 0.0, np.where(np.isnan(diff), np.inf, diff))
-    worst = int(np.argmax(score))
-    d.max_abs = float(diff[worst]) if np.isnan(diff[worst]) else float(score[worst])
-    d.n_bad = int(bad.sum())
+        diff = np.where(equal, 0.0, np.abs(xf.astype(np.result_type(xf, yf, np.float64)) - yf))
+        tol = np.zeros(xf.shape) if exact else atol + rtol * np.abs(xf)
+        one_nan = np.isnan(diff)
+        bad = ~equal & (one_nan | np.isinf(diff) | ~(diff <= tol))
+        excess = np.where(one_nan | np.isinf(diff), np.inf, diff - tol)
+    by_size = np.where(one_nan, np.inf, diff)
+    largest = int(np.argmax(by_size))
+    worst = int(np.argmax(np.where(bad, excess, -np.inf))) if bad.any() else largest
+    d.max_abs = float("nan") if one_nan.any() else float(diff[largest])
+    d.difference, d.tolerance = float(diff[worst]), float(tol[worst])
+    d.n_bad, d.both_nan = int(bad.sum()), int(both_nan.sum())
     d.ok = d.n_bad == 0
     d.where = a.describe(worst)
     d.position = a.indices(worst)
+    if worst != largest and by_size[largest] > by_size[worst]:
+        d.largest_where = a.describe(largest)
     d.reference_value, d.other_value = _scalar(xf[worst]), _scalar(yf[worst])
     if not d.ok:
         if (np.iscomplexobj(xf) or np.iscomplexobj(yf)) and _close(xf, np.conj(yf), rtol, atol):
@@ -77,63 +91,6 @@ def convention_mixup(block: LabelledArray, x, y, rtol, atol) -> bool:
     if not block.axes or block.axes[0][0] != "cotangent" or x.shape[0] != 2:
         return False
     return _close(x[0], np.conj(y[0]), rtol, atol) and _close(x[1], -np.conj(y[1]), rtol, atol)
-
-
-def _one_sided_slopes(side: BackendPort, d: Difference, p: int, r: int, i: int):
-    """``(left, right)`` finite-difference slopes of output ``d.output``'s element ``r``
-    along element ``i`` of input ``p`` on ``side``, or ``None`` when they cannot be taken."""
-    x = np.asarray(side.np_inputs[p])
-    h = 1e-6 * max(1.0, abs(float(x.reshape(-1)[i])))
-
-    def at(delta):
-        moved = np.array(x, copy=True)
-        moved.reshape(-1)[i] += delta
-        inputs = list(side.np_inputs)
-        inputs[p] = moved
-        out = side.be.as_tuple(side.port(*side.arguments(tuple(inputs))))[d.output]
-        return np.asarray(side.be.to_numpy(out)).reshape(-1)[r]
-
-    try:
-        with side.context(), np.errstate(all="ignore"):
-            f0, fp, fm = at(0.0), at(h), at(-h)
-    except Exception:  # the probe is a hint only
-        return None
-    if np.iscomplexobj(f0):
-        return None
-    left, right = float((f0 - fm) / h), float((fp - f0) / h)
-    if not (np.isfinite(left) and np.isfinite(right)):
-        return None
-    return left, right
-
-
-def kink_hint(side: BackendPort, d: Difference) -> str:
-    """One-sided finite differences (on ``side``) at the entry where two backends disagree.
-
-    Different left and right slopes mean the input sits on a kink (``abs`` or ``relu`` at 0,
-    ``clip`` at a bound, ``max`` at a tie), where each framework picks its own subgradient.
-    """
-    if d.quantity not in ("reverse", "forward") or d.input is None:
-        return ""
-    out_label, in_label = f"output {d.output} element ", f"input {d.input} element "
-    if out_label not in d.position or in_label not in d.position:
-        return ""
-    r, i = d.position[out_label], d.position[in_label]
-    p = side.checked[d.input]
-    x = np.asarray(side.np_inputs[p])
-    if np.iscomplexobj(x):
-        return ""
-    slopes = _one_sided_slopes(side, d, p, r, i)
-    if slopes is None:
-        return ""
-    left, right = slopes
-    if abs(right - left) <= 1e-3 * (1 + max(abs(left), abs(right))):
-        return ""
-    in_at = list(np.unravel_index(i, x.shape)) if x.shape else []
-    return (f"input {d.input} element {[int(v) for v in in_at]} sits on a kink of output {d.output}: "
-            f"the one-sided slopes there are {left:.6g} (left) and {right:.6g} (right), so the "
-            f"derivative is not defined and each framework picks its own subgradient "
-            f"({d.reference}: {d.reference_value!r}, {d.other}: {d.other_value!r}). Check the "
-            f"derivatives away from the kink, or decide which subgradient the ports must share.")
 
 
 def _compare_values(result: CrosscheckResult, computed: dict, sides: list) -> None:
@@ -170,7 +127,7 @@ def _compare_derivatives(result: CrosscheckResult, quantity: str, by_backend: di
                 continue
             d = compare(quantity, base, n, key, block, other, result.rtol, result.atol)
             if not d.ok:
-                d.kink = kink_hint(sides[0], d)
+                d.kink = kink_hint(next(s for s in sides if s.name == base), d)
                 if d.kink and not d.note:
                     d.note = "kink"
             result.differences.append(d)

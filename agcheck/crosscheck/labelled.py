@@ -35,7 +35,12 @@ class LabelledArray:
         parts = []
         for (label, spec), i in zip(self.axes, np.unravel_index(flat, sizes)):
             if isinstance(spec, list):
-                parts.append(f"{label} {spec[int(i)]}")
+                entry = spec[int(i)]
+                if entry in ("", "(1j)"):  # an entry of a scalar
+                    scalar = label.replace(" element", "").strip() + " (a scalar)"
+                    parts.append(scalar + (" (1j)" if entry else ""))
+                else:
+                    parts.append(f"{label} {entry}")
             elif not spec:
                 parts.append(label.replace(" element ", "").strip() + " (a scalar)")
             else:

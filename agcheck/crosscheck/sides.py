@@ -67,6 +67,20 @@ class BackendPort:
     def checked_inputs(self) -> list:
         return [self.args[p] for p in self.checked]
 
+    def values_at(self, np_inputs: tuple) -> tuple:
+        """The port's outputs at other inputs (NumPy arrays; other values as they are)."""
+        return tuple(self.output_numpy(o) for o in self.be.as_tuple(self.port(*self.arguments(np_inputs))))
+
+    def gradient_at(self, np_inputs: tuple, k: int, r: int, j: int) -> np.ndarray:
+        """The reverse-mode derivative of element ``r`` of output ``k`` with respect to the
+        checked input ``j`` at other inputs (flat NumPy, torch's convention)."""
+        fn, args = self.be.prepare(self.port, self.arguments(np_inputs, self.checked))
+        trace = self.be.trace(fn, args, self.checked)
+        out = trace.outputs[k]
+        g = trace.vjp([k], [self.be.one_hot(out, r)])[j]
+        x = args[self.checked[j]]
+        return np.zeros(_size(x.shape)) if g is None else self.flat_numpy(g)
+
     def flat_numpy(self, x) -> np.ndarray:
         """A (possibly sparse) array of this backend as a flat NumPy array."""
         be = self.be
@@ -267,15 +281,11 @@ def _output_cotangents(side: BackendPort, fast: bool, probes: dict) -> dict:
 
 def _second_axes(k: int, out_np: np.ndarray, j1: int, x1: np.ndarray, x2: np.ndarray, j2: int) -> list:
     """The axes of a full second-derivative block: output entries, gradient entries, input."""
-    cplx_out = np.iscomplexobj(out_np)
-    out_axis = []
-    for r in range(out_np.size):
-        at = f"{[int(v) for v in np.unravel_index(r, out_np.shape)] if out_np.shape else []}"
-        out_axis += [at, at + " (1j)"] if cplx_out else [at]
-    g_axis = []
-    for i in range(x1.size):
-        at = f"{[int(v) for v in np.unravel_index(i, x1.shape)] if x1.shape else []}"
-        g_axis += [at, at + " (1j)"] if np.iscomplexobj(x1) else [at]
+    def entries(a: np.ndarray) -> list:  # "" for a scalar: LabelledArray.describe says so
+        at = [str([int(v) for v in np.unravel_index(i, a.shape)]) if a.shape else "" for i in range(a.size)]
+        return [e for s in at for e in ([s, (s + " (1j)").strip()] if np.iscomplexobj(a) else [s])]
+
+    out_axis, g_axis = entries(out_np), entries(x1)
     return [(f"output {k} element", out_axis), (f"gradient of input {j1} element", g_axis),
             (f"input {j2} element ", tuple(x2.shape))]
 
