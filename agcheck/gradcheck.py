@@ -136,7 +136,8 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *,
     check's own of those inputs, so that a change that call made is found too."""
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
-    run = _Run(fn, args, be, opts, snapshots)
+    # fn is the caller's own, not a VJP built around it, where no call of it preceded
+    run = _Run(fn, args, be, opts, snapshots, watch_calls=snapshots is None)
     try:
         with be.preserve_state(args), numpy_rng_preserved():
             try:
@@ -163,9 +164,10 @@ SHARED_PROBE_EVALUATIONS = 8
 class _Run:
     """One gradcheck: the function, its inputs, the backend and the options."""
 
-    def __init__(self, fn, args, be, opts: GradcheckOptions, snapshots: dict | None = None):
+    def __init__(self, fn, args, be, opts: GradcheckOptions, snapshots: dict | None = None,
+                 watch_calls: bool = False):
         self.fn, self.args, self.be, self.opts = fn, args, be, opts
-        self._snapshots = snapshots
+        self._snapshots, self._watch_calls = snapshots, watch_calls
         #: the checked inputs, watched for in-place changes once they are validated
         self.guard: InputGuard | None = None
         #: what the engine decided on the way, and the undecided outcomes it handed back
@@ -221,7 +223,7 @@ class _Run:
         be, opts = self.be, self.opts
         self.checked = self._validate_inputs()
         self.guard = InputGuard(be, self.args, self.checked, self._snapshots)
-        if self._snapshots is None:  # fn is the caller's own (not a VJP built around it)
+        if self._watch_calls:
             self.fn = self.guard.watch(self.fn)
         watch = self.stopwatch()
         trace = be.trace(self.fn, self.args, self.checked)

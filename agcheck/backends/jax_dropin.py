@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import importlib
 import operator
-import warnings
 from functools import partial
 
 import jax
 import numpy as np
 
+from agcheck.backends.quiet import ignoring
 from agcheck.backends.jax_direction_account import Evidence, direction_account, inner_product, same_leaves
 
 __all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"]
@@ -48,6 +48,9 @@ __all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"
 DEFAULT_EPS = 1e-4
 
 # -- tolerances ------------------------------------------------------------------------------
+
+#: gradcheck's warning for inputs below double precision (JAX's checks run in any)
+PRECISION_WARNING = r"Input #\d+ requires gradient and is not a double precision"
 
 
 def _named(name):
@@ -362,8 +365,7 @@ def _agcheck_account(f, args, mode, atol, rtol, eps):
     forward = mode in ("fwd", "lin")
     jargs = _as_jax_arrays(args)
     try:
-        with warnings.catch_warnings():  # JAX's checks run in any precision: no precision warnings
-            warnings.simplefilter("ignore", UserWarning)
+        with ignoring(PRECISION_WARNING):  # JAX's checks run in any precision: no precision warnings
             gradcheck(f, jargs, backend="jax", eps=eps, atol=a, rtol=r, check_undefined_grad=False,
                       check_forward_ad=forward, check_backward_ad=not forward, engine="reference")
     except GradcheckError as error:
@@ -477,8 +479,7 @@ def _full_jacobians(f, args, order, modes, atol, rtol, eps):
     reverse = "rev" in modes
     jargs = _as_jax_arrays(args)
     try:
-        with warnings.catch_warnings():  # JAX's checks run in any precision: no precision warnings
-            warnings.simplefilter("ignore", UserWarning)
+        with ignoring(PRECISION_WARNING):  # JAX's checks run in any precision: no precision warnings
             gradcheck(f, jargs, backend="jax", eps=eps, atol=a, rtol=r, check_undefined_grad=False,
                       check_forward_ad=forward, check_backward_ad=reverse)
             if not reverse:

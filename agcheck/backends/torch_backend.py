@@ -6,7 +6,7 @@ import copy
 import hashlib
 import re
 import sys
-import warnings
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -17,6 +17,7 @@ from agcheck.backends.base import Backend, OutputPart, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
 from agcheck.backends.torch_forward_memo import RetainedForward
+from agcheck.backends.quiet import ignoring
 from agcheck.errors import CheckInputError
 
 __all__ = ["TorchBackend", "BACKEND_CLASS"]
@@ -30,14 +31,26 @@ def _is_sparse(x) -> bool:
     return x.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
+#: torch keeps one forward-AD level for the whole process: two threads inside
+#: ``dual_level()`` at once fail ("Nested forward mode AD is not supported"), so agcheck's
+#: forward-mode work takes its turn (torch's own checker in another thread still collides)
+_DUAL_LEVEL_LOCK = threading.RLock()
+
+
+@contextmanager
+def _dual_level():
+    """``forward_ad.dual_level()``, one thread at a time."""
+    with _DUAL_LEVEL_LOCK, fwAD.dual_level():
+        yield
+
+
 @contextmanager
 def _quiet_batching():
     """Silence torch's "There is a performance drop because we have not yet implemented
     the batching rule for ..." UserWarnings inside agcheck's own vmapped evaluations: they
     are how agcheck computes, not something fn does, and torch's checker (which evaluates
     fn one element at a time there) never causes them. Nothing else is filtered."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
+    with ignoring("There is a performance drop"):
         yield
 
 
@@ -116,8 +129,7 @@ class TorchTrace(Trace):
             yield [None if g is None else g.clone() for g in grads]
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="There is a performance drop")
+        with _quiet_batching():
             return list(torch.autograd.grad(
                 self.outputs[output_position], self.inputs, stacked_cotangents,
                 retain_graph=True, allow_unused=True, is_grads_batched=True,
@@ -333,7 +345,7 @@ class TorchBackend(Backend):
         return new
 
     def jvp(self, fn, args, checked, tangents) -> list:
-        with fwAD.dual_level():
+        with _dual_level():
             return self._primals_and_tangents(fn(*self._dual_args(args, dict(zip(checked, tangents)))))
 
     def _primals_and_tangents(self, outputs) -> list:
@@ -348,7 +360,7 @@ class TorchBackend(Backend):
     def _zero_tangent_duals(self, args, checked):
         """``args`` with each checked input a dual of zero tangent, inside a dual level: the
         loops write their tangents into the duals' own."""
-        with fwAD.dual_level():
+        with _dual_level():
             yield self._dual_args(args, {p: torch.zeros_like(args[p]) for p in checked})
 
     def jvp_elements(self, fn, args, checked, wanted, receive) -> None:
@@ -390,7 +402,7 @@ class TorchBackend(Backend):
                 receive(result)
 
     def jvp_wrt(self, fn, args, position, tangent) -> tuple:
-        with fwAD.dual_level():
+        with _dual_level():
             outs = self.as_tuple(fn(*self._dual_args(args, {position: tangent}, detach_others=True)))
             result = []
             for o in outs:
@@ -405,8 +417,7 @@ class TorchBackend(Backend):
     def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
         from torch._vmap_internals import _vmap
 
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="There is a performance drop")
+        with _quiet_batching():
             return _vmap(lambda t: self.jvp_wrt(fn, args, position, t))(stacked_tangents)
 
     def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
@@ -513,8 +524,7 @@ class TorchBackend(Backend):
                 torch.zeros_like(p) if d is None else d for p, d in self.jvp(fn, args, checked, tangents)
             )
 
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="There is a performance drop")
+        with _quiet_batching():
             rows = _vmap(single)(stacked)
         return [r.reshape(len(stacked), -1) for r in self.as_tuple(rows)]
 
