@@ -117,11 +117,13 @@ def complex_part(output_idx, input_idx, complex_indices, test_imag, forward) -> 
 
 
 def not_reentrant_message(nondet_tol: float, observed: float | None = None) -> str:
-    seen = "" if observed is None else f" The largest run-to-run difference seen was {observed:.3e}."
+    """torch's sentence byte for byte (without a space after "gradient.", as torch writes
+    it), then agcheck's facts on lines of their own."""
+    seen = "" if observed is None else f"\nThe largest run-to-run difference seen was {observed:.3e}."
     return (
         "Backward is not reentrant, i.e., running backward with same input and "
         "grad_output multiple times gives different values, although analytical "
-        f"gradient matches numerical gradient. The tolerance for nondeterminism was {nondet_tol}."
+        f"gradient matches numerical gradient.The tolerance for nondeterminism was {nondet_tol}."
         + seen + NONDET_HINT
     )
 
