@@ -40,6 +40,27 @@ def test_a_port_whose_derivative_differs_is_flagged(name):
     assert "kink" in str(info.value)
 
 
+def test_huber_at_its_kink_is_a_second_order_kink_not_a_wrong_side():
+    """The quadratic branch up to and including delta (torch) or excluding it (TF): values
+    and first derivatives agree everywhere, second derivatives differ at |r| == delta."""
+    delta = 0.5
+
+    def torch_huber(r):
+        return torch.where(r.abs() <= delta, 0.5 * r * r, delta * (r.abs() - 0.5 * delta))
+
+    def tf_huber(r):
+        return tf.where(tf.abs(r) < delta, 0.5 * r * r, delta * (tf.abs(r) - 0.5 * delta))
+
+    ports = {"torch": torch_huber, "tensorflow": tf_huber}
+    with pytest.raises(agcheck.GradcheckError) as info:
+        agcheck.crosscheck(ports, (np.array([-0.5, 0.2, 3.0]),), order=2, gradcheck=True)
+    message = str(info.value)
+    assert "input 0 element [0] sits on a kink of the first derivative" in message
+    assert "FAILED gradgradcheck (second order)" in message and "cannot decide at a kink" in message
+    assert "side with" not in message
+    assert agcheck.crosscheck(ports, (np.array([-0.7, 0.2, 3.0]),), order=2, gradcheck=True)
+
+
 def test_array_api_code_is_refused_on_tensorflow_with_a_clear_error():
     def f(x):
         import array_api_compat
