@@ -5,16 +5,23 @@
 - every keyword of ``gradcheck`` and ``gradgradcheck`` has a row in docs/semantics.md;
 - the Python blocks of docs/quickstart.md run (in a fresh process) and print the output
   shown under them;
+- every other ``python`` block of README.md and docs/*.md runs as written: one fresh
+  process per page, its blocks in order in one namespace. A block that cannot run on its
+  own (it needs a user's file, a GPU, a pytest session, or is pseudo-code) is marked by the
+  line ``<!-- fragment -->`` directly above its fence, which the site does not show. A page
+  is skipped only when a framework its blocks import (torch, jax, tensorflow) is missing;
 - ``mkdocs build --strict`` succeeds without a warning (skipped without the ``docs`` extra);
 - docs/scripts/make_report_image.py still makes its PNG.
 """
 import ast
 import importlib.util
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,6 +34,10 @@ MKDOCS_YML = ROOT / "mkdocs.yml"
 
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+# Any fence, also one indented inside a list item; group 1 is the line above it.
+ANY_FENCE = re.compile(r"(?:^([^\n]*)\n)?^( *)```(\w*)\n(.*?)^\2```", re.S | re.M)
+FRAGMENT = "<!-- fragment -->"
+OPTIONAL_FRAMEWORKS = ("torch", "jax", "tensorflow", "matplotlib")
 
 
 def _missing(*modules):
@@ -142,6 +153,79 @@ def test_quickstart_examples_run_and_print_what_the_page_shows(tmp_path):
         got = [line.rstrip() for line in outputs[k].strip("\n").splitlines()]
         assert len(want) == len(got) and all(map(_numbers_close, want, got)), (
             f"quickstart example {k + 1} printed\n" + "\n".join(got) + "\nbut the page shows\n" + "\n".join(want))
+
+
+def python_blocks(page):
+    """``(line, code, is_fragment)`` for every ``python`` block of a page, in order."""
+    text = (ROOT / page).read_text()
+    blocks = []
+    for m in ANY_FENCE.finditer(text):
+        above, indent, lang, body = m.groups()
+        if lang != "python":
+            continue
+        line = text.count("\n", 0, m.start(2)) + 1
+        code = textwrap.dedent(body) if indent else body
+        blocks.append((line, code, (above or "").strip() == FRAGMENT))
+    return blocks
+
+
+def _imported_modules(code):
+    names = set()
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return names  # the run reports it, with the block's line
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+# The quickstart's blocks run in their own test above, which also compares their output.
+EXAMPLE_PAGES = [p for p in ["README.md"] + [f"docs/{p}" for p in doc_pages()]
+                 if p != "docs/quickstart.md" and any(not frag for _, _, frag in python_blocks(p))]
+
+RUNNER = """
+import json, sys, traceback
+namespace = {"__name__": "__main__"}
+for label, code in json.load(open(sys.argv[1])):
+    try:
+        exec(compile(code, label, "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        print(f"the block at {label} failed", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def test_fragment_markers_stand_above_python_blocks():
+    """The pages still have examples that run, and the fragment marker sits only directly
+    above a python fence (anywhere else it would mark nothing)."""
+    run = sum(1 for p in EXAMPLE_PAGES for _, _, frag in python_blocks(p) if not frag)
+    assert run >= 30, f"only {run} python blocks of the docs run"
+    for page in ["README.md"] + [f"docs/{p}" for p in doc_pages()]:
+        text = (ROOT / page).read_text()
+        for m in re.finditer(rf"^\s*{re.escape(FRAGMENT)}\s*\n\s*(\S*)", text, re.M):
+            assert m.group(1) == "```python", (
+                f"{page}: {FRAGMENT} must stand directly above a ```python fence")
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES)
+def test_docs_python_blocks_run(page, tmp_path):
+    blocks = [(f"{page}:{line}", code) for line, code, frag in python_blocks(page) if not frag]
+    imported = set().union(*(_imported_modules(code) for _, code in blocks))
+    missing = _missing(*sorted(imported & set(OPTIONAL_FRAMEWORKS)))
+    if missing:
+        pytest.skip(f"{page}'s examples import {', '.join(missing)}, not installed")
+    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+    (tmp_path / "run_blocks.py").write_text(RUNNER)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", MPLBACKEND="Agg",
+               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, "run_blocks.py", "blocks.json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{page}: a python block failed:\n{run.stderr[-4000:]}"
 
 
 def test_mkdocs_build_strict(tmp_path):
