@@ -10,9 +10,9 @@ from agcheck.errors import CheckInputError
 __all__ = ["GradcheckOptions", "GradgradcheckOptions", "gradcheck_options"]
 
 
-def _check_number(name: str, value, *, positive: bool, magnitude: bool = False) -> float:
+def _check_number(name: str, value, *, positive: bool, magnitude: bool = False, nan_ok: bool = False) -> float:
     """``value`` as a float, checked (``positive``: > 0, else >= 0); ``magnitude`` takes its
-    absolute value first."""
+    absolute value first; ``nan_ok`` lets NaN through."""
     if isinstance(value, (str, bytes)):  # float("1e-6") would take it; torch's checker does not
         raise TypeError(f"{name} must be a real number, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -21,6 +21,8 @@ def _check_number(name: str, value, *, positive: bool, magnitude: bool = False) 
         except (TypeError, ValueError):
             raise TypeError(f"{name} must be a real number, got {value!r}") from None
     value = abs(float(value)) if magnitude else float(value)
+    if math.isnan(value) and nan_ok:
+        return value
     if math.isnan(value) or (positive and not math.isfinite(value)):
         raise CheckInputError(f"{name} must be a finite number, got {value!r}")
     if positive and value <= 0:
@@ -84,8 +86,12 @@ class GradcheckOptions:
             # a negative step gives the central differences of its absolute value, as under
             # torch's checker ((a - b) / -2h is (b - a) / 2h; only zeros differ, in sign)
             object.__setattr__(self, "eps", _check_number("eps", self.eps, positive=True, magnitude=True))
-        for name in ("atol", "rtol", "nondet_tol"):
+        for name in ("atol", "rtol"):
             object.__setattr__(self, name, _check_number(name, getattr(self, name), positive=False))
+        # as under torch's checker, a NaN tolerance for nondeterminism accepts any
+        # run-to-run difference (every comparison with it is false)
+        object.__setattr__(self, "nondet_tol", _check_number("nondet_tol", self.nondet_tol, positive=False,
+                                                             nan_ok=True))
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

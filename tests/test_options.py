@@ -2,6 +2,7 @@ import math
 
 import pytest
 
+import agcheck
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
 
@@ -101,3 +102,43 @@ def test_unhashable_keywords_are_validated_without_the_cache():
 
     with pytest.raises(TypeError, match="atol must be a real number"):
         gradcheck_options(atol=[1e-5])
+
+
+def test_a_nan_nondet_tol_is_torchs_accept_any_run_to_run_difference():
+    torch = pytest.importorskip("torch")
+
+    class Noisy(torch.autograd.Function):
+        calls = 0
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            Noisy.calls += 1
+            return g * x.cos() * (1 + 1e-8 * Noisy.calls)
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * g * x.cos()
+
+    x = torch.linspace(0.1, 1, 4, dtype=torch.float64, requires_grad=True)
+    cases = [(Noisy.apply, {}), (Noisy.apply, {"fast_mode": True}), (torch.sin, {}),
+             (lambda v: v.detach() * 2, {}), (Doubled.apply, {})]
+    verdicts = []
+    for fn, kw in cases:
+        theirs = torch.autograd.gradcheck(fn, (x,), nondet_tol=math.nan, raise_exception=False, **kw)
+        ours = agcheck.gradcheck(fn, (x,), nondet_tol=math.nan, raise_exception=False, **kw)
+        assert ours == theirs, (fn, kw)
+        verdicts.append(ours)
+    assert verdicts[:3] == [True, True, True] and verdicts[4] is False  # a wrong backward still fails
