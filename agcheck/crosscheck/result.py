@@ -254,6 +254,8 @@ def _subject(d: Difference) -> str:
 def _where_line(result: CrosscheckResult, d: Difference) -> str:
     counts = f"({d.n_bad} of {d.n_total} entries outside rtol={result.rtol:g}, atol={result.atol:g})"
     gives = f"{d.reference} gives {d.reference_value!r}, {d.other} gives {d.other_value!r}"
+    if math.isnan(d.difference):
+        return f"NaN against a number at {d.where}: {gives} {counts}."
     if not d.largest_where:
         return f"Largest difference {d.max_abs:.6g} at {d.where}: {gives} {counts}."
     return (f"Furthest outside tolerance: difference {d.difference:.6g} (allowed {d.tolerance:.3g}) at "
@@ -281,6 +283,8 @@ def _nearby_lines(result: CrosscheckResult) -> list:
                 f"different functions that coincide at these inputs (for example one normalises its input "
                 f"— a unit quaternion, a unit vector — and the other assumes it is normalised), so their "
                 f"derivatives differ: decide which function the ports must compute."]
+    if any(d.kink or d.conjugate for d in result.disagreements()):
+        return []  # said more precisely already
     return [f"The values also agree at nearby inputs ({step}): the ports compute the same function "
             f"there and differ in how they differentiate it."]
 
@@ -295,10 +299,10 @@ def _conclusion(result: CrosscheckResult, first: Difference) -> list:
     passed = [n for n, v in verdicts.items() if v.status == "passed"]
     kinks = [d for d in result.disagreements() if d.kink]
     if kinks:
-        text = ("=> finite differences cannot decide at a kink: the frameworks chose different "
-                "subgradients there, and gradcheck's central difference is only the mean of the one-sided "
-                "slopes, one value among the possible ones, so a gradcheck failing there does not make "
-                "a side wrong.")
+        text = ("=> finite differences cannot decide at a kink: the derivative is not defined there and "
+                "the frameworks chose different values for it (different subgradients); gradcheck's central "
+                "difference is the mean of the one-sided slopes, one choice among them, so a gradcheck "
+                "failing there does not make a side wrong.")
         others = [d for d in result.disagreements() if not d.kink]
         if others:
             text += (f" {len(others)} disagreement(s) are not at a kink ("
