@@ -289,7 +289,7 @@ def _nearby_lines(result: CrosscheckResult) -> list:
             f"there and differ in how they differentiate it."]
 
 
-def _conclusion(result: CrosscheckResult, first: Difference) -> list:
+def _conclusion(result: CrosscheckResult) -> list:
     """What the gradchecks' verdicts conclude about a disagreement."""
     verdicts = result.gradcheck_results
     if not verdicts:
@@ -371,7 +371,7 @@ def disagreement_message(result: CrosscheckResult, first: Difference) -> str:
                      + "; ".join(f"{d.quantity} {d.label} ({d.reference} vs {d.other})" for d in others[:6])
                      + ("; ..." if len(others) > 6 else ""))
     lines += _nearby_lines(result)
-    lines += _conclusion(result, first)
+    lines += _conclusion(result)
     lines.append("")
     lines.append(result.summary())
     return "\n".join(lines)
