@@ -1,4 +1,6 @@
-"""The command line (agcheck/cli.py): ``agcheck check`` and ``agcheck crosscheck``."""
+"""The command line (agcheck/frontends/cli.py): the one parser, ``agcheck check`` and
+``agcheck crosscheck``, and their exit statuses (0 pass, 1 a check failed, 2 a usage
+error or a check that could not run)."""
 from __future__ import annotations
 
 import importlib.util
@@ -52,6 +54,19 @@ USER_MODULE = textwrap.dedent('''
 
         xp = array_api_compat.array_namespace(x)
         return xp.sin(x) * x
+
+
+    def exits(x):
+        raise SystemExit(0)
+
+
+    def exits_with_an_error(x):
+        raise SystemExit("bye")
+
+
+    def noisy(x):
+        print("CALLED")
+        return torch.sin(x)
 
 
     def ports_disagree(x):
@@ -160,15 +175,92 @@ def test_usage_errors(user_module, capsys, argv, message):
 
 
 def test_argparse_errors_and_help(capsys):
-    assert cli.main([]) == 2
     assert cli.main(["check", "m:f", "--bogus"]) == 2
-    capsys.readouterr()
+    assert cli.main(["chekc"]) == 2
+    assert "invalid choice: 'chekc'" in capsys.readouterr().err
     assert cli.main(["--help"]) == 0
-    assert "crosscheck" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # one parser: the subcommands, the main job's options and the shared flags together
+    assert "{check,crosscheck}" in out and "gradcheck a function of yours" in out
+    assert "--only" in out and "--demo-failure" in out and "--fast, --fast-mode" in out
+    assert "--quiet, -q" in out and "--verbose, -v" in out and "--plain" in out
+    assert "2 usage error" in " ".join(out.split())
     for sub in ("check", "crosscheck"):
         assert cli.main([sub, "--help"]) == 0
         out = capsys.readouterr().out
         assert "MODULE:FUNCTION" in out and "--input" in out and "Exit status" in out
+        assert "--fast" in out and "--quiet" in out and "--plain" in out and "--report" in out
+
+
+# -- exit statuses: refused before any work (2), a function that cannot run (2) ------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "{mod}:noisy", "--input", "100000x100000"], "would not fit in a quarter of this machine's memory"),
+    (["check", "{mod}:noisy", "-i", "3", "--seed", "-1"], "argument --seed: must be 0 or more, got -1"),
+    (["check", "{mod}:noisy", "-i", "3", "--seed", "x"], "argument --seed: not a whole number"),
+    (["check", "{mod}:noisy", "-i", "3", "--report", "{tmp}/out.txt"], "cannot write a report as '.txt'"),
+    (["check", "{mod}:noisy", "-i", "3", "--report", "{tmp}/no_such_folder/out.json"], "does not exist"),
+    (["check", "{mod}:noisy", "-i", "3", "--report", "{tmp}"], "is a folder"),
+    (["check", "{mod}:noisy", "-i", "3", "--atol", "-1"], "atol must be greater than or equal to zero"),
+    (["check", "{mod}:noisy", "-i", "3", "--eps", "x"], "argument --eps: not a number"),
+    (["crosscheck", "{mod}:noisy", "-i", "3", "--rtol", "-1"], "rtol must be"),
+    (["--only", "sin", "check", "{mod}:noisy", "-i", "3"], "--only: an option of the main job"),
+    (["--no-report", "crosscheck", "{mod}:noisy", "-i", "3"], "--no-report: an option of the main job"),
+])
+def test_bad_arguments_are_refused_before_any_work(user_module, tmp_path, capsys, argv, message):
+    argv = [a.replace("{mod}", str(user_module)).replace("{tmp}", str(tmp_path)) for a in argv]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "Traceback" not in captured.err
+    assert "CALLED" not in captured.out  # the function never ran
+    assert list(tmp_path.iterdir()) == [user_module]
+
+
+@pytest.mark.parametrize("name, code", [("exits", "0"), ("exits_with_an_error", "'bye'")])
+def test_a_function_raising_system_exit_is_an_error(user_module, capsys, name, code):
+    assert cli.main(["check", f"{user_module}:{name}", "-i", "3", "--plain"]) == 2
+    err = capsys.readouterr().err
+    assert f"the check could not run: SystemExit({code}) was raised" in err
+
+
+def test_a_report_with_a_good_suffix_is_written_after_the_failure(user_module, tmp_path, capsys):
+    report = tmp_path / "out.json"
+    assert cli.main(["check", f"{user_module}:bad", "-i", "3", "--report", str(report), "--plain"]) == 1
+    assert report.exists() and '"agcheck-failure-report"' in report.read_text(encoding="utf-8")
+    assert cli.main(["check", f"{user_module}:noisy", "-i", "3", "--report", str(tmp_path / "p.json"),
+                     "--plain"]) == 0
+    assert "no report written" in capsys.readouterr().out and not (tmp_path / "p.json").exists()
+
+
+def test_an_error_of_agcheck_itself_is_not_a_failed_check(user_module, monkeypatch, capsys):
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "_check", broken)
+    assert cli.main(["check", f"{user_module}:good", "-i", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "KeyError" in err and "bug of agcheck's" in err
+
+
+# -- one vocabulary of flags ---------------------------------------------------------------------
+
+def test_shared_flags_on_every_level(user_module, capsys):
+    target = f"{user_module}:good_complex"
+    # --fast and --fast-mode are the same flag, before or after the subcommand
+    for argv in (["check", target, "-i", "4:complex128", "--fast", "--plain"],
+                 ["check", target, "-i", "4:complex128", "--fast-mode", "--plain"],
+                 ["--fast", "--plain", "check", target, "-i", "4:complex128"]):
+        assert cli.main(argv) == 0, argv
+        assert "mode      fast, reverse" in capsys.readouterr().out
+    # -q: the verdict alone; -v: the full message after the summary
+    assert cli.main(["check", target, "-i", "4:complex128", "-q", "--plain"]) == 0
+    assert capsys.readouterr().out.split() == ["verdict", "PASSED"]
+    assert cli.main(["-q", "check", f"{user_module}:bad", "-i", "3", "--plain"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED (jacobian)" in out and "agcheck report:" not in out and "function" not in out
+    assert cli.main(["check", f"{user_module}:bad", "-i", "3", "-v", "--plain"]) == 1
+    out = capsys.readouterr().out
+    assert "agcheck report:" in out and "numerical:" in out  # the summary, then torch's message
 
 
 # -- agcheck crosscheck ------------------------------------------------------------------------
@@ -187,10 +279,11 @@ def test_crosscheck(user_module, capsys):
 
 # -- python -m agcheck.frontends.cli (subprocess) --------------------------------------------------------
 
-def _run(*args, cwd):
+def _run(*args, cwd, module="agcheck.frontends.cli"):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "agcheck.frontends.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    # a safety net against a hung process only, far beyond any run's time
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=1800)
 
 
 def test_subprocess_failure_and_usage(user_module):
@@ -201,6 +294,12 @@ def test_subprocess_failure_and_usage(user_module):
     proc = _run("check", "userops.py:good", "--input", "3xq", cwd=user_module.parent)
     assert proc.returncode == 2
     assert "--input" in proc.stderr
+    # python -m agcheck is the same parser; a function raising SystemExit(0) does not exit 0
+    proc = _run("check", "userops.py:exits", "--input", "3", cwd=user_module.parent, module="agcheck")
+    assert proc.returncode == 2 and "SystemExit(0)" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run("check", "userops.py:good", "--input", "100000x100000", "--seed", "1", cwd=user_module.parent,
+                module="agcheck")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
 

@@ -1,10 +1,17 @@
-"""The agcheck command line: check a function of your own from the shell.
+"""The ``agcheck`` command: one parser, the main job without a subcommand, and two
+subcommands that check a function of your own from the shell.
 
 ::
 
+    agcheck [--only NAME[,NAME]] [--backends torch,jax] [--list] [--no-report] ...
     agcheck check mymodule:myfn --input 3x4 --input 4:complex128 [--backend torch]
                   [--fast] [--forward] [--report out.html]
     agcheck crosscheck mymodule:myfn --input 3x4 [--backends torch,jax]
+
+Bare ``agcheck`` runs the main job (:mod:`agcheck.frontends.mainjob`). Every level takes
+the same output and mode flags: ``--fast`` (also ``--fast-mode``), ``--report PATH``,
+``-q/--quiet``, ``-v/--verbose``, ``--plain``; a flag given before the subcommand counts
+for it (``agcheck --fast check ...``).
 
 ``MODULE:FUNCTION`` names a function by its module (a dotted name importable from the
 current directory, or a path to a ``.py`` file) and its name in that module (dotted
@@ -15,12 +22,14 @@ arrays (64-bit mode switched on for the check when an input is 64-bit, and the c
 setting restored afterwards), for crosscheck NumPy arrays. The arrays are made through
 the backends' ``from_numpy``; this module imports no framework.
 
-Exit status: 0 when the check passed, 1 when it failed, 2 on a usage error (bad
-arguments, a module or function that cannot be imported, a backend that is not
-installed, or a function that cannot run on the inputs).
+Exit status (:mod:`agcheck.frontends.command`): 0 the check passed, 1 it failed, 2 a usage
+error or a check that could not run (bad arguments, checked before any work: an input too
+large for this machine, a negative seed, a report path that cannot be written; a module or
+function that cannot be imported; a backend that is not installed; a function that raises
+on the inputs, ``SystemExit`` included).
 
 :func:`main` takes the arguments (``argv``, without the program name) and returns the
-exit status; ``python -m agcheck.frontends.cli check ...`` runs it.
+exit status; ``python -m agcheck.frontends.cli ...`` runs it.
 """
 from __future__ import annotations
 
@@ -29,21 +38,28 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 
-__all__ = ["main", "build_parser", "parse_input_spec", "load_function", "make_inputs", "SUBCOMMANDS"]
+from agcheck.frontends import mainjob
+from agcheck.frontends.command import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    EXIT_STATUS_TEXT,
+    EXIT_USAGE,
+    REPORT_FORMATS,
+    UsageError,
+    add_shared_flags,
+    check_report_path,
+)
 
-EXIT_PASS = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
+__all__ = ["main", "build_parser", "parse_input_spec", "load_function", "make_inputs", "SUBCOMMANDS", "UsageError"]
 
-#: the subcommands this module handles (``agcheck <subcommand> ...``)
+#: the subcommands (``agcheck <subcommand> ...``); without one, ``agcheck`` runs the main job
 SUBCOMMANDS = ("check", "crosscheck")
 
 DTYPES = ("float64", "float32", "complex128", "complex64", "float16", "int64", "int32", "bool")
-
-
-class UsageError(Exception):
-    """Bad arguments: exit status 2."""
+_ITEMSIZE = {"float64": 8, "float32": 4, "complex128": 16, "complex64": 8, "float16": 2, "int64": 8, "int32": 4,
+             "bool": 1}
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -70,10 +86,71 @@ def parse_input_spec(spec: str) -> tuple[tuple, str]:
     return tuple(shape), dtype
 
 
+def _memory_bytes() -> int | None:
+    """This machine's physical memory (``None`` when the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
 def _input_specs(values) -> list:
+    """The ``--input`` specs, refused before any work when they cannot be made: the inputs
+    must fit in a quarter of this machine's memory (a check holds several copies of them,
+    and its Jacobians are larger still)."""
     if not values:
         raise UsageError("give at least one --input (e.g. --input 3x4 or --input 4:complex128)")
-    return [parse_input_spec(v) for v in values]
+    specs = [parse_input_spec(v) for v in values]
+    total = 0
+    for v, (shape, dtype) in zip(values, specs):
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * _ITEMSIZE[dtype]
+        memory = _memory_bytes()
+        if memory is not None and total > memory // 4:
+            raise UsageError(f"--input {v}: {n:,} elements ({_size(n * _ITEMSIZE[dtype])} as {dtype}); the inputs "
+                             f"would not fit in a quarter of this machine's memory ({_size(memory)}), and a gradient "
+                             "check needs many times its inputs' size")
+    return specs
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _check_tolerances(args, names) -> None:
+    """Refuse bad ``--eps/--atol/--rtol`` before any work (the checker's own validation)."""
+    given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    if not given:
+        return
+    from agcheck.options import GradcheckOptions
+
+    try:
+        GradcheckOptions(**given)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
 
 
 def load_function(target: str):
@@ -92,7 +169,7 @@ def load_function(target: str):
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise UsageError(f"importing {module_name} failed: {type(e).__name__}: {e}") from e
         finally:
             sys.path.remove(os.path.dirname(path))
@@ -103,7 +180,7 @@ def load_function(target: str):
             module = importlib.import_module(module_name)
         except ImportError as e:
             raise UsageError(f"cannot import module {module_name!r}: {e}") from e
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise UsageError(f"importing {module_name} failed: {type(e).__name__}: {e}") from e
     obj = module
     for part in attr.split("."):
@@ -170,9 +247,11 @@ def _rich_console():
     return Console()
 
 
-def _print_verdict(rows, plain: bool) -> None:
-    """``rows``: (field, value) pairs of the verdict table."""
-    console = None if plain else _rich_console()
+def _print_verdict(rows, args) -> None:
+    """``rows``: (field, value) pairs of the verdict table (``--quiet``: the verdict alone)."""
+    if args.quiet:
+        rows = [(k, v) for k, v in rows if k == "verdict"]
+    console = None if args.plain else _rich_console()
     if console is not None:
         from rich.table import Table
 
@@ -201,6 +280,13 @@ def _summary_of(error) -> str:
     return ""
 
 
+def _could_not_run(what: str, e: BaseException) -> UsageError:
+    if isinstance(e, SystemExit):
+        return UsageError(f"{what} could not run: SystemExit({e.code!r}) was raised while it ran "
+                          "(by the function, or by code it calls)")
+    return UsageError(f"{what} could not run: {type(e).__name__}: {e}".rstrip(": "))
+
+
 # -- subcommands ---------------------------------------------------------------------------
 
 def _backend_for_check(name: str):
@@ -220,21 +306,27 @@ def _backend_for_check(name: str):
         raise UsageError(f"the {name!r} backend is not installed: {e}") from e
 
 
-def _run_check(fn, inputs, gradgrad: bool, kwargs: dict):
-    """Run gradcheck (or gradgradcheck); the GradcheckError if it failed, else None."""
+def _run_check(fn, make, gradgrad: bool, kwargs: dict):
+    """Make the inputs (``make()``) and run gradcheck (or gradgradcheck) on them; the
+    GradcheckError if it failed, else None. Anything else raised (``SystemExit`` included)
+    is a check that could not run."""
     from agcheck.backends.base import BackendUnavailableError
     from agcheck.gradcheck import gradcheck
     from agcheck.gradgradcheck import gradgradcheck
     from agcheck.report.errors import GradcheckError
 
     try:
+        inputs = make()
+    except (Exception, SystemExit) as e:
+        raise _could_not_run("making the inputs", e) from e
+    try:
         (gradgradcheck if gradgrad else gradcheck)(fn, inputs, **kwargs)
     except GradcheckError as e:
         return e
     except BackendUnavailableError as e:
         raise UsageError(str(e)) from e
-    except Exception as e:
-        raise UsageError(f"the check could not run: {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:
+        raise _could_not_run("the check", e) from e
     return None
 
 
@@ -243,30 +335,35 @@ def _check_failed(args, rows: list, error) -> int:
     headline = getattr(getattr(error, "report", None), "headline", None)
     first = headline() if callable(headline) else str(error).strip().splitlines()[0]
     rows.append(("verdict", f"FAILED ({getattr(error, 'check', None) or 'check'}): {first}"))
-    _print_verdict(rows, args.plain)
+    _print_verdict(rows, args)
     summary = _summary_of(error)
-    print()
-    print(summary if summary else str(error))
-    if args.verbose and summary:
+    if not args.quiet:
         print()
-        print(str(error))
+        print(summary if summary else str(error))
+        if args.verbose and summary:
+            print()
+            print(str(error))
     if args.report:
         report = getattr(error, "report", None)
         if report is None or not hasattr(report, "save"):
-            print("no report written: this agcheck's errors carry no savable report", file=sys.stderr)
+            print("agcheck check: no report written: this agcheck's errors carry no savable report", file=sys.stderr)
         else:
             try:
                 path = report.save(args.report)
                 print(f"report saved to {path or args.report}")
             except Exception as e:
-                print(f"could not save the report to {args.report}: {type(e).__name__}: {e}", file=sys.stderr)
+                print(f"agcheck check: error: could not save the report to {args.report}: {type(e).__name__}: {e}",
+                      file=sys.stderr)
     return EXIT_FAIL
 
 
 def _check(args) -> int:
     specs = _input_specs(args.input)
-    fn = load_function(args.target)
+    _check_tolerances(args, ("eps", "atol", "rtol"))
+    if args.report:
+        check_report_path(args.report, formats=REPORT_FORMATS)
     be = _backend_for_check(args.backend)
+    fn = load_function(args.target)
     kwargs = dict(backend=args.backend, fast_mode=args.fast, check_forward_ad=args.forward)
     for name in ("eps", "atol", "rtol"):
         if getattr(args, name) is not None:
@@ -280,12 +377,12 @@ def _check(args) -> int:
     # JAX computes in 32 bits unless told otherwise: 64-bit inputs switch its 64-bit mode
     # on for the inputs and the check, and the caller's setting comes back afterwards
     with be.precision(_double(specs)):
-        error = _run_check(fn, make_inputs(specs, args.backend, args.seed), args.gradgrad, kwargs)
+        error = _run_check(fn, lambda: make_inputs(specs, args.backend, args.seed), args.gradgrad, kwargs)
     if error is not None:
         return _check_failed(args, rows, error)
     rows.append(("verdict", "PASSED"))
-    _print_verdict(rows, args.plain)
-    if args.report:
+    _print_verdict(rows, args)
+    if args.report and not args.quiet:
         print(f"no report written to {args.report}: the check passed")
     return EXIT_PASS
 
@@ -296,10 +393,12 @@ def _crosscheck(args) -> int:
     from agcheck.report.errors import GradcheckError
 
     specs = _input_specs(args.input)
-    fn = load_function(args.target)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    _check_tolerances(args, ("atol", "rtol"))
+    text = getattr(args, "backends", None) or "torch,jax"
+    backends = [b.strip() for b in text.split(",") if b.strip()]
     if len(backends) < 2:
-        raise UsageError(f"--backends needs at least two backends, got {args.backends!r}")
+        raise UsageError(f"--backends needs at least two backends, got {text!r}")
+    fn = load_function(args.target)
     inputs = tuple(_numpy_inputs(specs, args.seed))
     kwargs = dict(backends=backends, fast_mode=args.fast, order=args.order, gradcheck=args.gradcheck,
                   check_forward_ad=not args.no_forward)
@@ -315,94 +414,137 @@ def _crosscheck(args) -> int:
         res = getattr(e, "details", {}).get("result")
         first = str(e).strip().splitlines()[0]
         rows.append(("verdict", f"FAILED: {first}"))
-        _print_verdict(rows, args.plain)
-        print()
-        print(str(e) if res is None or args.verbose else "\n".join(str(e).strip().splitlines()[1:]))
+        _print_verdict(rows, args)
+        if not args.quiet:
+            print()
+            print(str(e) if res is None or args.verbose else "\n".join(str(e).strip().splitlines()[1:]))
         return EXIT_FAIL
     except (BackendUnavailableError, ValueError, TypeError) as e:
         raise UsageError(str(e)) from e
-    except Exception as e:
-        raise UsageError(f"the crosscheck could not run: {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:
+        raise _could_not_run("the crosscheck", e) from e
     rows.append(("verdict", "PASSED (all backends agree)"))
-    _print_verdict(rows, args.plain)
-    print()
-    print(result.summary())
+    _print_verdict(rows, args)
+    if not args.quiet:
+        print()
+        print(result.summary())
     return EXIT_PASS
 
 
-# -- parser --------------------------------------------------------------------------------
+# -- the parser ----------------------------------------------------------------------------
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _function_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="MODULE:FUNCTION",
                    help="the function: a module (dotted name, or path to a .py file) and a name in it")
     p.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE]",
                    help="one positional argument of the function, e.g. 3x4, 5, scalar, 4:complex128 "
                         "(dtype default float64); repeat for several arguments")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
-    p.add_argument("--fast", action="store_true", help="fast mode: random projections v^T J u")
-    p.add_argument("--atol", type=float, default=None, help="absolute tolerance")
-    p.add_argument("--rtol", type=float, default=None, help="relative tolerance")
-    p.add_argument("--plain", action="store_true", help="plain text output (no rich table)")
-    p.add_argument("--verbose", "-v", action="store_true", help="also print the full error message")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs, 0 or more (default: %(default)s)")
+    p.add_argument("--atol", type=_number, default=None, help="absolute tolerance")
+    p.add_argument("--rtol", type=_number, default=None, help="relative tolerance")
+
+
+def _version() -> str:
+    try:
+        from agcheck import __version__
+
+        return __version__
+    except Exception:
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The one ``agcheck`` parser: the main job's options, the flags every level shares, and
+    the subcommands ``check`` and ``crosscheck``."""
     parser = argparse.ArgumentParser(
         prog="agcheck",
-        description="Check the derivatives of a function of yours from the command line.",
-        epilog="Exit status: 0 pass, 1 failure, 2 usage error.",
+        description=(
+            "agcheck: a gradient checker with the semantics of torch.autograd.gradcheck. "
+            "Without a subcommand, runs the main job: every function of the bundled catalog "
+            "(written once against the array API) is gradchecked on every installed backend "
+            "(torch, jax, tensorflow; numpy for the functions with hand-written derivatives) and "
+            "crosschecked across them; a summary table is printed and an HTML report written. "
+            "The subcommands check a function of your own."
+        ),
+        epilog="Examples: agcheck --only linalg,softmax; agcheck check ops.py:my_fn --input 3x4; "
+               "agcheck crosscheck ops.py:my_fn --input 3 --backends torch,jax. " + EXIT_STATUS_TEXT,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{check,crosscheck}")
-    sub.required = True
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    mainjob.add_arguments(parser)
+    add_shared_flags(parser, top=True)
+    sub = parser.add_subparsers(dest="command", title="subcommands", metavar="{check,crosscheck}",
+                                description="without one, agcheck runs the main job")
 
     p = sub.add_parser(
-        "check", help="gradcheck a function on random inputs",
+        "check", help="gradcheck a function of yours on random inputs",
         description="Run agcheck.gradcheck (or gradgradcheck) on MODULE:FUNCTION with random inputs "
                     "of the given shapes and dtypes.",
         epilog="Example: agcheck check ops.py:my_fn --input 3x4 --input 4:complex128 --forward\n"
-               "Exit status: 0 pass, 1 failure, 2 usage error.",
+               + EXIT_STATUS_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common(p)
+    _function_arguments(p)
     p.add_argument("--backend", "-b", default="torch",
                    help="torch, jax or tensorflow (default: %(default)s)")
     p.add_argument("--forward", action="store_true", help="also check forward-mode AD (check_forward_ad)")
     p.add_argument("--gradgrad", action="store_true", help="check second derivatives (gradgradcheck)")
-    p.add_argument("--eps", type=float, default=None, help="finite-difference step (default 1e-6)")
-    p.add_argument("--report", metavar="PATH", default=None,
-                   help="on failure, save the report here (.html, .png or .json)")
+    p.add_argument("--eps", type=_number, default=None, help="finite-difference step (default 1e-6)")
+    add_shared_flags(p, top=False)
     p.set_defaults(run=_check)
 
     p = sub.add_parser(
-        "crosscheck", help="compare values and derivatives of a function across backends",
+        "crosscheck", help="compare values and derivatives of a function of yours across backends",
         description="Run agcheck.crosscheck on MODULE:FUNCTION (written against the array API) with "
                     "random NumPy inputs converted for each backend.",
         epilog="Example: agcheck crosscheck ops.py:my_fn --input 3x4 --backends torch,jax\n"
-               "Exit status: 0 the backends agree, 1 they disagree, 2 usage error.",
+               "Exit status: 0 the backends agree, 1 they disagree, 2 usage error or the check could not run.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common(p)
-    p.add_argument("--backends", default="torch,jax",
-                   help="comma-separated backends, the first is the reference (default: %(default)s)")
+    _function_arguments(p)
+    p.add_argument("--backends", default=argparse.SUPPRESS,
+                   help="comma-separated backends, the first is the reference (default: torch,jax)")
     p.add_argument("--order", type=int, choices=(1, 2), default=1, help="2 also compares second derivatives")
     p.add_argument("--gradcheck", action="store_true", help="also gradcheck every backend")
     p.add_argument("--no-forward", action="store_true",
                    help="do not compare forward-mode derivatives (e.g. for jax.custom_vjp functions)")
+    add_shared_flags(p, top=False)
     p.set_defaults(run=_crosscheck)
     return parser
 
 
+def _job_options_with_a_subcommand(args) -> list:
+    return [f"--{name.replace('_', '-')}" for name, default in mainjob.JOB_ONLY.items()
+            if getattr(args, name, default) != default]
+
+
 def main(argv=None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status."""
+    """Run ``agcheck`` with ``argv`` (default ``sys.argv[1:]``): the main job, or the
+    subcommand named; the exit status (0 pass, 1 a check failed, 2 usage error or a check
+    that could not run)."""
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as e:  # --help (0) or an argparse usage error (2)
-        return EXIT_USAGE if e.code not in (0, None) else EXIT_PASS
+    except SystemExit as e:  # --help / --version (0) or an argparse usage error (2)
+        return EXIT_PASS if e.code in (0, None) else EXIT_USAGE
+    prog = "agcheck" + (f" {args.command}" if args.command else "")
     try:
+        if args.command is None:
+            return mainjob.run_job(args)
+        misplaced = _job_options_with_a_subcommand(args)
+        if misplaced:
+            raise UsageError(f"{', '.join(misplaced)}: an option of the main job (agcheck without a "
+                             f"subcommand), not of agcheck {args.command}")
         return args.run(args)
     except UsageError as e:
-        print(f"agcheck {args.command}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # agcheck's own error: say so, and never as a failed check (1)
+        traceback.print_exc()
+        print(f"{prog}: error: the command could not run ({type(e).__name__}: {e}); this is a bug of agcheck's",
+              file=sys.stderr)
         return EXIT_USAGE
 
 

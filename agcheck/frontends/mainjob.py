@@ -1,5 +1,9 @@
 """The main job: ``agcheck`` (``python -m agcheck``) without a subcommand.
 
+Its options are part of the one ``agcheck`` parser (:func:`agcheck.frontends.cli.build_parser`,
+which takes them from :func:`add_arguments`); :func:`run_job` runs it on the parsed
+arguments.
+
 For every function of the bundled catalog (:mod:`agcheck.frontends.catalog`) and every installed
 backend it runs :func:`agcheck.gradcheck` (slow mode, reverse and — where the backend
 supports it — forward-mode AD), then :func:`agcheck.crosscheck` across those backends.
@@ -8,8 +12,12 @@ A progress bar runs while it works (on stderr, when that is a terminal); a summa
 follows, and an HTML report (``agcheck-report.html`` in the current folder by default)
 keeps the table and, for every failure, the failure report.
 
+It says what it is loading at once (the frameworks take seconds to import) and, on a
+terminal, draws a progress bar whose label estimates the time left.
+
 Exit status: 0 when every check passed and the backends agree, 1 otherwise, 2 on a usage
-error (bad option, unknown function name, a requested backend that is not installed).
+error (bad option, unknown function name, a requested backend that is not installed, a
+report that cannot be written; a failed check's 1 wins over an unwritable report).
 
 JAX computes in 32 bits unless told otherwise: its checks run inside the backend's
 ``precision(True)`` context (``jax.enable_x64``), so the caller's JAX configuration is left
@@ -25,6 +33,7 @@ import sys
 import time
 
 from agcheck.frontends import catalog as _catalog
+from agcheck.frontends.command import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, UsageError, check_report_path
 from agcheck.frontends.mainjob_checks import (
     BACKENDS,
     EntryResult,
@@ -38,30 +47,29 @@ from agcheck.frontends.mainjob_checks import (
 )
 from agcheck.frontends.mainjob_html import html_report
 
-__all__ = ["main", "build_parser", "run", "Verdict", "EntryResult", "detect_backends", "html_report"]
-
-EXIT_PASS = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
+__all__ = ["add_arguments", "run_job", "run", "Verdict", "EntryResult", "detect_backends", "html_report",
+           "summary_table", "UsageError"]
 
 #: kept for callers of the former name: the catalog's NumPy inputs as a backend's arrays
 _convert = convert
 DEFAULT_REPORT = "agcheck-report.html"
 
-
-class UsageError(Exception):
-    """Bad arguments: exit status 2."""
+#: the statuses of the table's cells, and their widest text
+STATUS_WIDTH = max(len(t) for t in ("pass", "FAIL", "ERROR", "-", "agree", "DIFFER"))
+#: the table's headers when the full ones do not fit the terminal
+SHORT_HEADERS = {"tensorflow": "tf", "crosscheck": "cross"}
 
 
 # -- terminal output ------------------------------------------------------------------------
 
-def _console(stderr: bool = False):
+def _console(stderr: bool = False, plain: bool = False):
     from rich.console import Console
 
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    options = dict(stderr=stderr, highlight=False, soft_wrap=True, no_color=plain or None)
+    console = Console(**options)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         # a pipe or a file: rich would assume 80 columns; leave room for the table
-        console = Console(stderr=stderr, highlight=False, soft_wrap=True, width=120)
+        console = Console(width=120, **options)
     return console
 
 
@@ -74,18 +82,25 @@ def _cell(status: str, text: str | None = None):
     return Text(text if text is not None else status, style=_STYLE.get(status, ""))
 
 
-def summary_table(results, backends):
-    """The summary as a ``rich.table.Table``."""
+def summary_table(results, backends, short: bool = False):
+    """The summary as a ``rich.table.Table``.
+
+    The function names and the statuses are never cut; the kinds wrap when the terminal
+    is narrow, and ``short`` headers (``tf``, ``cross``) make the table fit 80 columns.
+    """
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    def header(name):
+        return SHORT_HEADERS.get(name, name) if short else name
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column("function", no_wrap=True, min_width=max([len(r.entry.name) for r in results] + [8]))
-    table.add_column("kind", no_wrap=True)
+    table.add_column("kind", min_width=max([len(k) for r in results for k in r.entry.kinds] + [4]))
     for b in backends:
-        table.add_column(b, no_wrap=True)
-    table.add_column("crosscheck", no_wrap=True)
+        table.add_column(header(b), no_wrap=True, min_width=max(len(header(b)), STATUS_WIDTH - 1))
+    table.add_column(header("crosscheck"), no_wrap=True, min_width=max(len(header("crosscheck")), STATUS_WIDTH))
     table.add_column("time", justify="right", no_wrap=True)
     for r in results:
         cells = [Text(r.entry.name), Text(", ".join(r.entry.kinds))]
@@ -93,6 +108,18 @@ def summary_table(results, backends):
         cells.append(_cell(r.crosscheck.status, cross_text(r.crosscheck)))
         cells.append(Text(f"{r.seconds:.2f}s"))
         table.add_row(*cells)
+    return table
+
+
+def _fitting_table(console, results, backends):
+    """The summary table, with the short headers when the full ones do not fit even with
+    the kinds wrapped."""
+    from rich.measure import Measurement
+
+    table = summary_table(results, backends)
+    unbounded = console.options.update_width(10_000)
+    if Measurement.get(console, unbounded, table).minimum > console.width:
+        table = summary_table(results, backends, short=True)
     return table
 
 
@@ -114,15 +141,17 @@ def catalog_table(entries):
     return table
 
 
-def _indent(text: str, n: int = 4, max_lines: int = 14) -> str:
+def _indent(text: str, n: int = 4, max_lines: int | None = 14) -> str:
     lines = str(text).rstrip().splitlines()
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + ["... (the rest is in the HTML report)"]
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines] + ["... (the rest is in the HTML report; --verbose prints it all)"]
     return "\n".join(" " * n + ln if ln else "" for ln in lines)
 
 
-def _failure_text(v: Verdict) -> str:
+def _failure_text(v: Verdict, verbose: bool = False) -> str:
     report = getattr(v.error, "report", None)
+    if verbose and v.detail:
+        return v.detail
     if v.status == "FAIL" and report is not None and report.blocks:
         return report.summary()
     if v.status == "ERROR":
@@ -144,41 +173,25 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agcheck",
-        description=(
-            "agcheck: a gradient checker with the semantics of torch.autograd.gradcheck. "
-            "Without a subcommand, runs the main job: every function of the bundled catalog "
-            "(written once against the array API) is gradchecked on every installed backend "
-            "(torch, jax; numpy for the functions with hand-written derivatives) and "
-            "crosschecked across them; a summary table is printed and an HTML report written."
-        ),
-        epilog=(
-            "Subcommands: agcheck check MODULE:FUNCTION --input SHAPE[:DTYPE] ... and "
-            "agcheck crosscheck MODULE:FUNCTION ... check a function of your own "
-            "(see agcheck check --help). "
-            "Exit status: 0 every check passed, 1 a check failed, 2 usage error."
-        ),
-    )
-    parser.add_argument("--fast-mode", action="store_true",
-                        help="fast mode for gradcheck and crosscheck (random projections v^T J u)")
-    parser.add_argument("--only", action="append", metavar="NAME[,NAME]",
-                        help="check only these catalog functions (names or kinds: "
-                             + ", ".join(_catalog.KINDS) + "); repeatable")
-    parser.add_argument("--list", action="store_true", help="list the catalog and exit")
-    parser.add_argument("--backends", metavar="B[,B]", default=None,
-                        help="backends to run on, among torch, jax, tensorflow, numpy (default: every installed one)")
-    parser.add_argument("--report", metavar="PATH", default=DEFAULT_REPORT,
-                        help="where to write the HTML report (default: %(default)s)")
-    parser.add_argument("--no-report", action="store_true", help="do not write the HTML report")
-    parser.add_argument("--quiet", "-q", action="store_true",
-                        help="no progress bar and no table: only the verdict and the failures")
-    parser.add_argument("--demo-failure", action="store_true",
-                        help="add a deliberately broken function (exp whose torch backward is scaled by 2) "
-                             "to show what a failure looks like; the run then exits 1")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    return parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The main job's own options (``--fast``, ``--report``, ``--quiet``, ``--verbose`` and
+    ``--plain`` are every command's: :func:`agcheck.frontends.command.add_shared_flags`)."""
+    group = parser.add_argument_group("the main job (agcheck without a subcommand)")
+    group.add_argument("--only", action="append", metavar="NAME[,NAME]",
+                       help="check only these catalog functions (names or kinds: "
+                            + ", ".join(_catalog.KINDS) + "); repeatable")
+    group.add_argument("--list", action="store_true", help="list the catalog and exit")
+    group.add_argument("--backends", metavar="B[,B]", default=None,
+                       help="backends to run on, among torch, jax, tensorflow, numpy (default: every installed "
+                            "one); for crosscheck, the backends compared")
+    group.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    group.add_argument("--demo-failure", action="store_true",
+                       help="add a deliberately broken function (exp whose torch backward is scaled by 2) "
+                            "to show what a failure looks like; the run then exits 1")
+
+
+#: the main job's own options, and their defaults (given with a subcommand: a usage error)
+JOB_ONLY = {"only": None, "list": False, "no_report": False, "demo_failure": False}
 
 
 def _split(values) -> list:
@@ -203,21 +216,30 @@ def _select(args) -> list:
     return entries
 
 
+def _wanted_backends(args) -> list:
+    """The backends asked for (every one when ``--backends`` is not given), checked by name."""
+    if args.backends is None:
+        return list(BACKENDS)
+    wanted = list(dict.fromkeys(_split([args.backends])))
+    if not wanted:
+        raise UsageError("--backends needs at least one of torch, jax, tensorflow, numpy")
+    wanted = ["tensorflow" if b == "tf" else b for b in wanted]
+    unknown = [b for b in wanted if b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"unknown backend {', '.join(unknown)} (choose from {', '.join(BACKENDS)})")
+    return [b for b in BACKENDS if b in wanted]
+
+
 def _choose_backends(args, installed: dict) -> tuple[list, list]:
     """The backends to run on, and notes about the ones missing."""
     notes = []
     if args.backends is not None:
-        wanted = list(dict.fromkeys(_split([args.backends])))
-        if not wanted:
-            raise UsageError("--backends needs at least one of torch, jax, tensorflow, numpy")
-        unknown = [b for b in wanted if b not in BACKENDS]
-        if unknown:
-            raise UsageError(f"unknown backend {', '.join(unknown)} (choose from {', '.join(BACKENDS)})")
+        wanted = _wanted_backends(args)
         missing = [b for b in wanted if b not in installed]
         if missing:
             raise UsageError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
                              f"(pip install 'agcheck[{missing[0]}]')")
-        return [b for b in BACKENDS if b in wanted], notes
+        return wanted, notes
     chosen = [b for b in BACKENDS if b in installed]
     frameworks = [b for b in chosen if b != "numpy"]
     missing = [b for b in ("torch", "jax") if b not in installed]
@@ -234,28 +256,13 @@ def _choose_backends(args, installed: dict) -> tuple[list, list]:
     return chosen, notes
 
 
-def main(argv=None) -> int:
-    """Run the main job with ``argv`` (default ``sys.argv[1:]``); the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as e:  # --help / --version (0) or an argparse usage error (2)
-        return EXIT_PASS if e.code in (0, None) else EXIT_USAGE
-    try:
-        return _main(args)
-    except UsageError as e:
-        print(f"agcheck: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _plan(args, entries: list) -> tuple[list, list, list, dict]:
+def _plan(args, entries: list, progress=None) -> tuple[list, list, list, dict]:
     """The backends to run on, the entries that run on them, notes, and the versions."""
-    wanted = BACKENDS if args.backends is None else [b for b in BACKENDS if b in _split([args.backends])]
-    installed = detect_backends(wanted)
+    installed = detect_backends(_wanted_backends(args), progress=progress)
     backends, notes = _choose_backends(args, installed)
     runnable = [e for e in entries if any(e.supports(b) for b in backends)]
     left_out = [e.name for e in entries if e not in runnable]
@@ -273,11 +280,11 @@ def _header(args, backends: list, runnable: list, installed: dict) -> str:
     versions = ", ".join(f"{b} {installed[b]}" + (f" ({numpy_count} functions with hand-written derivatives)"
                                                    if b == "numpy" and len(backends) > 1 else "")
                          for b in backends)
-    mode = "fast mode" if args.fast_mode else "slow mode"
+    mode = "fast mode" if args.fast else "slow mode"
     header = f"agcheck {_version()} main job: {len(runnable)} functions on {versions}\n"
     if len(backends) > 1:
         header += (f"gradcheck in {mode} (reverse and forward AD) on each backend, crosscheck "
-                   f"({'fast mode' if args.fast_mode else 'full Jacobians'}) across them")
+                   f"({'fast mode' if args.fast else 'full Jacobians'}) across them")
     else:
         header += f"gradcheck in {mode} (reverse and forward AD); one backend, so no crosscheck"
     return header
@@ -296,55 +303,69 @@ def _print_results(console, args, results: list, backends: list, verdict: str) -
     failed = [r for r in results if not r.ok]
     if not args.quiet:
         console.print()
-        console.print(summary_table(results, backends))
+        console.print(_fitting_table(console, results, backends))
     if failed:
         console.print()
         for r in failed:
             for label, v in r.failures():
                 console.print(f"{r.entry.name}: {label}: {v.status}: {v.headline}", markup=False)
                 if not args.quiet:
-                    console.print(_indent(_failure_text(v)), markup=False)
+                    console.print(_indent(_failure_text(v, args.verbose), max_lines=None if args.verbose else 14),
+                                  markup=False)
                     console.print()
     console.print(verdict, markup=False, style="bold red" if failed else "bold green")
 
 
-def _write_report(console, args, results: list, backends: list, meta: dict) -> None:
-    path = os.path.abspath(args.report)
+def _write_report(console, path: str, results: list, backends: list, meta: dict) -> bool:
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(html_report(results, backends, meta))
-        console.print(f"report: {path}", markup=False)
     except OSError as e:
-        print(f"agcheck: could not write the report to {args.report}: {e}", file=sys.stderr)
+        print(f"agcheck: error: could not write the report to {path}: {e}", file=sys.stderr)
+        return False
+    console.print(f"report: {path}", markup=False)
+    return True
 
 
-def _main(args) -> int:
+def _loading_line(args) -> str:
+    wanted = _wanted_backends(args)
+    frameworks = [b for b in wanted if b != "numpy"]
+    what = ", ".join(frameworks) if frameworks else "numpy"
+    return f"agcheck {_version()}: loading {what} (importing the frameworks takes a few seconds) ..."
+
+
+def run_job(args) -> int:
+    """Run the main job on parsed arguments (see :func:`agcheck.frontends.cli.build_parser`);
+    the exit status. Usage errors raise :class:`~agcheck.frontends.command.UsageError`."""
     from agcheck.progress import Progress
 
-    console = _console()
+    console = _console(plain=args.plain)
     entries = _select(args)
     if args.list:
         console.print(catalog_table(entries))
         console.print(f"{len(entries)} functions; kinds: {', '.join(_catalog.KINDS)}", markup=False)
         return EXIT_PASS
-    backends, runnable, notes, installed = _plan(args, entries)
+    report = None if args.no_report else check_report_path(args.report or DEFAULT_REPORT)
+    show = not args.quiet
+    if show:  # at once: the frameworks' imports take seconds
+        print(_loading_line(args), file=sys.stderr, flush=True)
+    with Progress(enabled=show and not args.plain, console=_console(stderr=True)) as progress:
+        backends, runnable, notes, installed = _plan(args, entries, progress)
     header = _header(args, backends, runnable, installed)
-    if not args.quiet:
+    if show:
         console.print(header, markup=False)
         for note in notes:
             console.print(note, markup=False)
 
     start = time.perf_counter()
-    with Progress(enabled=not args.quiet, console=_console(stderr=True)) as progress:
-        results = run(runnable, backends, fast_mode=args.fast_mode, progress=progress)
+    with Progress(enabled=show and not args.plain, console=_console(stderr=True)) as progress:
+        results = run(runnable, backends, fast_mode=args.fast, progress=progress)
     verdict = _verdict_line(results, time.perf_counter() - start)
     _print_results(console, args, results, backends, verdict)
-    if not args.no_report:
+    status = EXIT_FAIL if any(not r.ok for r in results) else EXIT_PASS
+    if report is not None:
         meta = {"header": header, "notes": notes, "verdict": verdict,
                 "footer": f"written by agcheck {_version()} on {time.strftime('%Y-%m-%d %H:%M:%S')}"}
-        _write_report(console, args, results, backends, meta)
-    return EXIT_FAIL if any(not r.ok for r in results) else EXIT_PASS
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if not _write_report(console, report, results, backends, meta) and status == EXIT_PASS:
+            status = EXIT_USAGE
+    return status

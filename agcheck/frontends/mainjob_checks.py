@@ -19,7 +19,7 @@ from agcheck.backends.base import BackendUnavailableError
 from agcheck.backends.registry import get_backend
 
 __all__ = ["Verdict", "EntryResult", "BACKENDS", "detect_backends", "port", "convert", "run_entry", "run",
-           "cross_text"]
+           "cross_text", "time_left"]
 
 BACKENDS = ("torch", "jax", "tensorflow", "numpy")
 
@@ -70,16 +70,22 @@ class EntryResult:
 
 # -- backends -------------------------------------------------------------------------------
 
-def detect_backends(names=BACKENDS) -> dict:
-    """``{name: version}`` of the backends among ``names`` whose framework imports."""
+def detect_backends(names=BACKENDS, progress=None) -> dict:
+    """``{name: version}`` of the backends among ``names`` whose framework imports (each
+    named on ``progress`` while it loads)."""
+    names = [name for name in BACKENDS if name in names]
     found = {}
-    for name in BACKENDS:
-        if name not in names:
-            continue
+    if progress is not None:
+        progress.start(len(names), "loading")
+    for name in names:
+        if progress is not None:
+            progress.update(description=f"loading {name}")
         try:
             found[name] = get_backend(name).framework_version()
         except (BackendUnavailableError, ImportError):
             pass
+        if progress is not None:
+            progress.advance()
     return found
 
 
@@ -191,8 +197,9 @@ def _crosscheck(entry, backends: list, fast_mode: bool) -> Verdict:
     return verdict
 
 
-def run_entry(entry, backends: list, fast_mode: bool = False, progress=None) -> EntryResult:
-    """gradcheck ``entry`` on each of ``backends`` it supports, then crosscheck them."""
+def run_entry(entry, backends: list, fast_mode: bool = False, progress=None, note: str = "") -> EntryResult:
+    """gradcheck ``entry`` on each of ``backends`` it supports, then crosscheck them
+    (``note``, e.g. the time left, follows each label on ``progress``)."""
     start = time.perf_counter()
     verdicts = {}
     for b in backends:
@@ -200,13 +207,24 @@ def run_entry(entry, backends: list, fast_mode: bool = False, progress=None) -> 
             verdicts[b] = Verdict()
             continue
         if progress is not None:
-            progress.update(description=f"{entry.name}: gradcheck on {b}")
+            progress.update(description=f"{entry.name}: gradcheck on {b}{note}")
         verdicts[b] = _gradcheck(entry, b, fast_mode)
     usable = [b for b in backends if verdicts[b].ran]
     if progress is not None and len(usable) >= 2:
-        progress.update(description=f"{entry.name}: crosscheck")
+        progress.update(description=f"{entry.name}: crosscheck{note}")
     cross = _crosscheck(entry, usable, fast_mode)
     return EntryResult(entry, verdicts, cross, time.perf_counter() - start)
+
+
+def time_left(done: int, total: int, elapsed: float) -> str:
+    """The progress label's estimate after ``done`` of ``total`` functions took ``elapsed``
+    seconds (``""`` before the first one is done)."""
+    if done <= 0 or done >= total:
+        return ""
+    left = elapsed / done * (total - done)
+    if left < 60:
+        return f" (about {max(1, round(left))} s left)"
+    return f" (about {round(left / 60)} min left)"
 
 
 def run(entries, backends, *, fast_mode: bool = False, progress=None) -> list:
@@ -214,8 +232,10 @@ def run(entries, backends, *, fast_mode: bool = False, progress=None) -> list:
     results = []
     if progress is not None:
         progress.start(len(entries), "main job")
+    start = time.perf_counter()
     for entry in entries:
-        results.append(run_entry(entry, list(backends), fast_mode, progress))
+        note = time_left(len(results), len(entries), time.perf_counter() - start)
+        results.append(run_entry(entry, list(backends), fast_mode, progress, note))
         if progress is not None:
             progress.advance()
     return results
