@@ -3,6 +3,10 @@
 Every gradient test has two halves: each catalog function passes agcheck.gradcheck and
 agrees across backends (the whole main job, run once as a subprocess), and each one with
 its derivative deliberately scaled by 1.5 fails agcheck.gradcheck.
+
+The whole main job runs once for the module, with no time budget: if that run fails,
+``test_whole_main_job`` says how, and the tests that read its table are skipped with a
+pointer to it (the run is not repeated).
 """
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ import numpy as np
 import pytest
 
 import agcheck
+from agcheck.__main__ import main as agcheck_main
 from agcheck.frontends import catalog
 from agcheck.frontends import mainjob
+from agcheck.frontends import mainjob_checks
 from agcheck.progress import Progress
 
 torch = pytest.importorskip("torch")
@@ -37,8 +43,11 @@ HAS_TF = importlib.util.find_spec("tensorflow") is not None
 BACKENDS = ["torch"] + (["jax"] if jax is not None else []) + (["tensorflow"] if HAS_TF else []) + ["numpy"]
 #: a prelude that hides the optional frameworks a test does not want
 NO_TF = "sys.modules['tensorflow'] = None; "
-#: the whole main job must finish well within this (measured: about 30 s of CPU time)
-WHOLE_JOB_LIMIT_S = 240
+#: a safety net against a hung subprocess only (the whole job takes about 30 s of CPU
+#: time); a slow machine is not a failure
+SAFETY_TIMEOUT_S = 1800
+#: the cells of the summary table that are statuses (the kinds and the times are not)
+STATUSES = {"pass", "FAIL", "ERROR", "-", "agree", "DIFFER"}
 
 
 def _env():
@@ -47,24 +56,44 @@ def _env():
     return env
 
 
-def _agcheck(*args, cwd, timeout=300, prelude=None):
+def _agcheck(*args, cwd, timeout=SAFETY_TIMEOUT_S, prelude=None, env=None):
     """``python -m agcheck ARGS`` (or, with ``prelude``, the same through ``-c`` after it)."""
     if prelude is None:
         cmd = [sys.executable, "-m", "agcheck", *args]
     else:
         code = f"{prelude}\nimport sys\nfrom agcheck.__main__ import main\nsys.exit(main({list(args)!r}))"
         cmd = [sys.executable, "-c", code]
-    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _table(stdout: str) -> str:
+    """The summary table: from its header line to the first blank line after it."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"function\s+kind\s", line))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
+    return "\n".join(lines[start:end])
 
 
 def _rows(stdout: str) -> dict:
     """The summary table's rows: {function: [cells...]}."""
     rows = {}
-    for line in stdout.splitlines():
+    for line in _table(stdout).splitlines():
         cells = line.split()
         if cells and cells[0] in IDS + ["exp_broken_backward"]:
             rows[cells[0]] = cells
     return rows
+
+
+def _statuses(stdout: str, backends=None) -> dict:
+    """{function: {backend or "crosscheck": status}} read from the table (the kinds may
+    wrap onto a second line, the statuses never do)."""
+    columns = list(backends or BACKENDS) + ["crosscheck"]
+    out = {}
+    for name, cells in _rows(stdout).items():
+        found = [c for c in cells[1:] if c in STATUSES]
+        assert len(found) == len(columns), (name, cells)
+        out[name] = dict(zip(columns, found))
+    return out
 
 
 @contextlib.contextmanager
@@ -118,10 +147,12 @@ def test_select_names_and_kinds():
 
 
 def test_importing_catalog_and_progress_imports_no_framework():
-    code = ("import sys, agcheck.frontends.catalog, agcheck.progress, agcheck.frontends.mainjob\n"
+    code = ("import sys, agcheck.frontends.catalog, agcheck.progress, agcheck.frontends.mainjob, "
+            "agcheck.frontends.cli\n"
             "bad = [m for m in ('torch', 'jax', 'rich') if m in sys.modules]\n"
             "assert not bad, bad")
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                          timeout=SAFETY_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -193,25 +224,44 @@ def test_broken_derivative_fails_on_numpy(entry):
 
 # -- the whole main job, once (the first half: everything passes and agrees) ----------------
 
+class WholeJob:
+    """The one run of the whole main job: its process, or why it did not finish."""
+
+    def __init__(self, cwd):
+        self.cwd = cwd
+        self.proc = None
+        self.problem = None
+        start = time.perf_counter()
+        try:
+            self.proc = _agcheck(cwd=cwd)
+        except subprocess.TimeoutExpired as e:
+            self.problem = f"the main job did not finish within the {SAFETY_TIMEOUT_S} s safety net:\n{e.stdout}"
+        self.elapsed = time.perf_counter() - start
+        if self.proc is not None and self.proc.returncode != 0:
+            self.problem = (f"the main job exited {self.proc.returncode}:\n{self.proc.stdout}\n{self.proc.stderr}")
+
+    def table(self) -> str:
+        """The run's output, for the tests that read its table: skipped if the run failed
+        (test_whole_main_job reports why)."""
+        if self.problem is not None:
+            pytest.skip("the whole main job's run failed: see test_whole_main_job")
+        return self.proc.stdout
+
+
 @pytest.fixture(scope="module")
 def whole_job(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("mainjob")
-    start = time.perf_counter()
-    proc = _agcheck(cwd=cwd, timeout=WHOLE_JOB_LIMIT_S + 60)
-    elapsed = time.perf_counter() - start
-    return proc, elapsed, cwd
+    return WholeJob(tmp_path_factory.mktemp("mainjob"))
 
 
 def test_whole_main_job(whole_job):
-    proc, elapsed, cwd = whole_job
-    print(f"whole main job: {elapsed:.1f}s")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert elapsed < WHOLE_JOB_LIMIT_S
-    out = proc.stdout
+    print(f"whole main job: {whole_job.elapsed:.1f}s")
+    assert whole_job.problem is None, whole_job.problem
+    out, cwd = whole_job.proc.stdout, whole_job.cwd
     assert re.search(r"function\s+kind\s+torch\s+" + (r"jax\s+" if jax is not None else "")
                      + (r"tensorflow\s+" if HAS_TF else "") + r"numpy\s+crosscheck\s+time", out)
     assert f"all {len(ENTRIES)} functions passed" in out
     assert "\x1b[" not in out  # a pipe gets plain text
+    assert "loading torch" in whole_job.proc.stderr.splitlines()[0]  # said at once
     report = cwd / mainjob.DEFAULT_REPORT
     assert report.exists()
     text = report.read_text(encoding="utf-8")
@@ -222,15 +272,24 @@ def test_whole_main_job(whole_job):
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
 def test_every_function_passes_and_agrees_across_backends(whole_job, entry):
-    proc, _, _ = whole_job
-    row = _rows(proc.stdout).get(entry.name)
-    assert row is not None, proc.stdout
-    n_kinds = len(", ".join(entry.kinds).split())
-    cells = dict(zip(BACKENDS + ["crosscheck"], row[1 + n_kinds:]))
+    cells = _statuses(whole_job.table()).get(entry.name)
+    assert cells is not None, whole_job.proc.stdout
     for b in BACKENDS:
-        assert cells[b] == ("pass" if entry.supports(b) else "-"), (b, row)
+        assert cells[b] == ("pass" if entry.supports(b) else "-"), (b, cells)
     # compared wherever two of the installed backends check it (torch alone: nothing to compare)
-    assert cells["crosscheck"] == ("agree" if sum(map(entry.supports, BACKENDS)) >= 2 else "-"), row
+    assert cells["crosscheck"] == ("agree" if sum(map(entry.supports, BACKENDS)) >= 2 else "-"), cells
+
+
+def test_the_run_s_failure_is_reported_once_and_the_readers_skip(tmp_path, monkeypatch):
+    """A failed run of the whole job is one failure (test_whole_main_job's), not one per test."""
+    def failed(*args, **kwargs):
+        raise subprocess.TimeoutExpired(cmd="agcheck", timeout=SAFETY_TIMEOUT_S, output="half a table")
+
+    monkeypatch.setattr(sys.modules[__name__], "_agcheck", failed)
+    run = WholeJob(tmp_path)
+    assert "did not finish" in run.problem and "half a table" in run.problem
+    with pytest.raises(pytest.skip.Exception, match="see test_whole_main_job"):
+        run.table()
 
 
 # -- subsets, failures, options -------------------------------------------------------------
@@ -238,9 +297,9 @@ def test_every_function_passes_and_agrees_across_backends(whole_job, entry):
 def test_subset(tmp_path):
     proc = _agcheck("--only", "sin,det,abs_squared,softplus_custom", "--report", "out.html", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = _rows(proc.stdout)
+    rows = _statuses(proc.stdout)
     assert set(rows) == {"sin", "det", "abs_squared", "softplus_custom"}
-    assert rows["sin"][2:4] == ["pass", "pass"] and "agree" in rows["sin"]
+    assert rows["sin"]["torch"] == "pass" and rows["sin"]["crosscheck"] == "agree"
     assert "all 4 functions passed" in proc.stdout
     assert not (tmp_path / mainjob.DEFAULT_REPORT).exists()
     text = (tmp_path / "out.html").read_text(encoding="utf-8")
@@ -252,11 +311,11 @@ def test_demo_failure_exits_1_with_the_report(tmp_path):
     proc = _agcheck("--only", "exp", "--demo-failure", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
-    row = dict(zip(BACKENDS + ["crosscheck"], _rows(out)["exp_broken_backward"][3:]))
+    row = _statuses(out)["exp_broken_backward"]
     # torch is wrong, not jax/numpy (the demo has no TensorFlow port)
     assert row == {**{b: "pass" for b in BACKENDS}, "torch": "FAIL", "crosscheck": "DIFFER",
                    **({"tensorflow": "-"} if HAS_TF else {})}
-    exp = dict(zip(BACKENDS + ["crosscheck"], _rows(out)["exp"][2:]))
+    exp = _statuses(out)["exp"]
     assert exp == {**{b: "pass" for b in BACKENDS}, "crosscheck": "agree"}
     assert "Jacobian mismatch for output 0 with respect to input 0" in out
     assert "[factor] analytical = 2.00 x numerical" in out
@@ -276,13 +335,15 @@ def _has(module: str) -> bool:
 
 def test_usage_errors_and_list(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from agcheck.__main__ import main
+    main = agcheck_main
 
     for argv, message in [(["--only", "nope"], "unknown function or kind: nope"),
                           (["--only", ","], "--only needs"),
-                          (["--backends", "tf"], "unknown backend tf"),
+                          (["--backends", "pytorch"], "unknown backend pytorch"),
                           (["--backends", ""], "--backends needs"),
-                          (["--bogus"], "unrecognized arguments")]:
+                          (["--bogus"], "unrecognized arguments"),
+                          (["--report", str(tmp_path)], "is a folder"),
+                          (["--report", str(tmp_path / "missing" / "r.html")], "does not exist")]:
         assert main(argv) == 2, argv
         assert message in capsys.readouterr().err
     assert main(["--list"]) == 0
@@ -290,12 +351,95 @@ def test_usage_errors_and_list(capsys, tmp_path, monkeypatch):
     assert all(name in out for name in IDS) and f"{len(ENTRIES)} functions" in out
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "--demo-failure" in out and "crosscheck" in out
+    assert "--demo-failure" in out and "{check,crosscheck}" in out
     assert list(tmp_path.iterdir()) == []  # --list and --help write no report
 
 
+def test_a_report_that_cannot_be_written(capsys, tmp_path, monkeypatch):
+    """Refused before the run when its folder is missing (nothing is loaded); exit 2 when the
+    writing fails afterwards, the checks having passed."""
+    monkeypatch.chdir(tmp_path)
+    loaded = []
+    monkeypatch.setattr(mainjob, "detect_backends", lambda *a, **k: loaded.append(a) or {})
+    assert agcheck_main(["--only", "sin", "--report", "missing/r.html"]) == 2
+    assert "the folder" in capsys.readouterr().err and not loaded
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+
+    def unwritable(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mainjob, "html_report", unwritable)
+    assert agcheck_main(["--only", "sin", "--backends", "numpy", "-q", "--report", "r.html"]) == 2
+    captured = capsys.readouterr()
+    assert "all 1 function passed" in captured.out
+    assert "could not write the report" in captured.err and "No space left" in captured.err
+
+
+def test_something_is_said_before_the_frameworks_load(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    said = []
+    detect = mainjob.detect_backends
+
+    def detect_later(*args, **kwargs):
+        said.append(capsys.readouterr().err)  # what the user saw before the imports began
+        return detect(*args, **kwargs)
+
+    monkeypatch.setattr(mainjob, "detect_backends", detect_later)
+    assert agcheck_main(["--only", "sin", "--backends", "torch,numpy", "--no-report"]) == 0
+    assert said and "loading torch (importing the frameworks takes a few seconds)" in said[0]
+    assert agcheck_main(["--only", "sin", "--backends", "numpy", "--no-report", "-q"]) == 0
+    assert "loading" not in said[-1] + capsys.readouterr().err  # --quiet says nothing
+
+
+def test_the_progress_label_estimates_the_time_left():
+    assert mainjob_checks.time_left(0, 10, 0.0) == ""  # nothing to go on yet
+    assert mainjob_checks.time_left(2, 10, 4.0) == " (about 16 s left)"
+    assert mainjob_checks.time_left(1, 100, 60.0) == " (about 99 min left)"
+    assert mainjob_checks.time_left(10, 10, 4.0) == ""
+
+    class Recorder:
+        def __init__(self):
+            self.labels = []
+
+        def start(self, total, description=""):
+            self.labels.append(description)
+
+        def update(self, description=None, **kw):
+            self.labels.append(description)
+
+        def advance(self, n=1):
+            pass
+
+    bar = Recorder()
+    entries = [e for e in ENTRIES if e.vjp is not None][:3]
+    results = mainjob_checks.run(entries, ["numpy"], progress=bar)
+    assert all(r.ok for r in results)
+    first = [label for label in bar.labels if label.startswith(entries[0].name)]
+    later = [label for label in bar.labels if label.startswith(entries[1].name)]
+    assert first and "left)" not in first[0]
+    assert later and later[0].endswith(" s left)")
+
+
+def test_the_table_reads_at_80_columns(tmp_path):
+    env = dict(_env(), COLUMNS="80")
+    proc = _agcheck("--only", "sin,softplus_custom,complex_abs", "--demo-failure", "--no-report", cwd=tmp_path,
+                    env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    table = _table(proc.stdout)
+    assert max(len(line.rstrip()) for line in table.splitlines()) <= 80, table
+    header = table.splitlines()[0].split()
+    assert header[:3] == ["function", "kind", "torch"] and header[-2:] in (["crosscheck", "time"],
+                                                                            ["cross", "time"])
+    rows = _statuses(proc.stdout)  # every status whole: "pass", never "pa..."
+    assert rows["sin"] == {**{b: "pass" for b in BACKENDS}, "crosscheck": "agree"}
+    assert rows["exp_broken_backward"]["torch"] == "FAIL"
+    assert rows["exp_broken_backward"]["crosscheck"] == "DIFFER"
+    assert "..." not in table and "…" not in table
+
+
 def test_subcommands_still_dispatched(capsys):
-    from agcheck.__main__ import main
+    main = agcheck_main
 
     assert main(["check", "--help"]) == 0
     assert "MODULE:FUNCTION" in capsys.readouterr().out
@@ -305,7 +449,7 @@ def test_subcommands_still_dispatched(capsys):
 
 def test_quiet_and_no_report(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert mainjob.main(["--only", "sin", "--backends", "torch,numpy", "--quiet", "--no-report"]) == 0
+    assert agcheck_main(["--only", "sin", "--backends", "torch,numpy", "--quiet", "--no-report"]) == 0
     out = capsys.readouterr().out
     assert "all 1 function passed" in out and "function" not in out.split("all")[0]
     assert list(tmp_path.iterdir()) == []
@@ -316,7 +460,7 @@ def test_without_jax_runs_on_torch_alone(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "jax is not installed: checking on torch alone" in proc.stdout
     assert "jax" not in proc.stdout.split("function", 1)[1].splitlines()[0]  # no jax column
-    assert _rows(proc.stdout)["det"][2:5] == ["pass", "-", "-"]  # torch, numpy, crosscheck
+    assert _statuses(proc.stdout, ["torch", "numpy"])["det"] == {"torch": "pass", "numpy": "-", "crosscheck": "-"}
     proc = _agcheck("--backends", "jax", cwd=tmp_path, prelude="import sys; " + NO_TF + "sys.modules['jax'] = None")
     assert proc.returncode == 2 and "jax is not installed" in proc.stderr
 
@@ -338,7 +482,7 @@ def test_jax_config_is_restored(setting, tmp_path, monkeypatch, capsys):
     outer = contextlib.nullcontext() if setting is None else jax.enable_x64(setting)
     with outer:
         before = bool(jax.config.jax_enable_x64)
-        assert mainjob.main(["--only", "abs_squared,softplus_custom", "--no-report", "-q"]) == 0
+        assert agcheck_main(["--only", "abs_squared,softplus_custom", "--no-report", "-q"]) == 0
         assert bool(jax.config.jax_enable_x64) == before
         assert jnp.asarray(1.0).dtype == (jnp.float64 if before else jnp.float32)
     capsys.readouterr()
