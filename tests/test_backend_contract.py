@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 
 import numpy as np
 import pytest
@@ -83,7 +84,28 @@ def _tensorflow():
     return get_backend("tensorflow"), make, f
 
 
-BACKENDS = {"torch": _torch, "jax": _jax, "numpy": _numpy, "tensorflow": _tensorflow}
+def _mlx():
+    pytest.importorskip("mlx.core")
+    import mlx.core as mx
+
+    def make(a, checked=True):
+        return mx.array(np.asarray(a, dtype=np.float64), dtype=mx.float64)
+
+    def sin(x):
+        # MLX 0.32 computes float64 sin in float32 (ml-explore/mlx#3047); sin's Taylor series
+        # (to x**33, exact in float64 for |x| < 3) keeps these tests to float64 tolerances
+        x2, total = x * x, mx.zeros_like(x)
+        for k in range(16, -1, -1):
+            total = total * x2 + (-1) ** k / math.factorial(2 * k + 1)
+        return x * total
+
+    def f(x, y):
+        return sin(x) * y, mx.sum(x * x)
+
+    return get_backend("mlx"), make, f
+
+
+BACKENDS = {"torch": _torch, "jax": _jax, "numpy": _numpy, "tensorflow": _tensorflow, "mlx": _mlx}
 
 
 def test_every_registered_backend_is_covered_here():
@@ -427,6 +449,18 @@ def _with_wrong_gradient(be, fn):
             return tf.identity(x), lambda g: 2 * g
 
         return lambda x, y: fn(doubled(x), y)
+    if be.name == "mlx":
+        import mlx.core as mx
+
+        @mx.custom_function
+        def doubled_mlx(x):
+            return x
+
+        @doubled_mlx.vjp
+        def _(primals, cotangent, output):
+            return 2 * cotangent
+
+        return lambda x, y: fn(doubled_mlx(x), y)
     import jax
 
     @jax.custom_vjp

@@ -41,6 +41,7 @@ register_backend("torch", "agcheck.backends.torch_backend", "torch", "torch")
 register_backend("jax", "agcheck.backends.jax_backend", "jax", "jax")
 register_backend("numpy", "agcheck.backends.numpy_backend", "numpy", "numpy")
 register_backend("tensorflow", "agcheck.backends.tensorflow_backend", "tensorflow", "tensorflow")
+register_backend("mlx", "agcheck.backends.mlx_backend", "mlx", "mlx")
 
 
 def register_alias(alias: str, name: str) -> None:

@@ -1,0 +1,698 @@
+"""The MLX backend: dense real and complex ``mlx.core.array`` inputs.
+
+Reverse mode goes through ``mx.vjp``, forward mode through ``mx.jvp``, batched forms
+through ``mx.vmap``, second derivatives through ``mx.vjp`` of ``mx.vjp``; functions made
+with ``mx.custom_function`` are differentiated by their own ``vjp`` / ``jvp``.
+
+What differs from the torch backend:
+
+* *which inputs are checked*: every floating or complex MLX array among the arguments,
+  or the arguments named by ``wrt=`` (as on JAX and TensorFlow);
+* *no retained graph*: MLX has no pullback to keep (``mx.vjp`` takes the cotangents
+  with the primals), so every VJP evaluates ``fn`` again;
+* *perturbation*: ``fn`` is called with a moved copy of the input (``x[k] - step``,
+  ``x[k] + step`` in the input's dtype); the caller's array is never written to;
+* *precision*: MLX computes float64 on the CPU only (no complex128 at all), so a check
+  whose inputs hold float64 arrays runs on the CPU stream (:meth:`MlxBackend.preserve_state`,
+  :meth:`MlxBackend.precision`), whatever the default device;
+* *complex numbers*: MLX's VJP convention is torch's (measured in ``docs/mlx.md``: the
+  VJP of ``Im(z)`` with cotangent ``v`` is ``1j * v``, of ``z * z`` it is
+  ``v * conj(2 z)``), and JVPs agree, so nothing is mapped;
+* *undefined gradients*: MLX has none; an unused input gets a zero gradient, and
+  ``check_undefined_grad`` back-propagates zero cotangents (as on JAX).
+
+The core computes with MLX arrays (their dtypes compare among themselves); the
+bookkeeping algebra (one-hots, reductions, comparisons) is done on NumPy copies and the
+results made MLX arrays again, which computes nothing on any device.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from contextlib import contextmanager
+from functools import cached_property
+
+import mlx.core as mx
+import numpy as np
+
+from agcheck.backends.base import Backend, Perturber, Trace
+from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
+
+__all__ = ["MlxBackend", "MlxTrace", "MlxPerturber", "BACKEND_CLASS", "owns"]
+
+_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64")
+#: NumPy dtype -> MLX dtype (complex128, which MLX lacks, becomes complex64)
+_TO_MX = {np.dtype(n): getattr(mx, "bool_" if n == "bool" else n) for n in _NAMES}
+_TO_MX[np.dtype("complex128")] = mx.complex64
+#: MLX dtype -> NumPy dtype (bfloat16, which NumPy lacks, is read as float32)
+_TO_NP = {v: k for k, v in _TO_MX.items() if k != np.dtype("complex128")}
+_TO_NP[mx.bfloat16] = np.dtype("float32")
+
+
+def owns(x) -> bool:
+    """Is ``x`` an MLX array?"""
+    return isinstance(x, mx.array)
+
+
+def _is_inexact(x) -> bool:
+    return owns(x) and mx.issubdtype(x.dtype, mx.inexact)
+
+
+def _np_dtype(dtype) -> np.dtype:
+    return _TO_NP[dtype] if isinstance(dtype, mx.Dtype) else np.dtype(dtype)
+
+
+def _mx_dtype(dtype):
+    if isinstance(dtype, mx.Dtype):
+        return dtype
+    try:
+        return _TO_MX[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"MLX has no dtype for NumPy's {np.dtype(dtype)}") from None
+
+
+def _view(x) -> np.ndarray:
+    """The values of ``x`` as a NumPy array, for reading only: an MLX array's own memory
+    where NumPy can read it (bfloat16 is copied as float32); NumPy arrays as they are."""
+    if owns(x):
+        if x.dtype == mx.bfloat16:
+            x = x.astype(mx.float32)
+        return np.asarray(x)
+    return np.asarray(x)
+
+
+def _copy(x) -> np.ndarray:
+    """A NumPy copy of ``x`` (a view of an MLX array's memory would write into it)."""
+    return np.array(_view(x), copy=True)
+
+
+def _back(values, dtype=None):
+    """NumPy ``values`` as a new MLX array of ``dtype`` (by default the MLX dtype of the
+    values' own), cast as NumPy casts. Making an array computes nothing on any device."""
+    values = np.asarray(values)
+    target = _mx_dtype(values.dtype if dtype is None else dtype)
+    if target != mx.bfloat16:
+        values = values.astype(_np_dtype(target), copy=False)
+    return mx.array(values, dtype=target)
+
+
+def _as_mx(x, dtype=None, shape=None):
+    """``x`` (MLX, NumPy or a Python number) as an MLX array of ``dtype`` and ``shape``."""
+    if owns(x):
+        if dtype is not None and x.dtype != dtype:
+            x = x.astype(dtype)
+    else:
+        x = _back(x, dtype)
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        x = mx.reshape(x, tuple(shape))
+    return x
+
+
+def _on_cpu_for(arrays):
+    """``mx.stream(mx.cpu)`` where an MLX array among ``arrays`` is float64 (which MLX
+    computes on the CPU only), else a context that does nothing."""
+    if any(owns(a) and a.dtype == mx.float64 for a in arrays):
+        return mx.stream(mx.cpu)
+    return contextlib.nullcontext()
+
+
+def _with_replaced(args, positions, values) -> tuple:
+    new = list(args)
+    for p, v in zip(positions, values):
+        new[p] = v
+    return tuple(new)
+
+
+def _moved_entries(entries: np.ndarray, step, sign):
+    """``entries - step`` or ``entries + step`` in their dtype, the step rounded to that
+    dtype first, as MLX rounds a Python scalar (the element move of slow mode)."""
+    delta = entries.dtype.type(step)
+    return entries - delta if sign < 0 else entries + delta
+
+
+class _Outputs:
+    """``fn`` as MLX's transformations take it: a function of the checked inputs alone
+    returning the list of its floating and complex MLX outputs (what is differentiated);
+    the positions of those among everything ``fn`` returns are recorded at each call."""
+
+    def __init__(self, fn, args, positions, as_tuple):
+        self.fn, self.args, self.positions, self.as_tuple = fn, args, list(positions), as_tuple
+        self.inexact: list[int] = []
+        self.arrays: list = []  # shapes and dtypes of every MLX output of the last call
+
+    def __call__(self, *values) -> list:
+        outs = self.as_tuple(self.fn(*_with_replaced(self.args, self.positions, values)))
+        self.inexact = [k for k, o in enumerate(outs) if _is_inexact(o)]
+        self.arrays = [(k, tuple(o.shape), o.dtype) for k, o in enumerate(outs) if owns(o)]
+        return [outs[k] for k in self.inexact]
+
+
+class MlxTrace(Trace):
+    """``fn``'s outputs at the traced point; each VJP is one ``mx.vjp`` (``fn`` again)."""
+
+    def __init__(self, outputs: tuple, of_checked: _Outputs, primals: list):
+        super().__init__(outputs)
+        self._of_checked = of_checked
+        self._primals = primals
+        self._inexact = [k for k, o in enumerate(outputs) if _is_inexact(o)]
+
+    def _cotangents(self, given: dict) -> list:
+        outs = self.outputs
+        return [_as_mx(given[k], outs[k].dtype, outs[k].shape) if given.get(k) is not None
+                else mx.zeros(outs[k].shape, outs[k].dtype) for k in self._inexact]
+
+    def _vjp(self, given: dict) -> list:
+        if not self._inexact:
+            return [mx.zeros_like(x) for x in self._primals]
+        _, grads = mx.vjp(self._of_checked, self._primals, self._cotangents(given))
+        return list(grads)
+
+    def vjp(self, output_positions, cotangents) -> list:
+        with _on_cpu_for(self._primals):
+            return self._vjp(dict(zip(output_positions, cotangents)))
+
+    def vjp_batched(self, output_position, stacked_cotangents) -> list:
+        out = self.outputs[output_position]
+        stacked = _as_mx(stacked_cotangents, out.dtype)
+        with _on_cpu_for(self._primals):
+            return list(mx.vmap(lambda c: tuple(self._vjp({output_position: c})))(stacked))
+
+
+class MlxPerturber(Perturber):
+    """Evaluates ``fn`` on a new argument tuple with ``args[position]`` replaced by a
+    moved copy; the caller's array is never written to."""
+
+    def __init__(self, args: tuple, position: int, as_tuple):
+        self.args = args
+        self.position = position
+        self.x = args[position]
+        self.shape = tuple(self.x.shape)
+        self.numel = int(self.x.size)
+        self._as_tuple = as_tuple
+
+    @cached_property
+    def _host(self) -> np.ndarray:
+        """The input's values, copied to the host once, when an element is first moved."""
+        return _copy(self.x)
+
+    def index(self, flat: int) -> tuple:
+        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
+
+    def _call(self, fn, moved: np.ndarray) -> tuple:
+        value = _back(moved, self.x.dtype)
+        return self._as_tuple(fn(*_with_replaced(self.args, [self.position], [value])))
+
+    def evaluate_element(self, fn, flat, step, sign) -> tuple:
+        moved = self._host.copy()
+        view = moved.reshape(-1)
+        view[flat] = _moved_entries(view[flat:flat + 1], step, sign)[0]
+        return self._call(fn, moved)
+
+    def evaluate_direction(self, fn, step, sign) -> tuple:
+        x, step = self._host, _view(step).reshape(self.shape)
+        dtype = np.promote_types(x.dtype, step.dtype)
+        moved = x.astype(dtype) - step.astype(dtype) if sign < 0 else x.astype(dtype) + step.astype(dtype)
+        return self._call(fn, moved.astype(x.dtype))
+
+
+class MlxBackend(TakesWrt, Backend):
+    """Dense real and complex MLX arrays; ``wrt=`` picks the checked inputs.
+
+    Options (per call, through :meth:`with_options`):
+
+    wrt : int or tuple of int, optional
+        The positions of ``fn``'s arguments to differentiate with respect to. Default:
+        every floating or complex MLX array among the arguments.
+    """
+
+    name = "mlx"
+    runs_array_api_code = False  # array_api_compat has no namespace for MLX arrays
+    capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
+                              "batched_evaluation", "batched_jvp"})
+    no_checked_inputs_message = (
+        "gradcheck expects at least one input to differentiate with respect to, but no input "
+        "is a floating point or complex MLX array (choose inputs with wrt=...)."
+    )
+
+    def __init__(self, wrt=None):
+        self.wrt = normalize_wrt(wrt)
+        self._prepared: tuple | None = None
+        self._prepared_checked: list | None = None
+
+    # -- configuration ----------------------------------------------------------------
+    def refusal(self, capability, keyword) -> Exception:
+        """``masked`` concerns sparse layouts, which MLX does not have."""
+        if capability == "masked":
+            return ValueError(
+                "masked=True selects the specified elements of sparse inputs, and MLX arrays are "
+                "dense: the 'mlx' backend has nothing to mask. Leave masked at its default."
+            )
+        return super().refusal(capability, keyword)
+
+    @staticmethod
+    def _as_mlx_input(a):
+        """A NumPy floating/complex array or a Python float/complex named by ``wrt=`` as an
+        MLX array (float64 kept; complex128 becomes complex64, MLX's widest)."""
+        if isinstance(a, (np.ndarray, np.generic)) and np.issubdtype(a.dtype, np.inexact):
+            return _back(a)
+        if isinstance(a, (float, complex)) and not isinstance(a, bool):
+            return _back(np.asarray(a))
+        return a
+
+    def prepare(self, fn, inputs):
+        """The arguments as a flat tuple; with ``wrt=``, the named ones converted to MLX
+        arrays where they are NumPy arrays or Python numbers, and recorded as the checked
+        positions. When ``inputs`` begin with the arguments this instance prepared before
+        (gradgradcheck appends cotangents), their checked positions are kept."""
+        args = self.as_tuple(inputs)
+        prev = self._prepared
+        if prev is not None and len(args) >= len(prev) and all(a is b for a, b in zip(args, prev)):
+            checked = self.checked_positions(args)
+        elif self.wrt is not None:
+            named = resolve_wrt(self.wrt, len(args))
+            args = tuple(self._as_mlx_input(a) if k in named else a for k, a in enumerate(args))
+            for k in named:
+                if not _is_inexact(args[k]):
+                    raise ValueError(f"wrt names input {k}, which is not a floating point or complex MLX array")
+            checked = sorted(named)
+        else:
+            checked = [k for k, a in enumerate(args) if _is_inexact(a)]
+        self._prepared, self._prepared_checked = args, checked
+        return fn, args
+
+    def checked_positions(self, args) -> list:
+        prev = self._prepared
+        if prev is not None and len(args) >= len(prev) and all(a is b for a, b in zip(args, prev)):
+            return list(self._prepared_checked) + [k for k in range(len(prev), len(args)) if _is_inexact(args[k])]
+        return [k for k, a in enumerate(args) if _is_inexact(a)]
+
+    # -- inspection -------------------------------------------------------------------
+    def owns(self, x) -> bool:
+        return owns(x)
+
+    def is_checked(self, x) -> bool:
+        return _is_inexact(x)
+
+    def is_complex(self, x) -> bool:
+        return owns(x) and mx.issubdtype(x.dtype, mx.complexfloating)
+
+    def is_floating_or_complex(self, x) -> bool:
+        return _is_inexact(x)
+
+    def is_double_precision(self, x) -> bool:
+        return x.dtype == mx.float64  # MLX has no complex128
+
+    def is_differentiable_output(self, x) -> bool:
+        # no requires_grad: every floating or complex output is differentiable (one that
+        # does not depend on the inputs has a zero Jacobian)
+        return _is_inexact(x)
+
+    def is_bool(self, x) -> bool:
+        return x.dtype == mx.bool_
+
+    def as_int(self, x):
+        return x.astype(mx.int8)
+
+    def numel(self, x) -> int:
+        return int(x.size)
+
+    def dtype_name(self, x) -> str:
+        return str(x.dtype).rsplit(".", 1)[-1]
+
+    def itemsize(self, x) -> int:
+        return int(x.dtype.size)
+
+    def machine_epsilon(self, x) -> float:
+        return float(mx.finfo(x.dtype).eps)
+
+    # -- validation -------------------------------------------------------------------
+    def validate_input(self, idx, x) -> None:
+        if x.dtype == mx.bfloat16:
+            raise TypeError(
+                f"input {idx} is bfloat16, which the 'mlx' backend cannot move by finite differences "
+                "(NumPy has no bfloat16); check it as float32 or float64 (x.astype(mx.float64))"
+            )
+
+    @contextmanager
+    def preserve_state(self, args):
+        """For the whole check: the CPU stream where an input holds float64 (MLX computes
+        float64 on the CPU only), the caller's default stream again on exit. MLX keeps no
+        random state the check could disturb (the backend draws from NumPy generators)."""
+        with _on_cpu_for(args):
+            yield
+
+    # -- evaluation -------------------------------------------------------------------
+    def trace(self, fn, args, checked) -> MlxTrace:
+        of_checked = _Outputs(fn, args, checked, self.as_tuple)
+        with _on_cpu_for(args):
+            outputs = self.as_tuple(fn(*args))
+            arrays = [o for o in outputs if owns(o)]
+            if arrays:
+                mx.eval(arrays)  # the work, not only the graph (MLX is lazy)
+        return MlxTrace(outputs, of_checked, [args[p] for p in checked])
+
+    @contextmanager
+    def perturber(self, args, position):
+        yield MlxPerturber(tuple(args), position, self.as_tuple)
+
+    def _forward(self, fn, args, positions, tangents):
+        """``(outputs, output tangents, the outputs' structure)`` of ``fn`` with ``tangents``
+        on ``args[positions]`` (``None``: a zero tangent), its floating and complex outputs
+        only; the structure (:class:`_Outputs`) tells where they were among the others."""
+        primals = [args[p] for p in positions]
+        carried = [mx.zeros_like(x) if t is None else _as_mx(t, x.dtype, x.shape) for t, x in zip(tangents, primals)]
+        of_checked = _Outputs(fn, args, positions, self.as_tuple)
+        with _on_cpu_for(args):
+            outs, touts = mx.jvp(of_checked, primals, carried)
+        return outs, touts, of_checked
+
+    def jvp(self, fn, args, checked, tangents) -> list:
+        outs, touts, _ = self._forward(fn, args, checked, tangents)
+        return list(zip(outs, touts))
+
+    def jvp_wrt(self, fn, args, position, tangent) -> tuple:
+        """One tangent per MLX output of ``fn`` (zeros for integer and boolean ones)."""
+        _, touts, structure = self._forward(fn, args, [position], [tangent])
+        given = dict(zip(structure.inexact, touts))
+        return tuple(given.get(k, mx.zeros(shape, dtype)) for k, shape, dtype in structure.arrays)
+
+    def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
+        x = args[position]
+        stacked = _as_mx(stacked_tangents, x.dtype)
+        with _on_cpu_for(args):
+            return tuple(mx.vmap(lambda t: tuple(self._forward(fn, args, [position], [t])[1]))(stacked))
+
+    def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
+        # MLX has no undefined output gradients: zero cotangents for every output
+        trace = trace if trace is not None else self.trace(fn, args, checked)
+        return trace.vjp([], [])
+
+    # -- batched forms (the batched engine) ---------------------------------------------
+    def evaluate_batch(self, fn, args, position, stacked):
+        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (``mx.vmap``)."""
+        x = args[position]
+
+        def at(value):
+            return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
+
+        with _on_cpu_for(args):
+            return tuple(mx.vmap(at)(_as_mx(stacked, x.dtype)))
+
+    def element_moves(self, x, flat, step, sign):
+        """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,
+        computed as the perturber computes it."""
+        base = _view(x).reshape(-1)
+        index = np.asarray(flat, dtype=np.intp)
+        moved = np.repeat(base[None, :], len(flat), axis=0)
+        moved[np.arange(len(flat)), index] = _moved_entries(base[index], step, sign)
+        return _back(moved.reshape((len(flat), *x.shape)), x.dtype)
+
+    def one_hots(self, like, flat):
+        z = np.zeros((len(flat), self.numel(like)), dtype=_np_dtype(like.dtype))
+        z[np.arange(len(flat)), np.asarray(flat, dtype=np.intp)] = 1
+        return _back(z.reshape((len(flat), *like.shape)), like.dtype)
+
+    def jvp_rows(self, fn, args, checked, j, flat):
+        return self.jvp_along(fn, args, checked, j, self.one_hots(args[checked[j]], flat))
+
+    def jvp_along(self, fn, args, checked, j, stacked):
+        """JVPs along each of ``stacked`` (tangents of input ``checked[j]``, the others'
+        zero): per floating or complex output a ``(len(stacked), numel)`` array."""
+        position = list(checked)[j]
+        x = args[position]
+
+        def single(t):
+            # the other inputs held constant rather than given zero tangents: the same JVP,
+            # and MLX 0.32's vmap of a matmul's JVP with a zero tangent fails on broadcasting
+            return tuple(self._forward(fn, args, [position], [t])[1])
+
+        b = int(stacked.shape[0])
+        with _on_cpu_for(args):
+            rows = mx.vmap(single)(_as_mx(stacked, x.dtype))
+        return [mx.reshape(r, (b, -1)) for r in rows]
+
+    # -- second order -----------------------------------------------------------------
+    def random_cotangent(self, like, generator, noncontiguous):
+        """Uniform values in [-1, 1) shaped like ``like`` (float64 for non-floating
+        outputs); ``noncontiguous`` has no meaning for MLX arrays and is ignored."""
+        dtype = like.dtype if _is_inexact(like) else mx.float64
+        shape = tuple(like.shape)
+        values = generator.random(shape) * 2 - 1
+        if mx.issubdtype(dtype, mx.complexfloating):
+            values = values + 1j * (generator.random(shape) * 2 - 1)
+        return _back(values, dtype)
+
+    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
+                           few_calls=False, evaluated_seconds=None):
+        """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)`` (one cotangent per
+        floating or complex output, in order), made of MLX operations, so that MLX
+        differentiates it again."""
+        ordered = sorted(set(input_positions))
+
+        def vjp_of_fn(*args):
+            primals, cotangents = args[:n_inputs], args[n_inputs:]
+            of_checked = _Outputs(fn, primals, ordered, self.as_tuple)
+            xs = [primals[k] for k in ordered]
+            with _on_cpu_for(args):
+                outs = of_checked(*xs)
+                if not outs:
+                    return tuple(mx.zeros_like(x) for x in xs)
+                cots = [_as_mx(c, o.dtype, o.shape) for c, o in zip(cotangents, outs)]
+                return tuple(mx.vjp(of_checked, xs, cots)[1])
+
+        return vjp_of_fn
+
+    # -- array algebra: NumPy copies made MLX arrays again (see the module's docstring) --
+    def xp(self, x):
+        return np
+
+    def flatten(self, x):
+        return mx.reshape(_as_mx(x), (-1,))
+
+    def reshape(self, x, shape):
+        return mx.reshape(_as_mx(x), tuple(int(s) for s in shape))
+
+    def clone(self, x):
+        return _back(_view(x), x.dtype if owns(x) else None)
+
+    def real(self, x):
+        # MLX operations where fn's arrays may be traced (OutputPart, InputPart)
+        if owns(x):
+            with _on_cpu_for([x]):
+                return mx.real(x)
+        return _back(np.real(_view(x)))
+
+    def imag(self, x):
+        if owns(x):
+            with _on_cpu_for([x]):
+                return mx.imag(x)
+        return _back(np.imag(_view(x)))
+
+    def conj(self, x):
+        if owns(x):
+            with _on_cpu_for([x]):
+                return mx.conj(x)
+        return _back(np.conj(_view(x)))
+
+    def plus_imaginary(self, a, b):
+        """``a + 1j * b`` in MLX's arithmetic (differentiable; complex64, MLX's only
+        complex dtype)."""
+        a, b = _as_mx(a), _as_mx(b)
+        with _on_cpu_for([a, b]):
+            return a.astype(mx.complex64) + b.astype(mx.complex64) * 1j
+
+    def part_as_input(self, x, part):
+        return self.real(x) if part == "real" else self.imag(x)
+
+    def times_i(self, x):
+        return _back(_view(x) * 1j)
+
+    def stack(self, arrays, axis=0):
+        return self._joined(np.stack, arrays, axis)
+
+    def concatenate(self, arrays, axis=0):
+        return self._joined(np.concatenate, arrays, axis)
+
+    @staticmethod
+    def _joined(join, arrays, axis):
+        arrays = list(arrays)
+        dtype = arrays[0].dtype if owns(arrays[0]) else None
+        return _back(join([_view(a) for a in arrays], axis=axis), dtype)
+
+    def unstack(self, x) -> list:
+        return [x[i] for i in range(int(x.shape[0]))]
+
+    def combine(self, stencil, values, eps):
+        # on the host: NumPy's correctly rounded IEEE arithmetic in the values' dtype
+        values = list(values)
+        return _back(stencil.combine([_view(v) for v in values], eps), values[0].dtype if owns(values[0]) else None)
+
+    def zeros_like(self, x):
+        return mx.zeros(tuple(x.shape), _mx_dtype(x.dtype))
+
+    def zeros(self, shape, like, dtype=None):
+        return mx.zeros(tuple(int(s) for s in shape), _mx_dtype(dtype if dtype is not None else like.dtype))
+
+    def astype(self, x, dtype):
+        return _back(_view(x), dtype)
+
+    def transpose(self, x):
+        return _back(_view(x).T, x.dtype if owns(x) else None)
+
+    def one_hot(self, like, flat):
+        z = np.zeros(tuple(like.shape), _np_dtype(like.dtype))
+        z.reshape(-1)[flat] = 1
+        return _back(z, like.dtype)
+
+    def sum_as_float(self, x) -> float:
+        return float(np.sum(_view(x)))
+
+    def dot(self, u, v):
+        return _back(np.sum(_view(u) * _view(v)))
+
+    def max_abs(self, x):
+        h = _view(x)
+        return float(np.max(np.abs(h))) if h.size else 0.0
+
+    def max_abs_difference(self, a, b):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.max_abs(_view(a) - _view(b))
+
+    def all_zero(self, x) -> bool:
+        return bool(np.all(_view(x) == 0))
+
+    def count_nonzero(self, x) -> int:
+        return int(np.count_nonzero(_view(x)))
+
+    def all_finite(self, x) -> bool:
+        return bool(np.all(np.isfinite(_view(x))))
+
+    def allclose(self, a, b, rtol, atol) -> bool:
+        """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails
+        (equal infinities pass, as in torch.allclose)."""
+        a, b = _view(a), _view(b)
+        dtype = np.result_type(a, b)
+        if not np.issubdtype(dtype, np.inexact):
+            dtype = np.float64
+        a, b = a.astype(dtype), b.astype(dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            close = (a == b) | (np.abs(a - b) <= atol + rtol * np.abs(b))
+        return bool(np.all(close))
+
+    def summarized_edge_items(self, numel: int) -> int | None:
+        # MLX prints every dimension longer than 6 as its first and last 3 items (fixed: its
+        # print options set the precision only), so an array of up to 6 elements in full
+        return 3 if numel > 6 else None
+
+    def device_name(self, x) -> str:
+        # arrays live in unified memory; the stream of each operation picks the device
+        return str(mx.default_device())
+
+    def same_device(self, a, b) -> bool:
+        return True  # MLX arrays live in unified memory; ops choose the device, not the arrays
+
+    def content_digest(self, x):
+        try:
+            values = np.ascontiguousarray(_view(x))
+        except ValueError:  # an array traced by mx.vmap cannot be read
+            return None
+        digest = hashlib.blake2b(values.view(np.uint8), digest_size=16).digest()
+        return tuple(values.shape), str(x.dtype), digest
+
+    def snapshot(self, x):
+        """A copy of ``x`` in new memory, an MLX array (the core also keeps outputs so)."""
+        return _back(_copy(x), x.dtype)
+
+    def unchanged(self, x, snapshot) -> bool:
+        h, s = _view(x), _view(snapshot)
+        return h.shape == s.shape and h.dtype == s.dtype and bool(
+            np.array_equal(np.ascontiguousarray(h).reshape(-1).view(np.uint8),
+                           np.ascontiguousarray(s).reshape(-1).view(np.uint8)))
+
+    def restore(self, x, snapshot) -> None:
+        """Write ``snapshot`` back into ``x`` (MLX arrays take item assignment in place)."""
+        x[...] = _back(snapshot, x.dtype)
+
+    def to_numpy(self, x):
+        return _copy(x)
+
+    def array_like(self, values, like):
+        return _back(values)
+
+    # -- randomness -------------------------------------------------------------------
+    def generator(self, like, seed):
+        """A private NumPy generator (MLX's global random state is untouched)."""
+        return np.random.default_rng(seed)
+
+    def uniform_unit_vector(self, like, generator, real):
+        dtype = like.dtype
+        if real and mx.issubdtype(dtype, mx.complexfloating):
+            dtype = mx.float32
+        vec = generator.random(self.numel(like))  # drawn in float64, normalized, then cast
+        norm = np.linalg.norm(vec)
+        return _back(vec / norm if norm > 0 else vec, dtype)
+
+    def normal_like(self, like, generator):
+        shape = tuple(like.shape)
+        if mx.issubdtype(like.dtype, mx.complexfloating):
+            # unit variance overall, as torch's complex randn
+            values = (generator.standard_normal(shape) + 1j * generator.standard_normal(shape)) / np.sqrt(2)
+        else:
+            values = generator.standard_normal(shape)
+        return _back(values, like.dtype)
+
+    # -- conversion, precision, second derivatives (crosscheck and the frontends) -------
+    def from_numpy(self, values, *, checked: bool = False, like=None):
+        """An MLX array with the values of the NumPy array ``values`` (a copy), cast as
+        NumPy casts to ``like``'s dtype when ``like`` is given. float64 stays float64;
+        complex128 becomes complex64, MLX's widest complex type. ``checked`` has no
+        meaning: every floating or complex MLX array takes part in a check by default
+        (or those named with ``wrt=``)."""
+        return _back(np.array(values, copy=True), like.dtype if like is not None else None)
+
+    def precision(self, double: bool):
+        """The CPU stream when ``double`` (MLX computes float64 on the CPU only; the
+        caller's default stream comes back on exit); nothing otherwise."""
+        return mx.stream(mx.cpu) if double else contextlib.nullcontext()
+
+    def vjp_of_vjp(self, fn, args, checked, output, cotangent, gradient_cotangents) -> dict:
+        """``mx.vjp`` of ``mx.vjp``; MLX's complex convention is torch's at both levels, so
+        nothing is mapped. An output that is not floating or complex gives zeros."""
+        primals = [args[p] for p in checked]
+        sizes = [int(x.size) for x in primals]
+        with _on_cpu_for(args):
+            out = self.as_tuple(fn(*args))[output]
+            if not _is_inexact(out):
+                return {(j1, j2): np.zeros((len(gradient_cotangents[j1]), sizes[j2]), _np_dtype(primals[j2].dtype))
+                        for j1 in range(len(primals)) for j2 in range(len(primals))}
+            w = _as_mx(np.asarray(cotangent), out.dtype, out.shape)
+
+            def f_k(*xs):
+                return [self.as_tuple(fn(*_with_replaced(args, checked, xs)))[output]]
+
+            def gradients(*xs):
+                return list(mx.vjp(f_k, list(xs), [w])[1])
+
+            result = {}
+            for j1, x1 in enumerate(primals):
+                rows = {j2: [] for j2 in range(len(primals))}
+                for c in gradient_cotangents[j1]:
+                    cots = [mx.zeros_like(x) for x in primals]
+                    cots[j1] = _as_mx(np.asarray(c), x1.dtype, x1.shape)
+                    for j2, h in enumerate(mx.vjp(gradients, primals, cots)[1]):
+                        rows[j2].append(_copy(h).reshape(-1))
+                for j2, x2 in enumerate(primals):
+                    result[(j1, j2)] = (np.stack(rows[j2], 0) if rows[j2]
+                                        else np.zeros((0, sizes[j2]), _np_dtype(x2.dtype)))
+        return result
+
+    def framework_version(self) -> str:
+        return str(mx.__version__)
+
+    def compiled(self, fn):
+        """``mx.compile(fn)``: MLX code often runs compiled; derivatives are the same."""
+        return mx.compile(fn)
+
+
+BACKEND_CLASS = MlxBackend
