@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from agcheck.checks import no_differentiable_outputs
+from agcheck.checks import large_blocks, no_differentiable_outputs
 from agcheck.core import jacobian as jac
 from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
@@ -86,6 +86,9 @@ def _compare_slow(run, piece: Piece) -> None:
         if outcome.passed:
             return
         run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
+        if large_blocks.too_large(run, piece) and all(be.layout(x) == "dense" for x in piece.inputs):
+            large_blocks.compare_in_chunks(run, piece)  # within the memory budget
+            return
         run.progress.start(n_in, "Jacobians, element by element")
         try:
             _reference_slow(run, piece, reuse=outcome.numerical or {}, reuse_analytical=outcome.analytical or {})
@@ -402,8 +405,9 @@ def assert_close(run, piece: Piece, a, n, out_idx, in_idx, atol, *, output_posit
     message += _non_finite_note(be, n, a)
     blocks, projection = (a, n), None
     if explain is not None and run.opts.raise_exception:
-        text, blocks = explain()
+        text, whole = explain()
         message += text
+        blocks = whole or blocks
         projection = {"numerical": n, "analytical": a, "atol": atol}
     error = GradcheckError(
         message,
@@ -466,11 +470,17 @@ def _numerical_projections(run, piece: Piece, all_v, all_u) -> list:
     return numerical
 
 
-def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[str, tuple]:
+def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[str, tuple | None]:
     """The full Jacobians of one failing pair, recomputed for the fast-mode message:
-    the text, and the ``(analytical, numerical)`` blocks for the report."""
+    the text, and the ``(analytical, numerical)`` blocks for the report (``None`` where
+    they would not fit the memory budget: the text says so)."""
     be, opts = run.be, run.opts
     pos = piece.checked[input_index]
+    if large_blocks.too_large(run, piece, inputs=[input_index]):
+        n, m = be.numel(piece.args[pos]), be.numel(piece.outputs[output_position])
+        return (f"\nThe slow-mode Jacobians ({n:,} x {m:,} entries) are not recomputed for this message: they "
+                f"exceed memory_budget ({large_blocks.budget_of(run):,} bytes). fast_mode=False compares them "
+                "in chunks and names the worst entries.\n"), None
     numerical = jac.numerical_jacobians(be, piece.fn, piece.args, pos, piece.outputs, run.eps_for(piece.args[pos]),
                                         run.stencil)[output_position]
     if piece.forward:

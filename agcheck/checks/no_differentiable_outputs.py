@@ -1,6 +1,7 @@
 """A function without differentiable outputs must not change when its inputs move."""
 from __future__ import annotations
 
+from agcheck.checks.large_blocks import row_chunks
 from agcheck.core.jacobian import numerical_directional, numerical_jacobians
 from agcheck.report.errors import GradcheckError
 
@@ -8,15 +9,21 @@ MESSAGE = "Numerical gradient for function expected to be zero"
 
 
 def check_slow(run, piece) -> None:
-    """Every finite-difference Jacobian entry must be exactly zero."""
+    """Every finite-difference Jacobian entry must be exactly zero (computed in chunks of
+    rows that fit the memory budget: a dense input's rows are its elements)."""
     be, fn, args, checked, outputs = run.be, piece.fn, piece.args, piece.checked, piece.outputs
     eps_for, stencil = run.eps_for, run.stencil
+    width = sum(be.numel(o) * be.itemsize(o) for o in outputs if be.is_array(o) and be.is_floating_or_complex(o))
     for pos in checked:
-        for jac in numerical_jacobians(be, fn, args, pos, outputs, eps_for(args[pos]), stencil).values():
-            if be.count_nonzero(jac) > 0:
-                raise GradcheckError(MESSAGE, check="no_differentiable_outputs",
-                                     details={"input": checked.index(pos), "max_abs_numerical": float(be.max_abs(jac)),
-                                              "nonzero_entries": be.count_nonzero(jac)})
+        x = args[pos]
+        chunks = row_chunks(run, be.numel(x), 2 * width) if be.layout(x) == "dense" else [None]
+        for rows in chunks:
+            for jac in numerical_jacobians(be, fn, args, pos, outputs, eps_for(x), stencil, elements=rows).values():
+                if be.count_nonzero(jac) > 0:
+                    raise GradcheckError(MESSAGE, check="no_differentiable_outputs",
+                                         details={"input": checked.index(pos),
+                                                  "max_abs_numerical": float(be.max_abs(jac)),
+                                                  "nonzero_entries": be.count_nonzero(jac)})
 
 
 def check_fast(run, piece, all_u) -> None:
