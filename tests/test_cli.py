@@ -315,3 +315,18 @@ def test_jax_configuration_is_restored_after_an_in_process_command(user_module, 
         assert bool(jax.config.jax_enable_x64) is False
     finally:
         jax.config.update("jax_enable_x64", before)
+
+
+def test_check_asks_for_the_checkers_progress_bar_unless_quiet(user_module, monkeypatch, capsys):
+    """The bar itself draws on a terminal only (tests/test_progress_option.py)."""
+    seen = []
+
+    def recording(fn, inputs, **kwargs):
+        seen.append(kwargs.get("progress"))
+        return True
+
+    monkeypatch.setattr(sys.modules["agcheck.gradcheck"], "gradcheck", recording)
+    for extra, wanted in (([], True), (["-q"], False), (["--plain"], False)):
+        assert cli.main(["check", f"{user_module}:good", "-i", "3x4", "-i", "4x2", *extra]) == 0
+        assert seen[-1] is wanted, extra
+    capsys.readouterr()

@@ -362,9 +362,13 @@ def _check(args) -> int:
     _check_tolerances(args, ("eps", "atol", "rtol"))
     if args.report:
         check_report_path(args.report, formats=REPORT_FORMATS)
+    if not args.quiet and sys.stderr.isatty():  # at once: importing a framework takes seconds
+        print(f"agcheck check: loading {args.backend} and {args.target} ...", file=sys.stderr, flush=True)
     be = _backend_for_check(args.backend)
     fn = load_function(args.target)
-    kwargs = dict(backend=args.backend, fast_mode=args.fast, check_forward_ad=args.forward)
+    # the checker's own progress bar (drawn on a terminal only) for long checks
+    kwargs = dict(backend=args.backend, fast_mode=args.fast, check_forward_ad=args.forward,
+                  progress=not (args.quiet or args.plain))
     for name in ("eps", "atol", "rtol"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)

@@ -5,9 +5,9 @@ Registered through the ``pytest11`` entry point (``agcheck = "agcheck.frontends.
 so installing agcheck enables it; without the entry point, enable it with
 ``-p agcheck.frontends.pytest_plugin`` or ``pytest_plugins = ["agcheck.frontends.pytest_plugin"]``.
 
-Loading the plugin imports nothing of agcheck's checker and no framework: every pytest run
-of a project that has agcheck installed loads it. The checker is imported when a fixture
-runs a check or an option asks for it.
+Every pytest run of a project that has agcheck installed loads this module, so it imports
+nothing of agcheck's checker and no framework itself: they are imported when a fixture
+runs a check or an option asks for them.
 
 Fixtures
 --------
