@@ -24,7 +24,7 @@ MODES = [pytest.param(False, id="slow"), pytest.param(True, id="fast")]
 #: the diagnoses that claim a specific bug (as opposed to noise / notes)
 BUG_KINDS = {"factor", "sign", "transposed", "adjoint", "conjugate", "zero_analytical", "zero_numerical",
              "ignores_grad_output", "ignores_tangent", "few_entries", "localized", "kink", "discontinuity", "precision",
-             "swapped", "permuted", "input_statistics", "low_rank",
+             "swapped", "permuted", "input_statistics", "low_rank", "missing_slice", "constant_term",
              "nondeterministic_fn"}
 
 
@@ -262,11 +262,15 @@ def test_a_detached_mean_alone_is_a_constant_per_output_element():
     assert agcheck.gradcheck(lambda x: _normalised(x, detach=False, scale=False), (make(10),))
 
 
-def test_a_constant_added_to_the_gradient_is_a_constant_per_output_element():
+def test_a_constant_added_to_the_gradient_is_one_constant_on_every_entry():
+    # the backward adds 0.1 whatever grad_output: every entry of the block is 0.1 too large;
+    # the same constant for every output element, which input_statistics would call a
+    # constant per output element, and a report rebuilt from data a rank-1 term
     rep = failure(function(torch.sin, lambda x, g: g * x.cos() + 0.1), (make(8),))
-    d = the(rep, "input_statistics")
-    assert kinds(rep) == ["input_statistics"] and d.evidence["constant"]
-    assert all(abs(f["alpha"] - 0.1) < 1e-6 for f in d.evidence["fits"])
+    d = the(rep, "constant_term")
+    assert kinds(rep) == ["constant_term"] and d.evidence["form"] == "every entry"
+    assert d.evidence["coefficient"] == pytest.approx(0.1, rel=1e-6)
+    assert "adds 0.10 to every element of the gradient" in d.message
     assert agcheck.gradcheck(function(torch.sin, lambda x, g: g * x.cos()), (make(8),))
 
 
@@ -317,6 +321,151 @@ def test_input_statistics_needs_the_input_values_and_low_rank_only_the_blocks():
     assert "input_statistics" not in [d.kind for d in diagnose_block(block)]
     rep = failure(_softmax(lambda s, g: g * s), (make(8),))
     assert [d.kind for d in diagnose_block(JacobianBlock.from_dict(rep.blocks[0].to_dict()))] == ["low_rank"]
+
+
+# -- a constant times the identity, or one constant, left out or added ---------------------------
+
+_A = torch.linspace(-1, 1, 25, dtype=torch.float64).reshape(5, 5).cos()
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_forgotten_skip_term_is_a_constant_times_the_identity(fast):
+    # A @ x + 2 * x whose backward forgets the 2 * grad of the 2 * x term
+    rep = failure(function(lambda x: _A @ x + 2 * x, lambda x, g: _A.T @ g), (make(5),), fast_mode=fast)
+    d = the(rep, "constant_term")
+    assert kinds(rep) == ["constant_term"] and d.evidence["form"] == "identity"
+    assert d.evidence["coefficient"] == pytest.approx(-2.0, rel=1e-6)
+    assert "-2.00 x the identity" in d.message and "leaves out a term 2.00 * grad_output" in d.message
+    assert agcheck.gradcheck(function(lambda x: _A @ x + 2 * x, lambda x, g: _A.T @ g + 2 * g), (make(5),),
+                             fast_mode=fast)
+
+
+def test_an_elementwise_derivative_off_by_a_constant_is_the_identity_term():
+    # x**2 + 2x with the backward of x**2 alone: a diagonal block, every diagonal entry off by
+    # -2 (on 5 elements a "few entries" of 25 but for the constant); a skip term added twice: +1
+    rep = failure(function(lambda x: x ** 2 + 2 * x, lambda x, g: 2 * x * g), (make(5),))
+    assert kinds(rep) == ["constant_term"] and the(rep, "constant_term").evidence["coefficient"] == pytest.approx(-2)
+    rep = failure(function(torch.tanh, lambda x, g: g * (1 - x.tanh() ** 2) + g), (make(6),))
+    d = the(rep, "constant_term")
+    assert d.evidence["coefficient"] == pytest.approx(1.0) and "adds a term 1.00 * grad_output" in d.message
+    assert agcheck.gradcheck(function(lambda x: x ** 2 + 2 * x, lambda x, g: (2 * x + 2) * g), (make(5),))
+
+
+def test_a_forgotten_sum_term_is_one_constant_on_every_entry():
+    rep = failure(function(lambda x: x.sin() + 0.5 * x.sum(), lambda x, g: g * x.cos()), (make(6),))
+    d = the(rep, "constant_term")
+    assert kinds(rep) == ["constant_term"] and d.evidence["form"] == "every entry"
+    assert d.evidence["coefficient"] == pytest.approx(-0.5) and "0.50 * x.sum()" in d.message
+    assert agcheck.gradcheck(function(lambda x: x.sin() + 0.5 * x.sum(), lambda x, g: g * x.cos() + 0.5 * g.sum()),
+                             (make(6),))
+
+
+def test_a_diagonal_off_by_varying_amounts_or_on_some_elements_is_no_constant_term():
+    # the diagonal off by 2 on every element but one: no constant times the identity
+    rep = failure(function(lambda x: x ** 2 + 2 * x, lambda x, g: 2 * x * g + 2 * g * (torch.arange(6) == 0)),
+                  (make(6),))
+    assert "constant_term" not in kinds(rep), rep.summary()
+    # exp's backward with x where exp(x) belongs: off by exp(x) - x, not by one constant
+    rep = failure(function(torch.exp, lambda x, g: g * x), (make(6),))
+    assert "constant_term" not in kinds(rep), rep.summary()
+    # and a constant factor stays a factor
+    assert kinds(failure(function(lambda x: x ** 2, lambda x, g: 4 * x * g), (make(6),))) == ["factor"]
+
+
+# -- a slice the backward leaves at zero ---------------------------------------------------------
+
+_V = torch.linspace(-1.3, 0.9, 20, dtype=torch.float64).reshape(4, 5).exp().sin()
+
+
+def _batched_tanh(dropped=None, scale=0.0):
+    """``tanh(x @ V)`` per batch element (the rows of ``x``), its backward multiplying batch
+    element ``dropped`` by ``scale``."""
+
+    def backward(x, g):
+        out = (g * (1 - torch.tanh(x @ _V) ** 2)) @ _V.T
+        if dropped is not None:
+            out[dropped] *= scale
+        return out
+
+    return function(lambda x: torch.tanh(x @ _V), backward)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_batch_element_left_without_gradient_is_a_missing_slice(fast):
+    rep = failure(_batched_tanh(dropped=1), (make(3, 4),), fast_mode=fast)
+    d = the(rep, "missing_slice")
+    assert kinds(rep) == ["missing_slice"]
+    assert d.evidence["slices"] == {"output": "output[1, ...]", "input": "input[1, ...]"}
+    assert d.evidence["elements"] == {"output": 5, "input": 4}
+    assert "zero on output[1, ...] (5 of 15 output elements) and input[1, ...]" in d.message
+    assert agcheck.gradcheck(_batched_tanh(), (make(3, 4),), fast_mode=fast)
+
+
+#: regions of interest (rows, columns) of a (channels, 5, 4) input, pooled to one value per
+#: channel: a per-RoI average pooling in plain torch, as torchvision's ps_roi_pool pools bins
+_ROIS = [(slice(0, 2), slice(0, 2)), (slice(1, 4), slice(1, 3)), (slice(2, 5), slice(0, 4))]
+
+
+class _RoIPool(torch.autograd.Function):
+    dropped = None
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.stack([x[:, r, c].mean(dim=(1, 2)) for r, c in _ROIS])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        gx = torch.zeros_like(x)
+        for k, (r, c) in enumerate(_ROIS):
+            if k != _RoIPool.dropped:
+                gx[:, r, c] += g[k][:, None, None] / x[:, r, c][0].numel()
+        return gx
+
+
+def test_a_region_of_interest_the_backward_skips_is_a_missing_slice_of_the_output(monkeypatch):
+    x = make(2, 5, 4)
+    assert agcheck.gradcheck(_RoIPool.apply, (x,))
+    monkeypatch.setattr(_RoIPool, "dropped", 1)
+    rep = failure(_RoIPool.apply, (x,))
+    d = the(rep, "missing_slice")
+    assert kinds(rep) == ["missing_slice"] and d.evidence["slices"] == {"output": "output[1, ...]"}
+    assert "drops the gradient flowing from those output elements" in d.message
+
+
+def test_a_band_of_the_input_left_at_zero_is_a_missing_slice_of_the_input():
+    def backward(x, g):  # cumsum along the rows: its backward is the reversed cumsum
+        out = g.flip(1).cumsum(1).flip(1)
+        out[:, 2:4] = 0
+        return out
+
+    rep = failure(function(lambda x: x.cumsum(1), backward), (make(2, 6, 3),))
+    d = the(rep, "missing_slice")
+    assert kinds(rep) == ["missing_slice"] and d.evidence["slices"] == {"input": "input[:, 2:4, ...]"}
+    assert agcheck.gradcheck(function(lambda x: x.cumsum(1), lambda x, g: g.flip(1).cumsum(1).flip(1)),
+                             (make(2, 6, 3),))
+
+
+def test_what_is_not_one_zero_slice_is_no_missing_slice():
+    # a slice scaled rather than dropped
+    rep = failure(_batched_tanh(dropped=1, scale=3.0), (make(3, 4),))
+    assert "missing_slice" not in kinds(rep), rep.summary()
+    # two batch elements dropped that are not one slice (0 and 2 of 3)
+    rep = failure(_batched_tanh(dropped=[0, 2]), (make(3, 4),))
+    assert "missing_slice" not in kinds(rep), rep.summary()
+    # a dropped slice and another error elsewhere: the blocks do not match outside the slice
+    def two_bugs(x, g):
+        out = (g * (1 - torch.tanh(x @ _V) ** 2)) @ _V.T
+        out[1] = 0
+        out[2] *= 2
+        return out
+
+    rep = failure(function(lambda x: torch.tanh(x @ _V), two_bugs), (make(3, 4),))
+    assert "missing_slice" not in kinds(rep), rep.summary()
+    # one element without gradient is no slice: a few entries
+    rep = failure(function(torch.sin, lambda x, g: g * x.cos() * (torch.arange(8) != 3)), (make(8),))
+    assert kinds(rep) == ["few_entries"], rep.summary()
 
 
 # -- a few entries wrong -------------------------------------------------------------------------

@@ -15,6 +15,12 @@ pass) and fires only when the evidence is strong:
 * ``swapped`` — two failing blocks of one output, for two inputs of the same size: each
   analytical block is the other's numerical one (the backward returns its gradients in
   the wrong order);
+* ``missing_slice`` — the analytical block is zero on a slice of the output's or the
+  input's elements (``output[1, ...]``: a region of interest, a batch element, a band),
+  where the numerical one is not, and matches elsewhere;
+* ``constant_term`` — ``analytical - numerical`` is a constant times the identity (a term
+  ``c * grad_output``, the derivative of ``c * x``, left out or added), or one constant on
+  every entry;
 * ``few_entries`` / ``localized`` — only a handful of entries (listed), or only the
   entries of a few input or output elements, disagree;
 * ``input_statistics`` / ``low_rank`` — where none of the above fits, the mismatch itself
@@ -55,6 +61,7 @@ Modules: :mod:`~agcheck.report.diagnosis.blocks` (one Jacobian block, in order),
 :mod:`~agcheck.report.diagnosis.pairs` (two blocks of one output: swapped inputs),
 :mod:`~agcheck.report.diagnosis.probes` (step-size evidence),
 :mod:`~agcheck.report.diagnosis.structure` (whole-block hypotheses, one function each),
+:mod:`~agcheck.report.diagnosis.slices` (a slice the backward leaves at zero),
 :mod:`~agcheck.report.diagnosis.terms` (the mismatch as a term left out),
 :mod:`~agcheck.report.diagnosis.checks` (the other checks),
 :mod:`~agcheck.report.diagnosis.facts` (what they share).

@@ -22,8 +22,8 @@ __all__ = ["swapped_inputs"]
 #: :func:`~agcheck.report.diagnosis.structure.structure` names, but for its "precision",
 #: which the step-size probes name too)
 STRUCTURAL = {"factor", "sign", "transposed", "adjoint", "conjugate", "ignores_grad_output", "ignores_tangent",
-              "permuted", "zero_analytical", "zero_numerical", "few_entries", "localized", "input_statistics",
-              "low_rank"}
+              "permuted", "zero_analytical", "zero_numerical", "few_entries", "localized", "missing_slice",
+              "constant_term", "input_statistics", "low_rank"}
 
 
 def swapped_inputs(blocks: list, found: list) -> list:

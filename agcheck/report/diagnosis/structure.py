@@ -1,8 +1,9 @@
 """Whole-block hypotheses: the analytical block is a simple transformation of the numerical
 one (zero, a constant factor, a sign flip, conjugated, transposed, the adjoint, summed
-over grad_output or the tangent, its rows or columns reordered), or only a few entries,
-rows or columns are wrong, or (:mod:`~agcheck.report.diagnosis.terms`) the mismatch
-itself is a simple term the backward leaves out.
+over grad_output or the tangent, its rows or columns reordered), or it is zero on a slice
+of the output or the input (:mod:`~agcheck.report.diagnosis.slices`), or only a few
+entries, rows or columns are wrong, or (:mod:`~agcheck.report.diagnosis.terms`) the
+mismatch itself is a simple term the backward leaves out.
 
 Each hypothesis is one function of :class:`~agcheck.report.diagnosis.facts.BlockFacts`
 returning a :class:`~agcheck.report.model.Diagnosis` or ``None``; :func:`structure` tries
@@ -17,9 +18,10 @@ import numpy as np
 from agcheck.report.values import fmt, index_text, unravel
 
 from .facts import BlockFacts, coefficient_text
-from .terms import TERMS
+from .slices import missing_slice
+from .terms import TERMS, constant_term
 
-__all__ = ["FEW", "structure", "TRANSFORMATIONS", "LOCAL"]
+__all__ = ["FEW", "structure", "TRANSFORMATIONS", "EXACT", "LOCAL"]
 
 #: "a few entries": at most this many (and at most a quarter of the block)
 FEW = 10
@@ -330,6 +332,11 @@ def few_entries(facts: BlockFacts, wrong: WrongEntries):
         {"count": k, "entries": [[int(r), int(c)] for r, c in entries[:FEW]]}, lines)
 
 
+#: the hypotheses that say exactly what is wrong with the wrong entries, tried before the
+#: local ones (which would name the same entries less precisely): a slice the backward
+#: leaves at zero, a constant times the identity (or on every entry) left out or added
+EXACT = (missing_slice, constant_term)
+
 #: the local hypotheses, tried in order when no transformation fits
 LOCAL = (localized_rows, localized_cols, few_entries)
 
@@ -343,7 +350,7 @@ def structure(facts: BlockFacts) -> list:
     wrong = WrongEntries.of(facts)
     if not wrong.count:
         return []
-    for hypothesis in LOCAL:
+    for hypothesis in EXACT + LOCAL:
         found = hypothesis(facts, wrong)
         if found is not None:
             return [found]

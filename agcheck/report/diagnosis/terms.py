@@ -2,6 +2,12 @@
 transformation of the numerical block gives the analytical one, the backward may still be
 right but for one term it leaves out (or adds), and that term has a simple form.
 
+* ``constant_term`` — ``D`` is a constant times the identity (a square block), or one
+  constant on every entry: the backward leaves out (or adds) a term ``c * grad_output`` (the
+  derivative of a ``c * x`` term of the forward: a skip connection, the ``2 * x`` of
+  ``x**2 + 2 * x``), or adds one constant to every element of the gradient (the derivative
+  of a ``c * x.sum()`` added to every output). Tried before the local hypotheses: a wrong
+  diagonal of a small block is no "few entries".
 * ``input_statistics`` — for each wrong output element, ``D`` over the input elements that
   reach it is an affine function of those elements' values, ``alpha + beta * x``: the
   derivative through a mean (the constant) and a scale such as a standard deviation (the
@@ -10,8 +16,7 @@ right but for one term it leaves out (or adds), and that term has a simple form.
 * ``low_rank`` — ``D`` is an outer product of one or two pairs of vectors, on a block large
   enough for that to be rare by chance (and whose numerical side is not itself of that
   rank): a term coupling every input element with every output element through a few
-  shared quantities (softmax's ``-s s^T``, a norm or sum of the forward, a constant added
-  to the gradient) is missing.
+  shared quantities (softmax's ``-s s^T``, a norm or sum of the forward) is missing.
 
 Each hypothesis takes the block's facts and its wrong entries
 (:class:`~agcheck.report.diagnosis.structure.WrongEntries`, as the local hypotheses do). One
@@ -25,9 +30,15 @@ import numpy as np
 
 from agcheck.report.values import fmt, index_text, unravel
 
-from .facts import BlockFacts
+from .facts import BlockFacts, coefficient_text
 
-__all__ = ["MIN_SUPPORT", "RANK_LINES", "TERM_ENTRIES", "TERMS", "input_statistics", "low_rank"]
+__all__ = ["MIN_DIAGONAL", "MIN_SUPPORT", "RANK_LINES", "TERM_ENTRIES", "TERMS", "constant_term",
+           "input_statistics", "low_rank"]
+
+#: a constant times the identity is reported on square blocks of at least this many rows
+MIN_DIAGONAL = 3
+#: one constant on every entry is reported on blocks of at least this many entries
+MIN_CONSTANT_ENTRIES = 4
 
 #: input elements that must reach each wrong output element for an affine fit in their
 #: values (two coefficients) to be evidence
@@ -42,6 +53,55 @@ TERM_ENTRIES = 4_000_000
 
 def _real(facts: BlockFacts) -> bool:
     return not (np.iscomplexobj(facts.N) or np.iscomplexobj(facts.A))
+
+
+def constant_term(facts: BlockFacts, wrong):
+    """``constant_term``: ``D = c * I`` on a square block of at least ``MIN_DIAGONAL`` rows, or
+    ``D = c`` on every entry of a block of at least ``MIN_CONSTANT_ENTRIES`` (``c`` the mean
+    of the diagonal, or of the block), fitting as the whole-block transformations fit."""
+    if not wrong.count or facts.N.size > TERM_ENTRIES:
+        return None
+    N, A = facts.N, facts.A
+    rows, cols = N.shape
+    forms = []
+    if rows == cols >= MIN_DIAGONAL:
+        forms.append(("identity", np.diagonal(A).mean() - np.diagonal(N).mean()))
+    if N.size >= MIN_CONSTANT_ENTRIES:
+        forms.append(("every entry", A.mean() - N.mean()))
+    for form, c in forms:
+        c = complex(c) if np.iscomplexobj(c) and complex(c).imag != 0 else float(np.real(c))
+        if not abs(c) > facts.floor:
+            continue
+        if form == "identity":
+            X = N.astype(np.result_type(N, c), copy=True)
+            X[np.diag_indices(rows)] += c
+        else:
+            X = N + c
+        ok, rx = facts.fit(X)
+        if ok:
+            break
+    else:
+        return None
+    fit = f"residual {fmt(rx)} vs mismatch {fmt(facts.r0)}"
+    missing = not isinstance(c, complex) and c < 0
+    term = coefficient_text(-c if missing else c)
+    if form == "identity":
+        cause = (f"leaves out a term {term} * grad_output, the derivative of a {term} * x term of the forward (a skip "
+                 "connection x + g(x), the 2 * x of x**2 + 2 * x, a weight decay term)" if missing else
+                 f"adds a term {term} * grad_output that no term of the forward accounts for (a skip connection's "
+                 "gradient added twice, or where the forward has none)")
+        message = (f"analytical - numerical = {coefficient_text(c)} x the identity: every derivative of an output "
+                   f"element with respect to the input element of the same index is off by {coefficient_text(c)}, "
+                   f"every other entry matches ({fit}): the backward likely {cause}")
+    else:
+        added = (f"adds {coefficient_text(c)} to every element of the gradient (a constant, or "
+                 f"{coefficient_text(c)} * grad_output.sum(), added after the product)")
+        left_out = (f"leaves out the derivative of a term {coefficient_text(-c)} * x.sum() that the forward adds to "
+                    "every output element")
+        message = (f"analytical - numerical = {coefficient_text(c)} on every entry ({fit}): the backward likely "
+                   + (f"{left_out}, or {added}" if missing else f"{added}, or {left_out}"))
+    return facts.diagnosis("constant_term", message,
+                           {"max_abs_diff": facts.r0, "residual": rx, "form": form, "coefficient": c})
 
 
 def _affine_in(M, reach, xc, count):
@@ -141,8 +201,7 @@ def low_rank(facts: BlockFacts, wrong):
         f"analytical - numerical is a rank-{k} matrix, {product} of an input-side and an output-side vector, on a "
         f"{shape} block (residual {fmt(rx)} vs mismatch {fmt(facts.r0)}): the backward likely leaves out (or adds) "
         "a term that couples every input element with every output element through a few shared quantities: "
-        "softmax's -s s^T, the mean or variance terms of a normalisation, a norm or sum the forward computes, or "
-        "a constant added to the gradient",
+        "softmax's -s s^T, the mean or variance terms of a normalisation, a norm or sum the forward computes",
         {"max_abs_diff": facts.r0, "residual": rx, "rank": k,
          "singular_values": [float(v) for v in s[:MAX_RANK + 1]]})
 
@@ -159,4 +218,5 @@ def _leading(M):
 
 
 #: the hypotheses about the mismatch, tried in order after the whole-block and local ones
+#: (:func:`constant_term` is tried before the local ones)
 TERMS = (input_statistics, low_rank)
