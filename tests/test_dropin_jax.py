@@ -180,6 +180,21 @@ def test_patch_jax_routes_check_grads():
     assert jax.test_util.check_grads is _JAX["check_grads"]
 
 
+def test_the_patched_check_grads_tells_a_float32_step_from_a_wrong_derivative():
+    """A float32 Kepler orbit fails at JAX's eps=1e-4 as under JAX, with the same message;
+    the account says the step is at fault, not the derivative."""
+    from tests.test_jax_direction_account import _kepler
+
+    with jax.enable_x64(False):
+        m = jnp.linspace(0.1, 2.0, 100)
+        expected = _outcome(_JAX["check_grads"], _kepler, (m,), 1, ("fwd", "rev"))
+        with agcheck.patch_jax():
+            assert _outcome(jax.test_util.check_grads, _kepler, (m,), 1, ("fwd", "rev")) == expected != "ok"
+            with pytest.raises(AssertionError) as info:
+                jax.test_util.check_grads(_kepler, (m,), 1)
+    assert info.value.account.kind == "step_size" and "The step, not the derivative" in str(info.value)
+
+
 SUITE = """
 import jax, jax.numpy as jnp
 from jax.test_util import check_grads

@@ -84,6 +84,9 @@ def test_a_small_forward_error_let_through_by_the_jvp_check_is_named():
     _, account = _failure(sin_with_jvp(1.01), (x,))
     assert account.kind == "small_forward_error"
     assert account.forward_projection == pytest.approx(account.derived, rel=1e-3)
+    # the finite differences at larger steps stay where they were: not the step's fault
+    errors = [e for _, e, _ in account.step_errors]
+    assert max(errors) < 1.5 * min(errors) and "the derivative itself is." in account.text
 
 
 def test_a_wrong_second_derivative_says_which_level_and_what_passed():
@@ -218,3 +221,99 @@ def test_an_integer_output_fails_as_under_jax_and_its_dtypes_are_named():
     error, account = _failure(with_int, (X,))
     assert str(by_jax.value) == "" and str(error).startswith("\n\n" + HEAD)
     assert account.stage == "dtypes" and "output 1: int32 against float0" in account.text
+
+
+# -- the step, not the derivative: float32 finite differences ------------------------------------
+
+def _kepler(mean_anomaly, e=0.3):
+    """``10 sin E`` of the eccentric anomaly ``E`` solving Kepler's equation ``E = M + e sin E``
+    (fixed-point iteration): in float32, its finite differences at JAX's eps=1e-4 are
+    dominated by rounding, as jaxoplanet's orbit tests are at single precision."""
+    anomaly = mean_anomaly
+    for _ in range(20):
+        anomaly = mean_anomaly + e * jnp.sin(anomaly)
+    return 10 * jnp.sin(anomaly)
+
+
+def test_a_float32_step_too_small_is_not_blamed_on_the_derivative():
+    """The JVP and the VJP agree; the finite differences move toward them as the step
+    grows: the account says it is the step, with the figures, at four more calls of f (the
+    check itself shares three of JAX's)."""
+    from jax._src import public_test_util
+
+    jax_check = getattr(public_test_util.check_grads, "agcheck_original", public_test_util.check_grads)
+    calls = []
+
+    def counted(m):
+        calls.append(1)
+        return _kepler(m)
+
+    with jax.enable_x64(False):
+        m = jnp.linspace(0.1, 2.0, 100)
+        assert m.dtype == jnp.float32
+        agcheck.check_grads(_kepler, (m,), 1, eps=1e-3)  # a step rounding does not swamp: passes
+        with pytest.raises(AssertionError):
+            jax_check(counted, (m,), 1)
+        by_jax, calls[:] = len(calls), []
+        error, account = _failure(counted, (m,))
+    assert len(calls) <= by_jax + 4
+    assert error.level == "VJP" and account.stage == "projection" and account.kind == "step_size"
+    assert account.forward_projection == pytest.approx(account.derived, rel=1e-5)
+    (step, at_eps, within), *larger = account.step_errors
+    assert step == pytest.approx(1e-4) and not within and [s for s, _, _ in larger] == pytest.approx([1e-3, 1e-2])
+    assert min(e for _, e, _ in larger) * 4 <= at_eps
+    assert "The step, not the derivative: the JVP and the VJP agree with each other" in account.text
+    assert "check with a larger eps (eps=0.001) or in float64" in account.text
+    assert "derivative itself is" not in account.text
+
+
+def test_float32_finite_differences_swamped_by_a_large_value_fail_the_jvp_check_for_the_step():
+    def offset(x):  # values near 100 that change by 1e-4 along the tangent: float32 keeps 3 digits of that
+        return 100.0 + jnp.sin(x)
+
+    with jax.enable_x64(False):
+        x = jnp.linspace(0.1, 1.0, 5)
+        agcheck.check_grads(offset, (x,), 1, modes=("fwd",), eps=1e-2)
+        _, account = _failure(offset, (x,), modes=("fwd",))
+    assert account.stage == "tangent" and account.kind == "step_size"
+    assert "the finite differences move toward the JVP as the step grows (largest difference" in account.text
+
+
+def test_a_wrong_float32_derivative_is_still_the_derivative():
+    """The other half: a custom_vjp 1% off in float32. Its finite differences stay where
+    they are as the step grows: the derivative itself is off."""
+    def vjp_times(c):
+        @jax.custom_vjp
+        def f(x):
+            return 10 * jnp.sin(x)
+
+        f.defvjp(lambda x: (10 * jnp.sin(x), x), lambda x, g: (c * 10 * g * jnp.cos(x),))
+        return f
+
+    with jax.enable_x64(False):
+        x = jnp.linspace(0.1, 1.0, 100)
+        agcheck.check_grads(vjp_times(1.0), (x,), 1, modes=("rev",))
+        _, account = _failure(vjp_times(1.01), (x,), modes=("rev",))
+    assert account.stage == "projection" and account.kind != "step_size"
+    errors = [e for _, e, _ in account.step_errors]
+    assert max(errors) < 1.5 * min(errors)
+    assert "do not move toward the VJP's projection as the step grows" in account.text
+    assert "the derivative itself is." in account.text and "The VJP's projection is 1.01 x" in account.text
+
+
+# -- a slice, a constant ---------------------------------------------------------------------------
+
+def _tanh_with_jvp(broken):
+    f = jax.custom_jvp(jnp.tanh)
+    f.defjvp(lambda p, t: (jnp.tanh(p[0]), broken((1 - jnp.tanh(p[0]) ** 2) * t[0])))
+    return f
+
+
+def test_a_jvp_zero_on_a_slice_of_the_output_is_named():
+    x = jnp.linspace(0.1, 1.0, 12).reshape(3, 4)
+    agcheck.check_grads(_tanh_with_jvp(lambda t: t), (x,), 1, modes=("fwd",))
+    _, account = _failure(_tanh_with_jvp(lambda t: t.at[1].set(0.0)), (x,), modes=("fwd",))
+    assert account.kind == "missing_slice" and account.step_errors is None
+    assert "The JVP is zero on elements [1, ...] of output 0" in account.text
+    _, account = _failure(_tanh_with_jvp(lambda t: t + 0.5), (x,), modes=("fwd",))
+    assert account.kind == "constant_term" and "finite differences + 0.50 on every element" in account.text

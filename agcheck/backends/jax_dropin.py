@@ -271,6 +271,7 @@ def _check_jvp(shared, f_jvp, atol, rtol, err_msg, evidence):
     what it computes goes into ``evidence`` (an :class:`Evidence`) for a failure's account."""
     rng = np.random.RandomState(0)
     tangent = jax.tree_util.tree_map(partial(_random_like, rng), shared.args)
+    evidence.tangent, evidence.differences = tangent, partial(_central_difference, shared.f, shared.args, tangent)
     value, tangent_out = f_jvp(shared.args, tangent)
     evidence.comparing("dtypes", value, tangent_out)
     _same_dtypes(value, tangent_out)
@@ -298,6 +299,7 @@ def _check_vjp(shared, f_vjp, atol, rtol, err_msg, evidence):
     cotangent = jax.tree_util.tree_map(draw, value)
     pulled = _conj(pullback(_conj(cotangent)))
     evidence.tangent, evidence.cotangent, evidence.forward = tangent, cotangent, shared.forward
+    evidence.differences = partial(_central_difference, shared.f, shared.args, tangent)
     projection, expected = inner_product(tangent, pulled), inner_product(tangent_out, cotangent)
     evidence.comparing("projection", projection, expected)
     _close(projection, expected, atol, rtol, _label("cotangent projection", err_msg))
