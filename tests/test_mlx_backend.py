@@ -357,6 +357,18 @@ def test_refusals_name_what_mlx_lacks():
         passes(f, (x.astype(mx.bfloat16),))
 
 
+def test_random_states_are_untouched():
+    x = rand(4)
+    mx.random.seed(3)
+    want = np.asarray(mx.random.uniform(shape=(3,)))
+    mx.random.seed(3)
+    numpy_state = np.random.get_state()[1].copy()
+    assert passes(f, (x,), fast_mode=True, check_forward_ad=True)
+    assert agcheck.gradgradcheck(f, (x,), fast_mode=True)
+    assert np.array_equal(np.asarray(mx.random.uniform(shape=(3,))), want)
+    assert np.array_equal(np.random.get_state()[1], numpy_state)
+
+
 def test_from_numpy_copies_keeps_float64_and_takes_like():
     be = get_backend("mlx")
     values = np.array([1.0, 2.0])
@@ -409,3 +421,35 @@ def test_crosscheck_complex64_with_torch_and_jax():
     result = agcheck.crosscheck(wrong, (z,), backends=["torch", "jax", "mlx"], raise_exception=False,
                                 check_forward_ad=False)
     assert not result and "torch and mlx disagree" in result.message
+
+
+# -- the command line ----------------------------------------------------------------------------
+MLX_MODULE = '''
+import mlx.core as mx
+
+
+def good(x):
+    return mx.tanh(x) * x
+
+
+@mx.custom_function
+def bad(x):
+    return mx.tanh(x) * x
+
+
+@bad.vjp
+def bad_vjp(primals, cotangent, output):
+    return 2 * cotangent * ((1 - mx.tanh(primals) ** 2) * primals + mx.tanh(primals))  # twice the right one
+'''
+
+
+def test_command_line_checks_an_mlx_function_both_halves(tmp_path, capsys):
+    from agcheck.frontends import cli
+
+    (tmp_path / "mlxops.py").write_text(MLX_MODULE)
+    good = cli.main(["check", f"{tmp_path / 'mlxops.py'}:good", "--input", "3x4", "--backend", "mlx", "--plain"])
+    out = capsys.readouterr().out
+    assert good == 0 and "PASSED" in out, out
+    bad = cli.main(["check", f"{tmp_path / 'mlxops.py'}:bad", "--input", "5", "--backend", "mlx", "--plain"])
+    out = capsys.readouterr().out
+    assert bad == 1 and MISMATCH in out and "[factor] analytical = 2.00 x numerical" in out

@@ -75,10 +75,8 @@ def _mx_dtype(dtype):
 def _view(x) -> np.ndarray:
     """The values of ``x`` as a NumPy array, for reading only: an MLX array's own memory
     where NumPy can read it (bfloat16 is copied as float32); NumPy arrays as they are."""
-    if owns(x):
-        if x.dtype == mx.bfloat16:
-            x = x.astype(mx.float32)
-        return np.asarray(x)
+    if owns(x) and x.dtype == mx.bfloat16:
+        x = x.astype(mx.float32)
     return np.asarray(x)
 
 
@@ -115,6 +113,15 @@ def _on_cpu_for(arrays):
     if any(owns(a) and a.dtype == mx.float64 for a in arrays):
         return mx.stream(mx.cpu)
     return contextlib.nullcontext()
+
+
+def _evaluated(values):
+    """``values`` (a list or tuple) with its MLX arrays evaluated: MLX is lazy, and the work
+    of a call (and any error it raises) belongs to that call, not to a later read."""
+    arrays = [v for v in values if owns(v)]
+    if arrays:
+        mx.eval(arrays)
+    return values
 
 
 def _with_replaced(args, positions, values) -> tuple:
@@ -170,13 +177,13 @@ class MlxTrace(Trace):
 
     def vjp(self, output_positions, cotangents) -> list:
         with _on_cpu_for(self._primals):
-            return self._vjp(dict(zip(output_positions, cotangents)))
+            return _evaluated(self._vjp(dict(zip(output_positions, cotangents))))
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
         out = self.outputs[output_position]
         stacked = _as_mx(stacked_cotangents, out.dtype)
         with _on_cpu_for(self._primals):
-            return list(mx.vmap(lambda c: tuple(self._vjp({output_position: c})))(stacked))
+            return _evaluated(list(mx.vmap(lambda c: tuple(self._vjp({output_position: c})))(stacked)))
 
 
 class MlxPerturber(Perturber):
@@ -201,7 +208,7 @@ class MlxPerturber(Perturber):
 
     def _call(self, fn, moved: np.ndarray) -> tuple:
         value = _back(moved, self.x.dtype)
-        return self._as_tuple(fn(*_with_replaced(self.args, [self.position], [value])))
+        return _evaluated(self._as_tuple(fn(*_with_replaced(self.args, [self.position], [value]))))
 
     def evaluate_element(self, fn, flat, step, sign) -> tuple:
         moved = self._host.copy()
@@ -346,10 +353,7 @@ class MlxBackend(TakesWrt, Backend):
     def trace(self, fn, args, checked) -> MlxTrace:
         of_checked = _Outputs(fn, args, checked, self.as_tuple)
         with _on_cpu_for(args):
-            outputs = self.as_tuple(fn(*args))
-            arrays = [o for o in outputs if owns(o)]
-            if arrays:
-                mx.eval(arrays)  # the work, not only the graph (MLX is lazy)
+            outputs = _evaluated(self.as_tuple(fn(*args)))
         return MlxTrace(outputs, of_checked, [args[p] for p in checked])
 
     @contextmanager
@@ -369,19 +373,20 @@ class MlxBackend(TakesWrt, Backend):
 
     def jvp(self, fn, args, checked, tangents) -> list:
         outs, touts, _ = self._forward(fn, args, checked, tangents)
+        _evaluated(outs + touts)
         return list(zip(outs, touts))
 
     def jvp_wrt(self, fn, args, position, tangent) -> tuple:
         """One tangent per MLX output of ``fn`` (zeros for integer and boolean ones)."""
         _, touts, structure = self._forward(fn, args, [position], [tangent])
         given = dict(zip(structure.inexact, touts))
-        return tuple(given.get(k, mx.zeros(shape, dtype)) for k, shape, dtype in structure.arrays)
+        return _evaluated(tuple(given.get(k, mx.zeros(shape, dtype)) for k, shape, dtype in structure.arrays))
 
     def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
         x = args[position]
         stacked = _as_mx(stacked_tangents, x.dtype)
         with _on_cpu_for(args):
-            return tuple(mx.vmap(lambda t: tuple(self._forward(fn, args, [position], [t])[1]))(stacked))
+            return _evaluated(tuple(mx.vmap(lambda t: tuple(self._forward(fn, args, [position], [t])[1]))(stacked)))
 
     def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
         # MLX has no undefined output gradients: zero cotangents for every output
@@ -397,7 +402,7 @@ class MlxBackend(TakesWrt, Backend):
             return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
 
         with _on_cpu_for(args):
-            return tuple(mx.vmap(at)(_as_mx(stacked, x.dtype)))
+            return _evaluated(tuple(mx.vmap(at)(_as_mx(stacked, x.dtype))))
 
     def element_moves(self, x, flat, step, sign):
         """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,
@@ -430,7 +435,7 @@ class MlxBackend(TakesWrt, Backend):
         b = int(stacked.shape[0])
         with _on_cpu_for(args):
             rows = mx.vmap(single)(_as_mx(stacked, x.dtype))
-        return [mx.reshape(r, (b, -1)) for r in rows]
+        return _evaluated([mx.reshape(r, (b, -1)) for r in rows])
 
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):
