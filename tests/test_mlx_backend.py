@@ -276,11 +276,15 @@ def test_complex_outputs_of_real_inputs_and_gradgradcheck():
 
 
 # -- precision ------------------------------------------------------------------------------
-def test_float32_passes_at_float32_tolerances_and_warns():
+def test_float32_and_float16_pass_at_their_tolerances_and_warn():
     x = rand(4, dtype=mx.float32)
     with pytest.warns(UserWarning, match="not a double precision"):
         assert passes(f, (x,), **LOW)
     fails(custom(scale_vjp=2.0), (x,), **LOW)
+    half = {"eps": 1e-2, "atol": 5e-2, "rtol": 5e-2}
+    x = rand(4, dtype=mx.float16)
+    assert passes(f, (x,), check_forward_ad=True, **half)
+    fails(custom(scale_vjp=2.0), (x,), **half)
 
 
 def test_float64_runs_on_the_cpu_stream_in_float64():
