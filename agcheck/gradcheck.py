@@ -1,9 +1,12 @@
 """``agcheck.gradcheck``: which checks run, in which order, on which pieces of ``fn``."""
 from __future__ import annotations
 
-import warnings
-from typing import Callable
+import difflib
+import functools
+from dataclasses import fields
+from typing import Any, Callable, Literal, TypeVar
 
+from agcheck.backends.base import Backend
 from agcheck.checks import batched, grad_output_scaling, jacobian, undefined_grads
 from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
@@ -22,6 +25,7 @@ from agcheck.options import GradcheckOptions, gradcheck_options
 from agcheck.progress import Progress
 from agcheck.report.collect import complete_report
 from agcheck.report.errors import GradcheckError
+from agcheck.warn import warn_caller
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
 
@@ -34,12 +38,33 @@ class CostWarning(UserWarning):
     """A check about to run is very large (a slow-mode check of a big function)."""
 
 
-def gradcheck(fn: Callable, inputs, *, backend=None,
-              eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, nondet_tol=0.0,
-              check_undefined_grad=True, check_grad_dtypes=False, check_batched_grad=False,
-              check_batched_forward_grad=False, check_forward_ad=False, check_backward_ad=True,
-              fast_mode=False, masked=None, engine="auto", memory_budget=None, stencil="central",
-              progress=False, **backend_options) -> bool:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_torchs_func(entry: F) -> F:
+    """``entry``, also taking the checked function by torch's keyword ``func=``
+    (``gradcheck(func=f, inputs=x)``, as torch's checkers are called)."""
+    @functools.wraps(entry)
+    def call(*args, **kwargs):
+        if "func" in kwargs:
+            if args or "fn" in kwargs:
+                raise TypeError(f"{entry.__name__}() got the function twice: as fn and as func (torch's name for it)")
+            kwargs["fn"] = kwargs.pop("func")
+        return entry(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+@takes_torchs_func
+def gradcheck(fn: Callable[..., Any], inputs: Any, *, backend: str | Backend | None = None,
+              eps: float | Literal["auto"] = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
+              raise_exception: bool = True, nondet_tol: float = 0.0, check_undefined_grad: bool = True,
+              check_grad_dtypes: bool = False, check_batched_grad: bool = False,
+              check_batched_forward_grad: bool = False, check_forward_ad: bool = False,
+              check_backward_ad: bool = True, fast_mode: bool = False, masked: bool | None = None,
+              engine: Literal["auto", "batched", "reference"] = "auto", memory_budget: int | None = None,
+              stencil: Literal["central", "five-point"] = "central", progress: bool = False,
+              fast_tolerance: Literal["torch", "probe"] = "torch", **backend_options: Any) -> bool:
     """Check analytical derivatives of ``fn`` against finite differences.
 
     Same keywords, defaults, verdicts and messages as ``torch.autograd.gradcheck``.
@@ -101,9 +126,18 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     progress : bool
         Beyond torch. Show a progress bar (on stderr, when it is a terminal; needs
         ``rich``) while slow-mode Jacobians are computed. Quiet by default.
+    fast_tolerance : {"torch", "probe"}
+        Beyond torch, fast mode only. ``"torch"`` (default) carries ``atol`` over to a
+        projection ``v^T J u`` as torch does, scaled by ``sum(u) * sum(v)``: it grows with
+        the square root of the sizes, and for a large Jacobian that is mostly zeros
+        (elementwise, banded) it exceeds the projection itself, so a wrong derivative can
+        pass. ``"probe"`` scales it by the probes' norms instead (``atol`` itself, as for
+        one entry): such bugs fail, at no extra cost; a dense Jacobian with finite-difference
+        errors of one sign in every entry can then fail where slow mode passes. See
+        docs/faq.md.
     **backend_options
         Keywords of the chosen backend (e.g. ``wrt=`` for JAX, ``vjp=``/``jvp=`` for
-        NumPy); the torch backend takes none.
+        NumPy; ``sparse_vjp=`` for torch). A misspelt keyword of gradcheck's is named.
 
     Returns
     -------
@@ -118,15 +152,34 @@ def gradcheck(fn: Callable, inputs, *, backend=None,
     AssertionError, ValueError, RuntimeError, TypeError
         Invalid keyword combinations or inputs, as torch raises them.
     """
+    refuse_misspelt("gradcheck", backend_options, GRADCHECK_KEYWORDS)
     opts = gradcheck_options(
         eps=eps, atol=atol, rtol=rtol, raise_exception=raise_exception, nondet_tol=nondet_tol,
         check_undefined_grad=check_undefined_grad, check_grad_dtypes=check_grad_dtypes,
         check_batched_grad=check_batched_grad, check_batched_forward_grad=check_batched_forward_grad,
         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
         fast_mode=fast_mode, masked=masked, engine=engine, memory_budget=memory_budget,
-        stencil=stencil, progress=progress,
+        stencil=stencil, progress=progress, fast_tolerance=fast_tolerance,
     )
     return run_gradcheck(fn, inputs, opts, backend, **backend_options)
+
+
+#: gradcheck's own keywords, for naming a misspelt one
+GRADCHECK_KEYWORDS = ("fn", "inputs", "backend", "func", *(f.name for f in fields(GradcheckOptions)))
+#: keywords of the bundled backends (the backend in use refuses those it does not take)
+BACKEND_KEYWORDS = ("wrt", "vjp", "jvp", "convention", "sparse_vjp")
+
+
+def refuse_misspelt(name: str, options: dict, keywords) -> None:
+    """A ``TypeError`` naming an extra keyword that is a misspelling of one of ``keywords``
+    (``atoll=`` -> "did you mean 'atol'?"); other extra keywords are the backend's to take
+    or refuse."""
+    for key in options:
+        if key in BACKEND_KEYWORDS:
+            continue
+        close = difflib.get_close_matches(key, keywords, n=1, cutoff=0.75)
+        if close:
+            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}; did you mean {close[0]!r}?")
 
 
 def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *, snapshots=None,
@@ -262,13 +315,12 @@ class _Run:
         n_out = sum(be.numel(o) for o in outputs if be.is_floating_or_complex(o))
         entries = n_in * n_out
         if entries >= COSTLY_JACOBIAN_ENTRIES:
-            warnings.warn(
+            warn_caller(
                 f"slow mode compares full Jacobians: {n_in:,} input elements x {n_out:,} output "
                 f"elements = {entries:.2e} entries, each estimated by finite differences. This may "
                 "take very long; fast_mode=True compares random projections v^T J u instead, at "
                 "the cost of a few evaluations and backward passes.",
                 CostWarning,
-                stacklevel=5,
             )
 
     def _validate_inputs(self) -> list:
@@ -286,11 +338,10 @@ class _Run:
         for idx in checked:
             x = self.args[idx]
             if not be.is_double_precision(x):
-                warnings.warn(
+                warn_caller(
                     f"Input #{idx} requires gradient and is not a double precision floating point "
                     "or complex. Finite differences in lower precision are rarely accurate enough "
-                    "for the default tolerances; this check will likely fail.",
-                    stacklevel=5,
+                    "for the default tolerances; this check will likely fail."
                 )
             be.validate_input(idx, x)
         if not checked:

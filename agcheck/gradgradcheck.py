@@ -5,27 +5,36 @@ output cotangents; that function is then checked by the ordinary gradcheck machi
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import fields
+from typing import Any, Callable, Literal
 
+from agcheck.backends.base import Backend
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.errors import GradOutputsError, OutputTypeError
-from agcheck.gradcheck import run_gradcheck
+from agcheck.gradcheck import GRADCHECK_KEYWORDS, refuse_misspelt, run_gradcheck, takes_torchs_func
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
 __all__ = ["gradgradcheck"]
+
+#: gradgradcheck's own keywords, for naming a misspelt one
+GRADGRADCHECK_KEYWORDS = (*GRADCHECK_KEYWORDS, "grad_outputs", "order",
+                          *(f.name for f in fields(GradgradcheckOptions)))
 
 #: seed of the private generator that draws random grad_outputs
 GRAD_OUTPUTS_SEED = 11235
 
 
-def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
-                  eps=1e-6, atol=1e-5, rtol=1e-3, gen_non_contig_grad_outputs=False,
-                  raise_exception=True, nondet_tol=0.0, check_undefined_grad=True,
-                  check_grad_dtypes=False, check_batched_grad=False, check_fwd_over_rev=False,
-                  check_rev_over_rev=True, fast_mode=False, masked=False, order=2,
-                  engine="auto", memory_budget=None, stencil="central", progress=False,
-                  **backend_options) -> bool:
+@takes_torchs_func
+def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *,
+                  backend: str | Backend | None = None, eps: float | Literal["auto"] = 1e-6, atol: float = 1e-5,
+                  rtol: float = 1e-3, gen_non_contig_grad_outputs: bool = False, raise_exception: bool = True,
+                  nondet_tol: float = 0.0, check_undefined_grad: bool = True, check_grad_dtypes: bool = False,
+                  check_batched_grad: bool = False, check_fwd_over_rev: bool = False,
+                  check_rev_over_rev: bool = True, fast_mode: bool = False, masked: bool = False, order: int = 2,
+                  engine: Literal["auto", "batched", "reference"] = "auto", memory_budget: int | None = None,
+                  stencil: Literal["central", "five-point"] = "central", progress: bool = False,
+                  fast_tolerance: Literal["torch", "probe"] = "torch", **backend_options: Any) -> bool:
     """Check second derivatives of ``fn`` (gradients of its VJP) by finite differences.
 
     Same keywords, defaults, verdicts and messages as
@@ -49,9 +58,10 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
         the VJP of ``fn``; ``order=N`` applies the construction ``N - 1`` times, with
         random cotangents at every level (``grad_outputs`` give the first level's).
         ``order=1`` is :func:`agcheck.gradcheck`.
-    engine, memory_budget, stencil, progress
+    engine, memory_budget, stencil, progress, fast_tolerance
         Beyond torch, as in :func:`agcheck.gradcheck`; they apply to the check of the
         VJP.
+    (``fn`` may also be given as ``func=``, torch's name for it.)
     **backend_options
         Keywords of the chosen backend, as in :func:`agcheck.gradcheck`.
 
@@ -61,6 +71,7 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
         ``True`` when every check passed, ``False`` on a failure with
         ``raise_exception=False``.
     """
+    refuse_misspelt("gradgradcheck", backend_options, GRADGRADCHECK_KEYWORDS)
     GradgradcheckOptions(
         gen_non_contig_grad_outputs=gen_non_contig_grad_outputs, check_fwd_over_rev=check_fwd_over_rev,
         check_rev_over_rev=check_rev_over_rev, check_undefined_grad=check_undefined_grad,
@@ -74,6 +85,7 @@ def gradgradcheck(fn: Callable, inputs, grad_outputs=None, *, backend=None,
         check_batched_grad=check_batched_grad, check_forward_ad=check_fwd_over_rev,
         check_backward_ad=check_rev_over_rev, fast_mode=fast_mode, masked=masked,
         engine=engine, memory_budget=memory_budget, stencil=stencil, progress=progress,
+        fast_tolerance=fast_tolerance,
     )
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
 

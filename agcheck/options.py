@@ -58,6 +58,9 @@ class GradcheckOptions:
     stencil: str = "central"
     #: beyond torch: show a progress bar while slow-mode Jacobians are computed
     progress: bool = False
+    #: beyond torch: fast mode's tolerance of a projection, "torch" (atol * sum(u) * sum(v))
+    #: or "probe" (atol * |u| * |v|, the probes' norms)
+    fast_tolerance: str = "torch"
 
     def __post_init__(self):
         # The impossible combinations raise AssertionError, as in torch.
@@ -73,6 +76,8 @@ class GradcheckOptions:
             raise AssertionError(
                 "Setting check_batched_forward_grad=True requires check_forward_ad to be True"
             )
+        if self.fast_tolerance not in ("torch", "probe"):
+            raise ValueError(f"fast_tolerance must be 'torch' or 'probe', got {self.fast_tolerance!r}")
         if self.engine not in ("auto", "batched", "reference"):
             raise ValueError(f"engine must be 'auto', 'batched' or 'reference', got {self.engine!r}")
         if self.memory_budget is not None and (

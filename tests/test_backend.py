@@ -35,7 +35,7 @@ def test_no_arrays_cannot_infer():
 
 
 def test_torch_backend_takes_no_extra_keywords():
-    with pytest.raises(TypeError, match="takes no extra keywords"):
+    with pytest.raises(TypeError, match="unexpected keyword argument\(s\) 'wrt'.*'torch' backend takes sparse_vjp= only"):
         agcheck.gradcheck(lambda t: t, (make(2),), wrt=0)
 
 
@@ -196,3 +196,22 @@ def test_a_check_whose_fn_first_imports_numpy_random_leaves_its_draws_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "[True, True, False, False] ['numpy.random']"
+
+
+def test_torchs_func_keyword_names_the_function():
+    x = make(3)
+    assert agcheck.gradcheck(func=lambda t: t.sin(), inputs=(x,))
+    assert agcheck.gradgradcheck(func=lambda t: t.sin(), inputs=(x,))
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'fn'"):
+        agcheck.gradcheck(inputs=(x,))
+    with pytest.raises(TypeError, match="got the function twice"):
+        agcheck.gradcheck(lambda t: t, (x,), func=lambda t: t)
+
+
+def test_a_misspelt_keyword_is_named_with_the_keyword_meant():
+    x = make(3)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'atoll'; did you mean 'atol'\?"):
+        agcheck.gradcheck(lambda t: t.sin(), (x,), atoll=1e-3)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'fast_mdoe'; did you mean 'fast_mode'\?"):
+        agcheck.gradgradcheck(lambda t: t.sin(), (x,), fast_mdoe=True)
+    assert agcheck.gradcheck(lambda t: t.sin(), (x,), atol=1e-3)

@@ -3,7 +3,7 @@
 Every import counts, also one placed inside a function. The layers, lowest first:
 
     the leaves: agcheck.backends.base (the contract), agcheck.errors (the usage errors),
-    agcheck.options, agcheck.core.stencil, and the report's model:
+    agcheck.warn (warnings at the caller's line), agcheck.options, agcheck.core.stencil, and the report's model:
     agcheck.report.{values,render,model,errors} (the error type)
     agcheck.backends.*                                 one module per framework
     agcheck.core.*, agcheck.progress                   the framework-free algorithm
@@ -67,7 +67,8 @@ def _rank(module: str) -> int:
         # the framework side of the drop-in: patches a framework to call agcheck's public API
         ("agcheck.backends.torch_dropin", 8), ("agcheck.backends.jax_dropin", 8),
         ("agcheck.backends.jax_direction_account", 8),  # the JAX drop-in's account of a failure
-        ("agcheck.backends.base", 0), ("agcheck.errors", 0), ("agcheck.options", 0), ("agcheck.core.stencil", 0),
+        ("agcheck.backends.base", 0), ("agcheck.errors", 0), ("agcheck.warn", 0), ("agcheck.options", 0),
+        ("agcheck.core.stencil", 0),
         ("agcheck.report.values", 0), ("agcheck.report.render", 0), ("agcheck.report.model", 0),
         ("agcheck.report.errors", 0),
         ("agcheck.backends", 1),

@@ -330,7 +330,8 @@ class Backend:
     def with_options(self, **options) -> "Backend":
         """This backend configured by the extra keywords of one call (e.g. ``wrt=``)."""
         if options:
-            raise TypeError(f"the {self.name!r} backend takes no extra keywords, got {sorted(options)}")
+            raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, sorted(options)))}: not a keyword "
+                            f"of gradcheck, and the {self.name!r} backend takes none")
         return self
 
     def adopt_error(self, error):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import warnings
 from contextlib import contextmanager
 from functools import cached_property
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, Perturber, Trace, summary_edges
+from agcheck.warn import warn_caller
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
 
@@ -486,7 +486,7 @@ class JaxBackend(TakesWrt, Backend):
     # -- validation -------------------------------------------------------------------
     def validate_input(self, idx, x) -> None:
         if not self.is_double_precision(x) and not _x64_enabled():
-            warnings.warn(f"Input #{idx} has dtype {x.dtype}. " + X64_HINT, stacklevel=6)
+            warn_caller(f"Input #{idx} has dtype {x.dtype}. " + X64_HINT)
 
     @contextmanager
     def preserve_state(self, args):

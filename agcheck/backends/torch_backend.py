@@ -216,7 +216,8 @@ class TorchBackend(Backend):
             return self
         unknown = sorted(set(options) - {"sparse_vjp"})
         if unknown:
-            raise TypeError(f"the 'torch' backend takes no extra keywords but sparse_vjp=, got {unknown}")
+            raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}: not a keyword of "
+                            "gradcheck, and the 'torch' backend takes sparse_vjp= only")
         mode = options["sparse_vjp"]
         if mode not in ("raise", "dense"):
             raise ValueError(f"sparse_vjp must be 'raise' or 'dense', got {mode!r}")

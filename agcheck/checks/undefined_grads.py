@@ -1,10 +1,10 @@
 """Undefined output gradients (or tangents) must act as zeros."""
 from __future__ import annotations
 
-import warnings
 
 from agcheck.core.jacobian import random_vectors
 from agcheck.report.errors import UNDEFINED_GRAD_HINT, GradcheckError
+from agcheck.warn import warn_caller
 
 #: torch's warning, word for word: suites assert on it (e.g. with assertWarnsRegex)
 _OPT_OUT = (
@@ -31,7 +31,7 @@ def check_backward(run, piece) -> None:
         try:
             grads = be.vjp_with_undefined_outputs(piece.fn, args, checked, undefined, trace=trace)
         except RuntimeError as e:
-            warnings.warn(_OPT_OUT, stacklevel=4)
+            warn_caller(_OPT_OUT)
             raise GradcheckError(
                 "Expected backward function to handle undefined output grads. " + UNDEFINED_GRAD_HINT,
                 check="undefined_grad",
@@ -40,7 +40,7 @@ def check_backward(run, piece) -> None:
             # on the gradient as it came (torch tests a sparse one without densifying it,
             # and raises for it: parity)
             if g is not None and not be.all_zero(g):
-                warnings.warn(_OPT_OUT, stacklevel=4)
+                warn_caller(_OPT_OUT)
                 raise GradcheckError(
                     "Expected all input grads to be undefined or zero when all output grads "
                     "are undefined or zero. " + UNDEFINED_GRAD_HINT,
