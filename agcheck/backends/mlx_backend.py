@@ -460,7 +460,7 @@ class MlxBackend(TakesWrt, Backend):
             of_checked = _Outputs(fn, primals, ordered, self.as_tuple)
             xs = [primals[k] for k in ordered]
             with _on_cpu_for(args):
-                outs = of_checked(*xs)
+                outs = of_checked(*xs)  # their shapes and dtypes only: MLX evaluates nothing unread
                 if not outs:
                     return tuple(mx.zeros_like(x) for x in xs)
                 cots = [_as_mx(c, o.dtype, o.shape) for c, o in zip(cotangents, outs)]
