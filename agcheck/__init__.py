@@ -3,41 +3,82 @@
 ``agcheck.gradcheck`` has the semantics of ``torch.autograd.gradcheck`` (every keyword,
 same defaults, same verdicts) on a core that imports no framework; backends supply the
 framework-specific parts.
+
+The public names are loaded on first use: ``import agcheck`` alone (as pytest does for
+the plugin of every project where agcheck is installed) costs almost nothing.
 """
-from agcheck.backends.base import Backend
-from agcheck.backends.registry import available_backends, get_backend, infer_backend, register_backend
-from agcheck.crosscheck import CrosscheckResult, crosscheck
-from agcheck.errors import BackendInferenceError, CheckInputError, GradOutputsError, OutputTypeError
-from agcheck.gradcheck import CostWarning, gradcheck
-from agcheck.gradgradcheck import gradgradcheck
-from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
-from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
-from agcheck.options import GradcheckOptions
-from agcheck.report import GradcheckError
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "gradcheck",
-    "gradgradcheck",
-    "crosscheck",
-    "patch_torch",
-    "patch_jax",
-    "check_grads",
-    "Patch",
-    "numerical_jacobian",
-    "analytical_jacobian",
-    "CrosscheckResult",
-    "GradcheckError",
-    "GradcheckOptions",
-    "OutputTypeError",
-    "CheckInputError",
-    "GradOutputsError",
-    "BackendInferenceError",
-    "CostWarning",
-    "Backend",
-    "available_backends",
-    "get_backend",
-    "infer_backend",
-    "register_backend",
-]
+#: public name -> the module that defines it
+_EXPORTS = {
+    "gradcheck": "agcheck.gradcheck",
+    "CostWarning": "agcheck.gradcheck",
+    "gradgradcheck": "agcheck.gradgradcheck",
+    "crosscheck": "agcheck.crosscheck",
+    "CrosscheckResult": "agcheck.crosscheck",
+    "patch_torch": "agcheck.frontends.dropin",
+    "patch_jax": "agcheck.frontends.dropin",
+    "check_grads": "agcheck.frontends.dropin",
+    "Patch": "agcheck.frontends.dropin",
+    "numerical_jacobian": "agcheck.core.matrices",
+    "analytical_jacobian": "agcheck.core.matrices",
+    "GradcheckError": "agcheck.report",
+    "GradcheckOptions": "agcheck.options",
+    "OutputTypeError": "agcheck.errors",
+    "CheckInputError": "agcheck.errors",
+    "GradOutputsError": "agcheck.errors",
+    "BackendInferenceError": "agcheck.errors",
+    "Backend": "agcheck.backends.base",
+    "available_backends": "agcheck.backends.registry",
+    "get_backend": "agcheck.backends.registry",
+    "infer_backend": "agcheck.backends.registry",
+    "register_backend": "agcheck.backends.registry",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from agcheck.backends.base import Backend
+    from agcheck.backends.registry import available_backends, get_backend, infer_backend, register_backend
+    from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
+    from agcheck.crosscheck import CrosscheckResult, crosscheck
+    from agcheck.errors import BackendInferenceError, CheckInputError, GradOutputsError, OutputTypeError
+    from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
+    from agcheck.gradcheck import CostWarning, gradcheck
+    from agcheck.gradgradcheck import gradgradcheck
+    from agcheck.options import GradcheckOptions
+    from agcheck.report import GradcheckError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agcheck' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """The package, whose functions named as their modules (``gradcheck``,
+    ``gradgradcheck``, ``crosscheck``) stay functions when those modules are imported:
+    the import system sets a loaded submodule as an attribute of its package."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
+            value = getattr(value, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

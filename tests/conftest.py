@@ -7,6 +7,19 @@ import pytest
 os.environ.setdefault("AGCHECK_STRICT_ENGINE", "1")
 
 
+def _load_the_public_api():
+    """agcheck loads its public names on first use; the tests load them all at once, so
+    that pytester's in-process runs (which drop the modules first imported inside them
+    from sys.modules afterwards) leave one copy of each class, not two."""
+    import agcheck
+
+    for name in agcheck.__all__:
+        getattr(agcheck, name)
+
+
+_load_the_public_api()
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
