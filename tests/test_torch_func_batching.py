@@ -273,3 +273,44 @@ def test_complex_outputs_vjp_primals_stack_with_their_cotangents_tiled(factor, m
     assert not any(via == "stacked" for _, via, _ in forms[torch.float64])
     assert torch.float64 not in stacked_calls and torch.complex128 in stacked_calls
     assert "stacked with 1 tiled: a VJP of real outputs is not stacked" in details[torch.float64]
+
+
+def test_an_op_without_a_batching_rule_prints_no_warning_of_agchecks_making():
+    """functorch prints "There is a performance drop because we have not yet implemented
+    the batching rule" from C++ for an op without a vmap rule, past Python's filters:
+    agcheck's own vmapped calls must not make it (torch's checker never does), and a
+    vmap of the user's own afterwards still prints it (the switch is back on)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, torch, agcheck
+
+        @torch.library.custom_op("agcheck_test::mysin", mutates_args=())
+        def mysin(x: torch.Tensor) -> torch.Tensor:
+            return x.sin()
+
+        @torch.library.custom_op("agcheck_test::mycos", mutates_args=())
+        def mycos(x: torch.Tensor) -> torch.Tensor:
+            return x.cos()
+
+        def setup(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * mycos(x)
+
+        mysin.register_autograd(backward, setup_context=setup)
+        x = torch.randn(40, dtype=torch.float64, requires_grad=True)
+        assert agcheck.gradcheck(mysin, (x,), engine="batched", check_batched_grad=True)
+        sys.stderr.write("== the user's own vmap\\n")
+        sys.stderr.flush()
+        torch.func.vmap(mysin)(torch.randn(3, 4, dtype=torch.float64))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    ours, _, users = done.stderr.partition("== the user's own vmap")
+    assert "performance drop" not in ours
+    assert "performance drop" in users

@@ -44,14 +44,34 @@ def _dual_level():
         yield
 
 
+#: functorch's switch for its "performance drop" message, printed by C++ past Python's
+#: warning filters; torch has no getter for it (its default is on)
+_set_fallback_message = getattr(torch._C._functorch, "_set_vmap_fallback_warning_enabled", None)
+_batching_lock = threading.Lock()
+_batching_users = 0
+
+
 @contextmanager
 def _quiet_batching():
     """Silence torch's "There is a performance drop because we have not yet implemented
-    the batching rule for ..." UserWarnings inside agcheck's own vmapped evaluations: they
+    the batching rule for ..." messages inside agcheck's own vmapped evaluations: they
     are how agcheck computes, not something fn does, and torch's checker (which evaluates
-    fn one element at a time there) never causes them. Nothing else is filtered."""
-    with ignoring("There is a performance drop"):
-        yield
+    fn one element at a time there) never causes them. functorch prints them from C++,
+    past Python's filters: its switch is off while any thread is inside, and back on (its
+    default) after the last; the Python warning of the older vmap is filtered."""
+    global _batching_users
+    with _batching_lock:
+        _batching_users += 1
+        if _batching_users == 1 and _set_fallback_message is not None:
+            _set_fallback_message(False)
+    try:
+        with ignoring("There is a performance drop"):
+            yield
+    finally:
+        with _batching_lock:
+            _batching_users -= 1
+            if _batching_users == 0 and _set_fallback_message is not None:
+                _set_fallback_message(True)
 
 
 def _vmapped_vjps(outputs: tuple, inputs: tuple, stacked_cotangents, position: int = 0,
