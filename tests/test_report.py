@@ -1,10 +1,13 @@
 """Failure reports (agcheck.report, agcheck.report.render): every GradcheckError carries a
 structured ``report`` — failing blocks as NumPy arrays with their largest differences,
-options, backend, diagnoses — with a short text summary appended after torch's message,
-a JSON-serialisable dict, and HTML / PNG renderings."""
+options, backend, diagnoses, and the context that reproduces the check — with a short text
+summary right after torch's first line (torch's full text following it), a
+JSON-serialisable dict, and HTML / PNG renderings."""
 from __future__ import annotations
 
+import functools
 import json
+import re
 import subprocess
 import sys
 
@@ -14,7 +17,10 @@ import torch
 
 import agcheck
 from agcheck import GradcheckError, GradcheckOptions
-from agcheck.report import FailureReport, JacobianBlock
+from agcheck.core.jacobian import PROBE_SEED
+from agcheck.report import CheckContext, FailureReport, JacobianBlock
+from agcheck.report.errors import (REPORT_POINTER, batched_mismatch_message, message_with_summary,
+                                   not_reentrant_message)
 
 from .helpers import ScaledSin, SinWithJvp, make
 
@@ -92,12 +98,183 @@ def test_jacobian_report_content(fast):
     assert block.input_shape == (3, 4) and block.output_shape == (3, 4) and block.eps == 1e-6
 
 
-def test_message_keeps_torch_phrases_first_and_summary_after():
-    err = raised(scaled(2.0), (make(4),))
-    text = str(err)
-    assert text.startswith("Jacobian mismatch for output 0 with respect to input 0,\nnumerical:")
-    assert err.report.message in text and text.index(err.report.message) == 0
-    assert text.endswith(err.report.summary())
+#: a fixed 24 x 24 matrix: y = W @ x.flatten() for a 6 x 4 input
+_W = torch.randn(24, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+
+class MatVecTransposed(torch.autograd.Function):
+    """``W @ x`` on a 6 x 4 input whose backward uses ``W`` where ``W.T`` belongs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return (_W @ x.reshape(-1)).reshape(6, 4)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_W @ g.reshape(-1)).reshape(6, 4)
+
+
+def test_message_reads_top_down():
+    """torch's first line, agcheck's summary (what failed, where, the diagnosis, the worst
+    entry) and the pointer to the report, then the rest of torch's text, whole: the 24 x 24
+    Jacobians after the summary, not before it."""
+    x = make(6, 4)
+    err = raised(MatVecTransposed.apply, (x,))
+    text, torch_text, rep = str(err), err.report.message, err.report
+    with pytest.raises(RuntimeError) as theirs:
+        torch.autograd.gradcheck(MatVecTransposed.apply, (x,))
+    assert torch_text.rstrip("\n") == str(theirs.value).rstrip("\n")  # the report keeps torch's text as is
+    lines = text.splitlines()
+    assert lines[0] == "Jacobian mismatch for output 0 with respect to input 0,"
+    assert lines[1] == "agcheck report: check 'jacobian' failed in MatVecTransposed.apply, backend torch"
+    top = "\n".join(lines[:10])
+    assert "[transposed]" in top and "max abs difference" in top
+    # the summary, the pointer, a blank line, then torch's text after its first line
+    first, rest = torch_text.rstrip("\n").split("\n", 1)
+    assert text == f"{first}\n{rep.summary()}\n{REPORT_POINTER}\n\n{rest}"
+    assert rest.startswith("numerical:tensor(") and text.count(REPORT_POINTER) == 1
+    assert len(lines) > 150 and text.index("numerical:tensor(") > text.index(REPORT_POINTER)
+    # torch's phrases stay matchable as pytest.raises(match=...) matches them (re.search)
+    assert re.search("Jacobian mismatch for output 0 with respect to input 0", text)
+    assert re.search(r"numerical:tensor\(\[\[", text) and re.search(r"\nanalytical:tensor\(", text)
+
+
+def test_every_check_kind_keeps_torch_first_line_and_its_text():
+    """The same layout for every check's message: torch's first line first, the summary
+    next, then the rest of torch's text; a one-line message is followed by the summary; a
+    first line that opens a printed tensor keeps the message whole before the summary."""
+    summary = "agcheck report: check 'x' failed\ndiagnosis: ..."
+    reentrant = not_reentrant_message(0.0, 3e-6)
+    composed = message_with_summary(reentrant, summary)
+    assert composed.splitlines()[0] == reentrant.splitlines()[0]
+    assert composed.splitlines()[0].startswith("Backward is not reentrant")
+    assert composed.splitlines()[1] == "agcheck report: check 'x' failed"
+    assert composed.endswith(reentrant.split("\n", 1)[1].lstrip("\n"))
+    batched = batched_mismatch_message(0, 1, "tensor([1.])", "tensor([2.])")
+    composed = message_with_summary(batched, summary)
+    assert composed.splitlines()[0] == ("For output 0 and input 1: the batched gradient differs from the "
+                                        "gradients computed one at a time.")
+    assert "gradcheck or gradgradcheck failed while testing batched gradient computation" in composed
+    assert composed.index(REPORT_POINTER) < composed.index("Got:\ntensor([1.])")
+    assert message_with_summary("backward not multiplied by grad_output", summary) == (
+        f"backward not multiplied by grad_output\n{summary}\n{REPORT_POINTER}")
+    tangent = "Mismatch in tangent values ... Got: tensor([[1., 2.],\n        [3., 4.]]) but expected: tensor(0.)"
+    assert message_with_summary(tangent, summary) == f"{tangent}\n\n{summary}\n{REPORT_POINTER}"
+
+
+def test_saved_reports_carry_no_python_hint(tmp_path):
+    pytest.importorskip("matplotlib")
+    err = raised(scaled(2.0), (make(3),))
+    assert "details: error.report" in str(err)
+    rep = err.report
+    assert "error.report" not in rep.summary()
+    assert "error.report" not in open(rep.save(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "error.report" not in open(rep.save(tmp_path / "r.json"), encoding="utf-8").read()
+
+
+# -- reproducible reports: function, test, versions, seeds, inputs, code -------------------------
+
+def test_context_names_function_test_versions_and_inputs():
+    x, n = make(6, 4), torch.arange(3)
+    err = raised(lambda a, b: MatVecTransposed.apply(a), (x, n))
+    ctx = err.report.context
+    assert isinstance(ctx, CheckContext) and ctx.call == "gradcheck"
+    assert ctx.function == "test_context_names_function_test_versions_and_inputs.<locals>.<lambda>"
+    assert ctx.module == __name__ and ctx.source.startswith("tests/test_report.py:")
+    assert ctx.test == "tests/test_report.py::test_context_names_function_test_versions_and_inputs"
+    assert ctx.versions["torch"] == torch.__version__ and ctx.versions["numpy"] == np.__version__
+    assert set(ctx.versions) >= {"agcheck", "python"}
+    assert ctx.inputs == [
+        {"position": 0, "kind": "array", "shape": [6, 4], "dtype": "float64", "checked": True,
+         "layout": "dense", "device": "cpu"},
+        {"position": 1, "kind": "array", "shape": [3], "dtype": "int64", "checked": False,
+         "layout": "dense", "device": "cpu"}]
+    assert ctx.function_code == "fn"  # a lambda cannot be imported: the script says to define it
+    assert "fn = ...  # test_context_names" in ctx.reproduce and "not importable" in ctx.reproduce
+    summary = err.report.summary()
+    assert "where: function test_context_names_function_test_versions_and_inputs.<locals>.<lambda>" in summary
+    assert "test tests/test_report.py::test_context_names_function_test_versions_and_inputs" in summary
+    assert f"torch {torch.__version__}" in summary
+    assert "inputs: 0: float64 (6, 4) checked; 1: int64 (3,)" in summary
+    data = err.report.to_dict()["context"]
+    assert data["function"] == ctx.function and data["reproduce"] == ctx.reproduce
+    assert data["inputs"][0]["shape"] == [6, 4]
+
+
+def test_reproduce_runs_the_check_again():
+    """The script of the report fails the same way when run (random inputs of the failing
+    shapes and dtypes: the transposition does not depend on the values)."""
+    err = raised(MatVecTransposed.apply, (make(6, 4),), atol=1e-6, check_undefined_grad=False)
+    ctx = err.report.context
+    assert ctx.function_code == "MatVecTransposed.apply"
+    assert ctx.keywords_code == {"atol": "1e-06", "check_undefined_grad": "False"}
+    assert ctx.reproduce == (
+        "import torch\nimport agcheck\nfrom tests.test_report import MatVecTransposed\n"
+        "# inputs of the failing shapes and dtypes; the failing values are not saved\n"
+        "inputs = (torch.randn(6, 4, dtype=torch.float64, requires_grad=True),)\n"
+        "agcheck.gradcheck(MatVecTransposed.apply, inputs, atol=1e-06, check_undefined_grad=False)\n")
+    assert ("reproduce: agcheck.gradcheck(MatVecTransposed.apply, (torch.randn(6, 4, dtype=torch.float64, "
+            "requires_grad=True),), atol=1e-06, check_undefined_grad=False)") in err.report.summary()
+    with pytest.raises(GradcheckError) as again:
+        exec(ctx.reproduce, {})
+    assert [d.kind for d in again.value.report.diagnoses] == ["transposed"]
+
+
+def test_functions_are_named_as_code_imports_them():
+    x = make(3)
+    assert agcheck.gradcheck(torch.sin, (x,))
+    err = raised(functools.partial(lambda a, k: scaled(k)(a), k=2.0), (x,))
+    ctx = err.report.context
+    assert ctx.function.startswith("functools.partial(") and ctx.function_code == "fn"
+    from agcheck.report.collect import check_context
+    from agcheck.backends.registry import get_backend
+
+    be = get_backend("torch")
+    for fn, code, function in ((torch.sin, "torch.sin", "_VariableFunctionsClass.sin"),
+                               (torch.nn.functional.relu, "torch.nn.functional.relu", "relu"),
+                               (MatVecTransposed.apply, "MatVecTransposed.apply", "MatVecTransposed.apply"),
+                               (torch.nn.Linear(2, 2), "fn", "Linear instance")):
+        ctx = check_context(be, GradcheckOptions().as_dict(), fn, (x,))
+        assert (ctx.function_code, ctx.function) == (code, function)
+
+
+def test_seeds_are_stated():
+    slow = raised(scaled(2.0), (make(3),)).report.context
+    assert "none in slow mode" in slow.random and slow.seeds == {"fast_mode_vectors": PROBE_SEED}
+    fast = raised(scaled(2.0), (make(3),), fast_mode=True).report
+    assert f"seeded {PROBE_SEED} at each check" in fast.context.random
+    assert f"random: fast mode's vectors u, v from a private generator seeded {PROBE_SEED}" in fast.summary()
+    assert fast.context.keywords_code == {"fast_mode": "True"}
+
+
+def test_entry_points_can_name_the_callers_function_and_keywords():
+    """complete_report takes fn, inputs, the call and its other keywords from the entry
+    point (gradgradcheck's are the caller's, not the VJP's the comparison saw; the options
+    under gradgradcheck's names; a backend's function keywords by name)."""
+    from agcheck.backends.registry import get_backend
+    from agcheck.report.collect import complete_report
+
+    be, x = get_backend("torch"), make(2, 3)
+    err = GradcheckError(not_reentrant_message(0.0, 1e-6), check="reentrant")
+    complete_report(err, be, GradcheckOptions(check_forward_ad=True), fn=MatVecTransposed.apply, inputs=(x,),
+                    call="gradgradcheck", keywords={"grad_outputs": (make(6, 4),)})
+    ctx = err.report.context
+    assert ctx.call_code() == ("agcheck.gradgradcheck(MatVecTransposed.apply, (torch.randn(2, 3, "
+                               "dtype=torch.float64, requires_grad=True),), check_fwd_over_rev=True, "
+                               "grad_outputs=(torch.randn(6, 4, dtype=torch.float64),))")
+    assert str(err).splitlines()[:2] == [
+        not_reentrant_message(0.0).split("\n")[0],
+        "agcheck report: check 'reentrant' failed in MatVecTransposed.apply, backend torch"]
+    err = GradcheckError("backward not multiplied by grad_output", check="grad_output_scaling")
+    complete_report(err, get_backend("numpy"), GradcheckOptions(), fn=np.sin, inputs=(np.ones(3),),
+                    keywords={"vjp": MatVecTransposed.apply})
+    assert err.report.context.call_code() == ("agcheck.gradcheck(numpy.sin, (rng.standard_normal((3,)),), "
+                                              "vjp=MatVecTransposed.apply, backend='numpy')")
+    assert err.report.context.setup[:3] == ["import numpy", "import numpy as np", "rng = np.random.default_rng(0)"]
+    # the check's own gradgradcheck: the comparison sees a VJP agcheck built, which is not named
+    err = GradcheckError("x", check="reentrant")
+    complete_report(err, be, GradcheckOptions())
+    assert err.report.context.function is None and "where: function not recorded" in err.report.summary()
 
 
 def test_complex_split_is_recorded():
@@ -353,6 +530,60 @@ def test_missing_matplotlib_names_the_install_command(monkeypatch, tmp_path):
     rep.save(tmp_path / "r.json")  # no plotting needed
 
 
+def test_heatmap_axes_use_the_tables_multi_indices():
+    """Tick labels name elements as the tables do: ``(1, 1)`` in a 6 x 4 array, ``5`` in a
+    vector, nothing between elements or outside the block."""
+    pytest.importorskip("matplotlib")
+    from agcheck.report import render
+
+    label = render._index_formatter((6, 4), 24)
+    assert [label(v, None) for v in (0, 5, 23, 24, 2.5, -1)] == ["(0, 0)", "(1, 1)", "(5, 3)", "", "", ""]
+    assert render._index_formatter((24,), 24)(5, None) == "5"
+    rep = raised(MatVecTransposed.apply, (make(6, 4),)).report
+    fig = render._figure(rep, rep.blocks, header=False)
+    fig.canvas.draw()
+    ax = fig.subfigs[0].axes[0]
+    for ticks in (ax.get_xticklabels(), ax.get_yticklabels()):
+        shown = [t.get_text() for t in ticks if t.get_text()]
+        assert shown and "(0, 0)" in shown and all(re.fullmatch(r"\(\d, \d\)", t) for t in shown)
+    worst = rep.blocks[0].worst[0]
+    assert re.fullmatch(r"\(\d, \d\)", render.index_text(worst.input_index))  # the tables' notation
+
+
+def test_html_is_escaped_and_the_report_body_embeds_in_other_pages():
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("jinja2")
+    from agcheck.report.render import render_html, report_fragment, stylesheet
+
+    rep = raised(lambda a: scaled(2.0)(a), (make(3),)).report  # its name holds <locals> and <lambda>
+    page = render_html(rep)
+    head, script = page.split('<script type="application/json" id="agcheck-report">')
+    assert "&lt;locals&gt;.&lt;lambda&gt;" in head and "<lambda>" not in head
+    data = script.split("</script>")[0]
+    assert "<" not in data and json.loads(data)["context"]["function"] == rep.context.function
+    assert stylesheet() in page and page.count("<style>") == 1
+    assert "<h2>Reproduce</h2>" in head and "agcheck.gradcheck(fn, inputs)" in head
+    assert f"torch {torch.__version__}" in head
+    fragment = report_fragment(rep, level=3, ident="agcheck-report-7")
+    assert fragment.lstrip().startswith("<h3>agcheck failure report</h3>") and "<h4>Diagnosis</h4>" in fragment
+    assert "<body" not in fragment and "<style" not in fragment and 'id="agcheck-report-7"' in fragment
+
+
+def test_missing_jinja2_names_the_install_command(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from agcheck.report import render
+
+    rep = raised(scaled(2.0), (make(3),)).report
+    render._environment.cache_clear()
+    monkeypatch.setitem(sys.modules, "jinja2", None)
+    try:
+        with pytest.raises(ImportError, match="pip install jinja2"):
+            rep.save(tmp_path / "r.html")
+        rep.save(tmp_path / "r.png")  # no templates needed
+    finally:
+        render._environment.cache_clear()
+
+
 def test_core_imports_no_plotting_or_framework():
     code = ("import sys, agcheck, agcheck.report, agcheck.report.diagnosis, agcheck.report.render, "
             "agcheck.report.collect; "
@@ -368,7 +599,7 @@ REPORT_LAYERS = {
     "model": ("agcheck.report.values", "agcheck.report.render", "agcheck.options"),
     "errors": ("agcheck.report.model",),
     "diagnosis": ("agcheck.report.values", "agcheck.report.model", "agcheck.report.diagnosis"),
-    "collect": ("agcheck.report.", "agcheck.core."),
+    "collect": ("agcheck.report.", "agcheck.core.", "agcheck.options"),
     "__init__": ("agcheck.report.errors", "agcheck.report.model"),
 }
 

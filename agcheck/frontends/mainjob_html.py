@@ -6,49 +6,28 @@ import html
 import re
 
 from agcheck.frontends.mainjob_checks import Verdict, cross_text
+from agcheck.report.render import report_fragment, stylesheet
 
 __all__ = ["html_report"]
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;padding:0 16px}
-h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
-h3{font-size:15px} .meta{color:#555}
-pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px;max-height:480px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-th{background:#f0f0f0} td.num{font-family:ui-monospace,monospace;text-align:right}
-td.pass{background:#e6f6e6;color:#1a6b1a} td.FAIL,td.ERROR{background:#fde4e4;color:#a40000;font-weight:bold}
-td.skip{color:#999} .verdict-ok{color:#1a6b1a} .verdict-bad{color:#a40000}
-.diag{background:#fff7e0;border-left:4px solid #e0a000;padding:8px 12px;margin:8px 0}
-.diag b{font-family:ui-monospace,monospace} .diag ul{margin:4px 0;font-size:12px;font-family:ui-monospace,monospace}
-section.failure{border:1px solid #e3b4b4;border-radius:4px;padding:4px 16px;margin:16px 0}
-img{max-width:100%;border:1px solid #eee}
-"""
-
 
 def _e(x) -> str:
     return html.escape(str(x))
 
 
 def _rendered_report(v: Verdict, n: int) -> str:
-    """The failure report of ``v`` as an HTML fragment (agcheck.report.render's page when it can
-    be drawn, the text otherwise)."""
+    """The failure report of ``v`` as an HTML fragment (the report's own body, its headings
+    under the failure's, when it can be drawn; the text otherwise)."""
     report = getattr(v.error, "report", None)
     if v.status == "FAIL" and report is not None and report.blocks:
         try:
-            from agcheck.report.render import render_html
-
-            page = render_html(report)
+            return report_fragment(report, level=3, ident=f"agcheck-report-{n}")
         except ImportError:
-            return ("<p><i>Heatmaps need matplotlib (pip install matplotlib, or agcheck[report]); "
+            return ("<p><i>Heatmaps need matplotlib and jinja2 (pip install 'agcheck[report]'); "
                     "the report as text:</i></p><pre>" + _e(report.summary()) + "</pre>"
                     "<h4>Message</h4><pre>" + _e(v.detail) + "</pre>")
         except Exception as ex:  # never lose the failure behind a rendering problem
             return (f"<p><i>the report could not be rendered ({_e(type(ex).__name__)}: {_e(ex)})</i></p>"
                     "<pre>" + _e(v.detail) + "</pre>")
-        body = page.split("<body>", 1)[-1].rsplit("</body>", 1)[0]
-        for level in (3, 2, 1):  # nest the page's headings under the failure's own
-            body = body.replace(f"<h{level}>", f"<h{level + 2}>").replace(f"</h{level}>", f"</h{level + 2}>")
-        return body.replace('id="agcheck-report"', f'id="agcheck-report-{n}"')
     return "<pre>" + _e(v.detail or v.headline) + "</pre>"
 
 
@@ -106,7 +85,7 @@ def html_report(results, backends, meta: dict) -> str:
     failed = [r for r in results if not r.ok]
     title = "agcheck main job: " + ("all checks passed" if ok else f"{len(failed)} of {len(results)} functions FAILED")
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-             f"<style>{_CSS}</style></head><body>"]
+             f"<style>{stylesheet()}</style></head><body>"]
     header = "<br>".join(_e(line) for line in str(meta.get("header", "")).splitlines())
     parts.append(f"<h1>agcheck main job</h1><p class=meta>{header}</p>")
     for note in meta.get("notes", ()):

@@ -13,8 +13,8 @@ from __future__ import annotations
 from agcheck.report.model import FailureReport
 
 __all__ = ["GradcheckError", "NONDET_HINT", "FAST_MODE_NOTE", "FAST_FAIL_SLOW_OK", "BATCHED_HINT", "BATCHED_FWD_HINT",
-           "UNDEFINED_GRAD_HINT", "jacobian_mismatch_message", "complex_part", "not_reentrant_message",
-           "batched_mismatch_message"]
+           "UNDEFINED_GRAD_HINT", "REPORT_POINTER", "jacobian_mismatch_message", "complex_part", "not_reentrant_message",
+           "batched_mismatch_message", "message_with_summary"]
 
 
 class GradcheckError(RuntimeError):
@@ -129,10 +129,38 @@ def not_reentrant_message(nondet_tol: float, observed: float | None = None) -> s
 
 
 def batched_mismatch_message(output_idx, input_idx, got, expected, forward=False) -> str:
+    """torch's "For output i and input j:", then on the same line what failed (so that the
+    first line names it), then torch's hint and the two results."""
     hint = BATCHED_FWD_HINT if forward else BATCHED_HINT
     mode = "forward-mode " if forward else ""
     return (
-        f"For output {output_idx} and input {input_idx}:\n\n"
-        f"The batched {mode}gradient differs from the gradients computed one at a time. {hint}\n\n"
-        f"Got:\n{got}\n\nExpected:\n{expected}"
+        f"For output {output_idx} and input {input_idx}: the batched {mode}gradient differs from the "
+        f"gradients computed one at a time.\n\n{hint}\n\nGot:\n{got}\n\nExpected:\n{expected}"
     )
+
+
+#: the last line of agcheck's summary in an exception's message (not in saved reports)
+REPORT_POINTER = "details: error.report (summary(), to_dict(), save('report.html'))"
+
+_OPENING, _CLOSING = "([{", ")]}"
+
+
+def message_with_summary(message: str, summary: str) -> str:
+    """The exception text of a failure, read top-down: torch's first line as it is, then
+    agcheck's ``summary`` and :data:`REPORT_POINTER`, then the rest of torch's message
+    (its full numerical and analytical Jacobians, ...) after a blank line.
+
+    torch's first line stays first, so that pytest's one-line summary and tests matching
+    it (``re.search``) see it; every phrase of torch's text is kept whole. Where the first
+    line does not end a piece of text (it opens a tensor printed over several lines), the
+    summary follows the whole message instead.
+    """
+    summary = summary.rstrip("\n") + "\n" + REPORT_POINTER
+    message = message.rstrip("\n")
+    first, newline, rest = message.partition("\n")
+    balanced = all(first.count(o) == first.count(c) for o, c in zip(_OPENING, _CLOSING))
+    if not newline:
+        return message + "\n" + summary
+    if not balanced or rest[:1].isspace() and rest[:1] != "\n":
+        return message + "\n\n" + summary
+    return first + "\n" + summary + "\n\n" + rest.lstrip("\n")

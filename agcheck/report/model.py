@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -20,9 +20,10 @@ import numpy as np
 from agcheck.options import GradcheckOptions
 from agcheck.report.render import write_html, write_png
 from agcheck.report.values import (DICT_ARRAY_LIMIT, abs_difference, decode_array, decode_number, encode_array,
-                                   encode_number, fmt, index_text, jsonable, unravel_all, wrap_words)
+                                   encode_number, fmt, index_text, jsonable, largest_positions, unravel_all,
+                                   wrap_words)
 
-__all__ = ["FailureReport", "JacobianBlock", "Entry", "Diagnosis"]
+__all__ = ["FailureReport", "JacobianBlock", "Entry", "Diagnosis", "CheckContext"]
 
 #: worst entries kept per block (summary shows fewer)
 TOP_K = 20
@@ -30,7 +31,7 @@ TOP_K = 20
 SUMMARY_TOP_K = 5
 #: the text summary never has more lines than this
 MAX_SUMMARY_LINES = 50
-REPORT_FORMAT_VERSION = 1
+REPORT_FORMAT_VERSION = 2
 
 
 # -- one failing (output, input) block ------------------------------------------------------
@@ -153,7 +154,7 @@ class JacobianBlock:
             worst_rel = int(np.nanargmax(rel) if rel_nan.any() else np.argmax(rel))
             self.max_rel_diff = float(rel.flat[worst_rel])
         chosen = [worst_abs] + ([] if worst_rel is None else [worst_rel])
-        entries = self._entries(chosen + _largest(ranked.ravel(), top_k).tolist(), diff)
+        entries = self._entries(chosen + largest_positions(ranked.ravel(), top_k).tolist(), diff)
         self.max_abs_diff = entries[0].abs_diff
         self.max_abs_entry = entries[0]
         if worst_rel is not None:
@@ -297,6 +298,113 @@ class Diagnosis:
         return cls(d["kind"], d["message"], dict(d["evidence"]), list(d["lines"]), d["block"])
 
 
+# -- what reproduces the check ----------------------------------------------------------------
+
+@dataclass
+class CheckContext:
+    """What a failed check was run on, and the code that runs it again.
+
+    Attributes
+    ----------
+    call : str
+        ``"gradcheck"`` or ``"gradgradcheck"``.
+    function, module, source : str or None
+        ``fn``'s qualified name (``"MatVec.apply"``, ``"test_x.<locals>.f"``), its module and
+        ``"file:line"`` of its definition, where Python knows them.
+    test : str or None
+        The pytest test that ran the check (from ``PYTEST_CURRENT_TEST``).
+    versions : dict
+        ``{"agcheck": .., "<framework>": .., "numpy": .., "python": ..}``.
+    random : str
+        How the check's random draws are seeded (fast mode's vectors: the same on every run).
+    seeds : dict
+        The seeds behind ``random``.
+    inputs : list of dict
+        Per argument: ``position``, ``kind`` (``"array"`` or ``"value"``) and, for arrays,
+        ``shape``, ``dtype``, ``checked``, ``layout``, ``device``; ``text`` for other values.
+    setup : list of str
+        Code lines before the call (imports, where ``fn`` comes from).
+    function_code, inputs_code : str or None
+        Python expressions for ``fn`` and its inputs (random values of the same shapes and
+        dtypes: the failing values are not saved); ``None`` where unknown.
+    keywords_code : dict
+        The call's keywords that differ from their defaults, as Python expressions.
+    """
+
+    call: str = "gradcheck"
+    function: str | None = None
+    module: str | None = None
+    source: str | None = None
+    test: str | None = None
+    versions: dict = field(default_factory=dict)
+    random: str = ""
+    seeds: dict = field(default_factory=dict)
+    inputs: list = field(default_factory=list)
+    setup: list = field(default_factory=list)
+    function_code: str | None = None
+    inputs_code: str | None = None
+    keywords_code: dict = field(default_factory=dict)
+
+    def call_code(self, inputs: str | None = None) -> str | None:
+        """The check's call as one expression (``inputs`` inlined unless named)."""
+        if self.function_code is None or self.inputs_code is None:
+            return None
+        keywords = "".join(f", {k}={v}" for k, v in self.keywords_code.items())
+        return f"agcheck.{self.call}({self.function_code}, {inputs or self.inputs_code}{keywords})"
+
+    @property
+    def reproduce(self) -> str | None:
+        """A script that runs the check again on inputs of the same shapes and dtypes."""
+        call = self.call_code("inputs")
+        if call is None:
+            return None
+        return "\n".join([*self.setup, f"inputs = {self.inputs_code}", call]) + "\n"
+
+    def input_text(self, width: int = 6) -> str:
+        shown = []
+        for d in self.inputs[:width]:
+            if d.get("kind") == "array":
+                extra = "".join(f", {d[k]}" for k in ("layout", "device") if d.get(k) not in (None, "dense", "cpu"))
+                shown.append(f"{d['position']}: {d['dtype']} {index_text(d['shape'])}"
+                             f"{' checked' if d.get('checked') else ''}{extra}")
+            else:
+                shown.append(f"{d['position']}: {d.get('text', d.get('type', '?'))}")
+        more = f"; ... ({len(self.inputs) - width} more)" if len(self.inputs) > width else ""
+        return "; ".join(shown) + more
+
+    def summary_lines(self, width: int = 240) -> list:
+        where = [f"function {self.function}"] if self.function else ["function not recorded"]
+        at = ", ".join(x for x in (self.module and f"module {self.module}", self.source) if x)
+        if at:
+            where[0] += f" ({at})"
+        if self.test:
+            where.append(f"test {self.test}")
+        lines = ["where: " + ", ".join(where)]
+        if self.inputs:
+            lines.append("inputs: " + self.input_text())
+        if self.versions:
+            lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
+        if self.random:
+            lines.append(f"random: {self.random}")
+        call = self.call_code()
+        if call is not None:
+            lines.append("reproduce: " + (call if len(call) <= width else
+                                          "print(error.report.context.reproduce) (the call is longer than a line)"))
+        return lines
+
+    def to_dict(self) -> dict:
+        return {"call": self.call, "function": self.function, "module": self.module, "source": self.source,
+                "test": self.test, "versions": dict(self.versions), "random": self.random,
+                "seeds": jsonable(self.seeds), "inputs": jsonable(self.inputs), "setup": list(self.setup),
+                "function_code": self.function_code, "inputs_code": self.inputs_code,
+                "keywords_code": dict(self.keywords_code), "reproduce": self.reproduce}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CheckContext":
+        names = [f.name for f in fields(cls)]
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
 # -- the report --------------------------------------------------------------------------------
 
 #: options shown in the one-line summary even at their defaults
@@ -329,6 +437,9 @@ class FailureReport:
         Named hypotheses about the bug, each with its evidence.
     notes : list of str
         Anything the report could not do (a diagnosis that failed, arrays omitted, ...).
+    context : CheckContext or None
+        The function, test, versions, seeds and inputs of the check, and the code that
+        runs it again (``context.reproduce``).
     """
 
     def __init__(self, check: str | None = None, message: str = "", details: dict | None = None,
@@ -341,6 +452,7 @@ class FailureReport:
         self.blocks: list[JacobianBlock] = []
         self.diagnoses: list = []
         self.notes: list[str] = []
+        self.context: CheckContext | None = None
         self.completed = False
 
     def __repr__(self) -> str:
@@ -361,40 +473,53 @@ class FailureReport:
         return f"output {self.blocks[i].output} / input {self.blocks[i].input}: "
 
     def summary(self) -> str:
-        """A short text summary (bounded in length however large the Jacobians)."""
-        where = f", backend {self.backend}" if self.backend else ""
-        lines = [f"agcheck report: check {self.check!r} failed{where}"]
-        for block in self.blocks:
-            lines += block.summary_lines()
+        """A short text summary, read top-down: what failed and where, the diagnoses, the
+        failing blocks, then the options and what reproduces the check (bounded in length
+        however large the Jacobians: the blocks give way first)."""
+        head = [self._header()] + self._diagnosis_lines()
+        body = [ln for block in self.blocks for ln in block.summary_lines()]
         if self.details and not self.blocks:  # the facts of a check without Jacobian blocks
-            lines.append("  " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}"
-                                          for k, v in list(self.details.items())[:8]))
-        if self.diagnoses:
-            lines.append("diagnosis:")
-            for d in self.diagnoses[:4]:
-                text = d.summary_lines()
-                where = self.block_of(d)
-                if where and text:
-                    text[0] = text[0].replace("- ", "- " + where, 1)
-                lines += ["  " + ln for ln in text]
-            if len(self.diagnoses) > 4:
-                lines.append(f"  ... and {len(self.diagnoses) - 4} more in error.report.diagnoses")
-        elif self.completed and self.blocks:
-            lines.append("diagnosis: no known pattern (not a constant factor, transposition, sign flip, "
-                         "conjugation, a few entries, a term of low rank or in the input's statistics, a kink "
-                         "or finite-difference noise)")
+            body.append("  " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}"
+                                         for k, v in list(self.details.items())[:8]))
+        tail = []
         if self.options:
             shown = [f"{k}={self.options[k]}" for k in _KEY_OPTIONS if k in self.options]
             shown += [f"{k}={v}" for k, v in self.options.items()
                       if k not in _KEY_OPTIONS and k != "raise_exception" and v != _option_default(k)]
-            lines.append("options: " + ", ".join(shown))
-        for note in self.notes[:3]:
-            lines.append(f"note: {note}")
+            tail.append("options: " + ", ".join(shown))
+        if self.context is not None:
+            tail += self.context.summary_lines()
+        tail += [f"note: {note}" for note in self.notes[:3]]
+        room = MAX_SUMMARY_LINES - len(head) - len(tail)
+        if len(body) > room:
+            body = body[:max(room - 1, 4)] + ["  ... (the rest is in error.report.blocks)"]
+        lines = head + body + tail
         if len(lines) > MAX_SUMMARY_LINES:
             lines = lines[:MAX_SUMMARY_LINES - 1] + ["... (the rest is in error.report)"]
-        if self.blocks:
-            lines.append("details: error.report (to_dict(), save('report.html'))")
         return "\n".join(lines)
+
+    def _header(self) -> str:
+        function = self.context.function if self.context is not None else None
+        return (f"agcheck report: check {self.check!r} failed" + (f" in {function}" if function else "")
+                + (f", backend {self.backend}" if self.backend else ""))
+
+    def _diagnosis_lines(self) -> list:
+        if not self.diagnoses:
+            if self.completed and self.blocks:
+                return ["diagnosis: no known pattern (not a constant factor, transposition, sign flip, "
+                        "conjugation, a few entries, a term of low rank or in the input's statistics, a kink "
+                        "or finite-difference noise)"]
+            return []
+        lines = ["diagnosis:"]
+        for d in self.diagnoses[:4]:
+            text = d.summary_lines()
+            where = self.block_of(d)
+            if where and text:
+                text[0] = text[0].replace("- ", "- " + where, 1)
+            lines += ["  " + ln for ln in text]
+        if len(self.diagnoses) > 4:
+            lines.append(f"  ... and {len(self.diagnoses) - 4} more in error.report.diagnoses")
+        return lines
 
     def __str__(self) -> str:
         return self.summary()
@@ -416,6 +541,7 @@ class FailureReport:
             "blocks": [b.to_dict(include_arrays) for b in self.blocks],
             "diagnoses": [d.to_dict() for d in self.diagnoses],
             "notes": list(self.notes),
+            "context": None if self.context is None else self.context.to_dict(),
         }
 
     @classmethod
@@ -426,6 +552,7 @@ class FailureReport:
         rep.blocks = [JacobianBlock.from_dict(b) for b in d["blocks"]]
         rep.diagnoses = [Diagnosis.from_dict(x) for x in d["diagnoses"]]
         rep.notes = list(d["notes"])
+        rep.context = None if d.get("context") is None else CheckContext.from_dict(d["context"])
         rep.completed = True
         return rep
 
@@ -457,27 +584,3 @@ class FailureReport:
 def _option_default(name):
     return getattr(GradcheckOptions, name, None)
 
-
-def _largest(flat: np.ndarray, k: int) -> np.ndarray:
-    """Flat indices of the ``k`` largest positive entries of ``flat``, largest first (ties
-    by position): one negated copy of the values, partitioned in place from the front
-    (NumPy's selection is fast there on blocks that are mostly zeros, and slow from the
-    back), instead of an index array of the whole block."""
-    k = min(k, flat.size)
-    if not k:
-        return np.zeros(0, dtype=np.int64)
-    negated = np.negative(flat)
-    negated.partition(k - 1)
-    kth = -negated[k - 1]
-    del negated
-    if not kth > 0:  # fewer than k positive entries
-        chosen = np.flatnonzero(flat > 0)
-    else:
-        chosen = np.flatnonzero(flat > kth)  # fewer than k
-        ties, need, step = [], k - chosen.size, 1 << 20
-        for start in range(0, flat.size, step):  # the first ties by position, a chunk at a time
-            ties.extend((np.flatnonzero(flat[start:start + step] == kth)[:need - len(ties)] + start).tolist())
-            if len(ties) >= need:
-                break
-        chosen = np.concatenate([chosen, np.asarray(ties, dtype=np.int64)])
-    return chosen[np.lexsort((chosen, -flat[chosen]))][:k]

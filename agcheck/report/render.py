@@ -4,7 +4,12 @@ Heatmaps of the numerical and analytical Jacobian blocks and of their difference
 drawn with matplotlib, an optional dependency imported only here, only when rendering.
 Large blocks are downsampled by max-abs pooling (the entry of largest magnitude of each
 tile, with its sign) to at most :data:`MAX_SIDE` cells per side, so a single wrong entry
-stays visible and the files stay small.
+stays visible and the files stay small. The axes and the tables name elements alike: by
+their multi-index (``(0, 1)``) in arrays of more than one dimension.
+
+The HTML is filled in from jinja2 templates (``templates/``: the page, the report's body,
+which the main job's page also embeds, and the one stylesheet of both), with autoescaping;
+jinja2 too is imported only when rendering.
 
 Rendering reads a report's attributes (``blocks``, ``diagnoses``, ``summary()`` ...) and
 imports nothing of the report model, so :meth:`agcheck.report.FailureReport.save` can
@@ -13,17 +18,19 @@ use it.
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import io
 import json
 import math
+import os
 import textwrap
 
 import numpy as np
 
-from agcheck.report.values import abs_difference, fmt, index_text
+from agcheck.report.values import abs_difference, fmt, index_text, unravel
 
-__all__ = ["pool_max_abs", "write_html", "write_png", "render_html", "render_png"]
+__all__ = ["pool_max_abs", "write_html", "write_png", "render_html", "render_png", "report_fragment", "stylesheet",
+           "report_view"]
 
 #: heatmaps have at most this many cells per side
 MAX_SIDE = 200
@@ -114,11 +121,16 @@ def _draw_block(fig, axes_rows, block) -> None:
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
             pooled_note = f" (max-abs pooled {fr}x{fc} tiles)" if (fr, fc) != (1, 1) else ""
             ax.set_title(f"{title}{pooled_note}", fontsize=9)
-            ax.set_xlabel("output element (flattened)", fontsize=8)
-            ax.set_ylabel("input element (flattened)", fontsize=8)
+            ax.set_xlabel("output element", fontsize=8)
+            ax.set_ylabel("input element", fontsize=8)
             ax.tick_params(labelsize=7)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            for axis, shape, size in ((ax.xaxis, block.output_shape, block.shape[1]),
+                                      (ax.yaxis, block.input_shape, block.shape[0])):
+                multi = shape is not None and len(shape) > 1
+                axis.set_major_locator(MaxNLocator(nbins=6 if multi else "auto", integer=True))
+                axis.set_major_formatter(_index_formatter(shape, size))
+            if block.output_shape is not None and len(block.output_shape) > 1:
+                ax.tick_params(axis="x", labelrotation=30)
             if max(r, c) <= ANNOTATE_SIDE and (fr, fc) == (1, 1) and kind != "mask":
                 top = vmax if kind == "signed" else (float(np.nanmax(pooled)) if pooled.size else 0.0) or 1.0
                 for i in range(r):
@@ -129,6 +141,20 @@ def _draw_block(fig, axes_rows, block) -> None:
                                 color="white" if light else "black")
             for e in block.worst[:1]:  # mark the worst entry
                 _mark(ax, e, fr, fc, max(r, c))
+
+
+def _index_formatter(shape, size: int):
+    """Tick labels in the tables' notation: an element's multi-index (``(0, 1)``) for
+    arrays of more than one dimension, its index otherwise; none outside the block."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(value, _position):
+        flat = int(round(value))
+        if abs(value - flat) > 1e-6 or not 0 <= flat < size:
+            return ""
+        return index_text(unravel(flat, shape)) if shape is not None and len(shape) > 1 else str(flat)
+
+    return FuncFormatter(label)
 
 
 def _mark(ax, entry, fr, fc, cells):
@@ -166,7 +192,9 @@ def _figure(report, blocks, header: bool):
                  layout="constrained")
     FigureCanvasAgg(fig)
     if header:
-        title = f"agcheck: check {report.check!r} failed" + (f" (backend {report.backend})" if report.backend else "")
+        function = getattr(report.context, "function", None)
+        title = (f"agcheck: check {report.check!r} failed" + (f" in {function}" if function else "")
+                 + (f" (backend {report.backend})" if report.backend else ""))
         if report.diagnoses:
             d = report.diagnoses[0]
             title += "\n" + _wrap(f"[{d.kind}] {d.message}", 160, 2)
@@ -199,36 +227,41 @@ def write_png(report, path) -> None:
 
 # -- HTML -----------------------------------------------------------------------------------
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1400px;color:#222;padding:0 16px}
-h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
-.meta{color:#555} pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px;max-height:420px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-th{background:#f0f0f0} td.num{font-family:ui-monospace,monospace;text-align:right}
-.diag{background:#fff7e0;border-left:4px solid #e0a000;padding:8px 12px;margin:8px 0}
-.diag b{font-family:ui-monospace,monospace} .diag ul{margin:4px 0;font-size:12px;font-family:ui-monospace,monospace}
-img{max-width:100%;border:1px solid #eee}
-"""
+#: the templates of the HTML report and its stylesheet (package data)
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+
+JINJA_MISSING = (
+    "Saving an agcheck failure report as HTML fills templates with jinja2, which is not installed. "
+    "Install it with: pip install jinja2  (or: pip install 'agcheck[report]'). "
+    "report.summary(), report.to_dict() and report.save('report.json') work without it."
+)
 
 
-def _e(x) -> str:
-    return html.escape(str(x))
+@functools.lru_cache(maxsize=1)
+def _environment():
+    try:
+        import jinja2
+    except ImportError as e:
+        raise ImportError(JINJA_MISSING) from e
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def _table(rows, header=None, numeric_from=99) -> str:
-    out = ["<table>"]
-    if header:
-        out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>")
-    for r in rows:
-        out.append("<tr>" + "".join(
-            f"<td class=num>{_e(c)}</td>" if i >= numeric_from else f"<td>{_e(c)}</td>" for i, c in enumerate(r)
-        ) + "</tr>")
-    out.append("</table>")
-    return "".join(out)
+def stylesheet() -> str:
+    """The one stylesheet of agcheck's HTML pages (the failure report, the main job's page)."""
+    with open(os.path.join(TEMPLATES, "agcheck.css"), encoding="utf-8") as f:
+        return f.read()
 
 
-def _block_html(report, block) -> str:
-    parts = [f"<h2>{_e(block.title)}</h2>"]
+def _script_json(data) -> str:
+    """``data`` as JSON that can stand inside a ``<script>`` element: ``<``, ``>`` and ``&``
+    written as JSON escapes (they only occur inside strings), so no ``</script>`` or
+    ``<!--`` can end or change it."""
+    text = json.dumps(data, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _block_view(report, block) -> dict:
     facts = [
         ("block shape", f"{block.shape[0]} x {block.shape[1]} (input elements x output elements)"),
         ("input shape / dtype", f"{block.input_shape} / {block.input_dtype}"),
@@ -244,23 +277,55 @@ def _block_html(report, block) -> str:
     if block.projection:
         facts.append(("fast-mode projection", ", ".join(f"{k} {fmt(v) if not isinstance(v, dict) else v}"
                                                         for k, v in block.projection.items())))
-    parts.append(_table(facts))
+    image = None
     if block.has_arrays and block.numerical.size:
-        png = _block_png(report, block)
-        parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" '
-                     'alt="heatmaps of the numerical and analytical Jacobians and their difference">')
-    else:
-        parts.append("<p><i>The arrays of this block are not available (omitted from the saved data).</i></p>")
-    if block.worst:
-        parts.append(f"<h3>Worst entries (top {min(HTML_TOP_K, len(block.worst))})</h3>")
-        def outside(w):
-            return "yes" if not (w.abs_diff <= block.atol + block.rtol * abs(w.numerical)) else "no"
+        image = base64.b64encode(_block_png(report, block)).decode("ascii")
 
-        rows = [(index_text(w.input_index), index_text(w.output_index), fmt(w.numerical), fmt(w.analytical),
-                 fmt(w.abs_diff), outside(w)) for w in block.worst[:HTML_TOP_K]]
-        parts.append(_table(rows, ["input index", "output index", "numerical", "analytical", "|diff|",
-                                   "outside tolerance"], 2))
-    return "".join(parts)
+    def outside(w):
+        return "yes" if not (w.abs_diff <= block.atol + block.rtol * abs(w.numerical)) else "no"
+
+    worst = [(index_text(w.input_index), index_text(w.output_index), fmt(w.numerical), fmt(w.analytical),
+              fmt(w.abs_diff), outside(w)) for w in block.worst[:HTML_TOP_K]]
+    return {"title": block.title, "facts": facts, "image": image, "worst": worst}
+
+
+def _context_view(context) -> dict | None:
+    if context is None:
+        return None
+    function = context.function or "not recorded"
+    at = ", ".join(x for x in (context.module and f"module {context.module}", context.source) if x)
+    facts = [("call", context.call), ("function", function + (f" ({at})" if at else ""))]
+    if context.test:
+        facts.append(("test", context.test))
+    facts += [("versions", ", ".join(f"{k} {v}" for k, v in context.versions.items())),
+              ("random", context.random)]
+    inputs = [(d["position"], index_text(d["shape"]), d["dtype"], "yes" if d.get("checked") else "no",
+               d.get("layout", "-"), d.get("device", "-")) if d.get("kind") == "array" else
+              (d["position"], "-", d.get("type", "-"), "no", "-", d.get("text", "-")) for d in context.inputs]
+    return {"facts": facts, "inputs": inputs, "reproduce": context.reproduce}
+
+
+def report_view(report) -> dict:
+    """What the HTML templates show of ``report``: plain strings, numbers and tables (the
+    templates escape them), the heatmaps as base64 PNG data, the data as script-safe JSON."""
+    import markupsafe  # jinja2's own dependency
+
+    function = report.context.function if report.context is not None else None
+    message = report.message.splitlines()
+    shown = "\n".join(message[:60]) + (f"\n... ({len(message) - 60} more lines)" if len(message) > 60 else "")
+    return {
+        "title": f"agcheck report: {report.check} failed" + (f" in {function}" if function else ""),
+        "check": report.check, "backend": report.backend, "function": function,
+        "test": report.context.test if report.context is not None else None, "headline": report.headline(),
+        "diagnoses": [{"where": report.block_of(d), "kind": d.kind, "message": d.message, "lines": d.lines[:10]}
+                      for d in report.diagnoses],
+        "blocks": [_block_view(report, b) for b in report.blocks],
+        "facts": list(report.details.items()) if report.details and not report.blocks else [],
+        "context": _context_view(report.context),
+        "options": list(report.options.items()) if report.options else [],
+        "message": shown, "summary": report.summary(), "notes": list(report.notes),
+        "data": markupsafe.Markup(_script_json(report.to_dict(include_arrays=False))),
+    }
 
 
 def _block_png(report, block) -> bytes:
@@ -270,43 +335,22 @@ def _block_png(report, block) -> bytes:
     return buf.getvalue()
 
 
+def report_fragment(report, level: int = 1, ident: str = "agcheck-report") -> str:
+    """The report as HTML to place in a page: headings from ``<h{level}>`` down, its data
+    as JSON in ``<script type="application/json" id="{ident}">`` (needs matplotlib and
+    jinja2). :func:`render_html` is this fragment on a page of its own; the main job's
+    page holds one per failure."""
+    _matplotlib()
+    environment = _environment()
+    return environment.get_template("report_body.html").render(v=report_view(report), level=level, ident=ident)
+
+
 def render_html(report) -> str:
     """The report as one self-contained HTML page (images embedded as base64 PNG)."""
     _matplotlib()
-    title = f"agcheck report: {report.check} failed"
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-             f"<style>{_CSS}</style></head><body>"]
-    parts.append("<h1>agcheck failure report</h1>")
-    meta = [f"check <b>{_e(report.check)}</b>"]
-    if report.backend:
-        meta.append(f"backend <b>{_e(report.backend)}</b>")
-    parts.append(f"<p class=meta>{' · '.join(meta)} — {_e(report.headline())}</p>")
-    parts.append("<h2>Diagnosis</h2>")
-    if report.diagnoses:
-        for d in report.diagnoses:
-            extra = "".join(f"<li>{_e(ln)}</li>" for ln in d.lines[:10])
-            parts.append(f"<div class=diag>{_e(report.block_of(d))}<b>[{_e(d.kind)}]</b> {_e(d.message)}"
-                         + (f"<ul>{extra}</ul>" if extra else "") + "</div>")
-    else:
-        parts.append("<p>No known pattern recognised.</p>")
-    for block in report.blocks:
-        parts.append(_block_html(report, block))
-    if report.details and not report.blocks:
-        parts.append("<h2>Facts</h2>")
-        parts.append(_table([(k, v) for k, v in report.details.items()]))
-    if report.options:
-        parts.append("<h2>Options</h2>")
-        parts.append(_table([(k, v) for k, v in report.options.items()]))
-    message = report.message.splitlines()
-    shown = "\n".join(message[:60]) + (f"\n... ({len(message) - 60} more lines)" if len(message) > 60 else "")
-    parts.append("<h2>Message</h2><pre>" + _e(shown) + "</pre>")
-    parts.append("<h2>Summary</h2><pre>" + _e(report.summary()) + "</pre>")
-    for note in report.notes:
-        parts.append(f"<p><i>note: {_e(note)}</i></p>")
-    data = json.dumps(report.to_dict(include_arrays=False), allow_nan=False).replace("</", "<\\/")
-    parts.append(f'<script type="application/json" id="agcheck-report">{data}</script>')
-    parts.append("</body></html>")
-    return "".join(parts)
+    environment = _environment()
+    return environment.get_template("report.html").render(v=report_view(report), css=stylesheet(), level=1,
+                                                          ident="agcheck-report")
 
 
 def write_html(report, path) -> None:

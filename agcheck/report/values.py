@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 __all__ = ["DICT_ARRAY_LIMIT", "encode_number", "decode_number", "encode_array", "decode_array", "jsonable",
-           "fmt", "index_text", "unravel", "unravel_all", "abs_difference"]
+           "fmt", "index_text", "unravel", "unravel_all", "abs_difference", "largest_positions", "wrap_words"]
 
 #: blocks up to this many entries carry their arrays in ``to_dict()`` by default
 DICT_ARRAY_LIMIT = 10_000
@@ -198,3 +198,28 @@ def float32_valued(a) -> bool:
         return False
     mantissa = np.frexp(np.abs(a))[0]  # in [0.5, 1): a float32 value's times 2**24 is an integer
     return bool((mantissa * 2.0 ** SHORT_MANTISSA_BITS != np.round(mantissa * 2.0 ** SHORT_MANTISSA_BITS)).any())
+
+
+def largest_positions(flat: np.ndarray, k: int) -> np.ndarray:
+    """Flat indices of the ``k`` largest positive entries of ``flat``, largest first (ties
+    by position): one negated copy of the values, partitioned in place from the front
+    (NumPy's selection is fast there on blocks that are mostly zeros, and slow from the
+    back), instead of an index array of the whole block."""
+    k = min(k, flat.size)
+    if not k:
+        return np.zeros(0, dtype=np.int64)
+    negated = np.negative(flat)
+    negated.partition(k - 1)
+    kth = -negated[k - 1]
+    del negated
+    if not kth > 0:  # fewer than k positive entries
+        chosen = np.flatnonzero(flat > 0)
+    else:
+        chosen = np.flatnonzero(flat > kth)  # fewer than k
+        ties, need, step = [], k - chosen.size, 1 << 20
+        for start in range(0, flat.size, step):  # the first ties by position, a chunk at a time
+            ties.extend((np.flatnonzero(flat[start:start + step] == kth)[:need - len(ties)] + start).tolist())
+            if len(ties) >= need:
+                break
+        chosen = np.concatenate([chosen, np.asarray(ties, dtype=np.int64)])
+    return chosen[np.lexsort((chosen, -flat[chosen]))][:k]
