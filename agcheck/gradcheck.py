@@ -183,10 +183,14 @@ def refuse_misspelt(name: str, options: dict, keywords) -> None:
 
 
 def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *, snapshots=None,
-                  **backend_options) -> bool:
+                  subject: dict | None = None, **backend_options) -> bool:
     """:func:`gradcheck` with its keywords already gathered in ``opts``; ``snapshots``
     (``{position: snapshot}``, taken before a call of ``fn`` the caller made) stand for the
-    check's own of those inputs, so that a change that call made is found too."""
+    check's own of those inputs, so that a change that call made is found too; ``subject``
+    names the caller's check in a failure's report (:func:`complete_report`'s ``fn``,
+    ``inputs``, ``call`` and ``keywords``; by default this gradcheck of ``fn``)."""
+    if subject is None:
+        subject = {"fn": fn, "inputs": inputs, "keywords": backend_options}
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
     # fn is the caller's own, not a VJP built around it, where no call of it preceded
@@ -198,7 +202,7 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *,
             except BaseException as e:
                 run.verify_inputs(cause=e)  # a changed input, not the derivative, is then to blame
                 if isinstance(e, GradcheckError) and opts.raise_exception:
-                    complete_report(e, be, opts)  # reports are filled in only for a raised failure
+                    complete_report(e, be, opts, **subject)  # reports are filled in only for a raised failure
                     run.verify_inputs(cause=e)
                 raise
             run.verify_inputs()

@@ -87,6 +87,10 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
         engine=engine, memory_budget=memory_budget, stencil=stencil, progress=progress,
         fast_tolerance=fast_tolerance,
     )
+    extra = {"grad_outputs": grad_outputs, "gen_non_contig_grad_outputs": gen_non_contig_grad_outputs or None,
+             "order": order if order != 2 else None}
+    subject = {"fn": fn, "inputs": inputs, "call": "gradgradcheck",
+               "keywords": {**{k: v for k, v in extra.items() if v is not None}, **backend_options}}
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
 
     taken = {}  # the inputs before fn's first call: the check finds a change that call made
@@ -94,7 +98,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
         given = grad_outputs if level == 0 else None
         fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level, fast_mode,
                                 taken if level == 0 else None)
-    return run_gradcheck(fn, args, opts, be, snapshots=taken)
+    return run_gradcheck(fn, args, opts, be, snapshots=taken, subject=subject)
 
 
 def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=False, taken=None):

@@ -23,14 +23,21 @@ def make(*shape, dtype=torch.float64, seed=0, requires_grad=True, device="cpu"):
     return x.requires_grad_(requires_grad)
 
 
+def torch_text(error) -> str:
+    """The torch-compatible text of an error agcheck raised (``error.report.message``: its
+    message without agcheck's summary, which follows torch's first line), or the whole
+    message of any other error; without its final newline."""
+    report = getattr(error, "report", None)
+    return (report.message if report is not None and report.message else str(error)).rstrip("\n")
+
+
 def first_paragraph(check, fn, args, **kw) -> str:
-    """The first paragraph of the error ``check(fn, args, **kw)`` raises: torch's message,
-    where agcheck's report follows a blank line."""
+    """The first paragraph of torch's text in the error ``check(fn, args, **kw)`` raises."""
     import pytest
 
     with pytest.raises(RuntimeError) as info:
         check(fn, args, **kw)
-    return str(info.value).split("\n\n")[0]
+    return torch_text(info.value).split("\n\n")[0]
 
 
 def torch_message(fn, args) -> str:

@@ -8,7 +8,7 @@ import torch
 import agcheck
 from agcheck.checks.jacobian import BATCHED_ROWS_NOTE
 
-from .helpers import ScaledSin, SinWithJvp, first_paragraph, make, run_check as run, torch_message
+from .helpers import ScaledSin, SinWithJvp, first_paragraph, make, run_check as run, torch_message, torch_text
 
 _gen = torch.Generator().manual_seed(21)
 _A, _B, _C = (torch.randn(50, 50, dtype=torch.float64, generator=_gen) / 7 for _ in range(3))
@@ -217,7 +217,7 @@ def test_a_check_no_input_of_which_can_be_batched_is_decided_from_the_engines_ro
     with pytest.raises(agcheck.GradcheckError) as info:
         agcheck.gradcheck(fn, args)
     assert BATCHED_ROWS_NOTE not in info.value.report.notes
-    assert str(info.value).split("\n\n")[0] == torch_message(fn, args)
+    assert torch_text(info.value).split("\n\n")[0] == torch_message(fn, args)
 
 
 # -- forward mode: both sides by rows, so the printed rows decide -------------------------
