@@ -1101,6 +1101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jsonl", default=None, metavar="PATH", help="write one JSON record per sample (and per skip) to PATH")
     ap.add_argument("--list-ops", action="store_true", help="list the selected ops with their dtypes and settings, then exit")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu", help="the samples' device (default cpu; cuda on a GPU machine)")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per op; -vv: a line per sample")
     ap.add_argument("--max-list", type=int, default=200, help="disagreements listed in the summary")
     ap.add_argument("--force-engine", action="store_true",
@@ -1110,6 +1111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "and by the line of agcheck that met it, and print them after the summary")
     args = ap.parse_args(argv)
 
+    global DEVICE
+    DEVICE = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     ops = iter_ops(args.ops)
