@@ -253,9 +253,10 @@ class _Run:
 
     def eps_for(self, x) -> float:
         """The finite-difference step for input ``x``."""
-        if self.opts.eps == "auto":
+        eps = self.opts.eps
+        if isinstance(eps, str):  # "auto", the options' only word
             return auto_eps(self.be.machine_epsilon(x), self.stencil)
-        return self.opts.eps
+        return eps
 
     def numerical_args(self, args) -> tuple:
         """The arguments the numerical side moves: unless ``masked``, every sparse argument
@@ -330,7 +331,7 @@ class _Run:
     def _validate_inputs(self) -> list:
         be = self.be
         checked = be.checked_positions(self.args)
-        devices = {}
+        devices: dict[str, int] = {}
         for idx in checked if len(checked) > 1 else ():
             devices.setdefault(be.device_name(self.args[idx]), idx)
         if len(devices) > 1:

@@ -93,7 +93,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
                "keywords": {**{k: v for k, v in extra.items() if v is not None}, **backend_options}}
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
 
-    taken = {}  # the inputs before fn's first call: the check finds a change that call made
+    taken: dict = {}  # the inputs before fn's first call: the check finds a change that call made
     for level in range(order - 1):
         given = grad_outputs if level == 0 else None
         fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level, fast_mode,

@@ -37,7 +37,7 @@ def _check_number(name: str, value, *, positive: bool, magnitude: bool = False, 
 class GradcheckOptions:
     """Every keyword of ``torch.autograd.gradcheck``, with torch's defaults."""
 
-    eps: float = 1e-6
+    eps: float | str = 1e-6  #: a step, or "auto"
     atol: float = 1e-5
     rtol: float = 1e-3
     raise_exception: bool = True

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 import warnings
 
 __all__ = ["warn_caller"]
@@ -14,7 +15,8 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` with the stack level of the first frame outside agcheck: the
     user's call of ``gradcheck`` (or of ``fn``'s own caller, where ``fn`` is agcheck's)."""
-    frame, level = sys._getframe(1), 2
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 2
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)

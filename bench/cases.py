@@ -641,7 +641,7 @@ CASES: dict[str, Case] = {
         Case("samples_cnn", "gradcheck", _build_samples_cnn,
              lambda q, o: f"3 conv 3x3 + BN + ReLU on 2x1x{16 if q else 32}^2 (two samples), slow"),
         Case("samples_cnn_wrong", "gradcheck", _build_samples_cnn_wrong,
-             lambda q, o: f"the same with one backward entry 10% off (fails), slow"),
+             lambda q, o: "the same with one backward entry 10% off (fails), slow"),
         Case("exp_wrong", "gradcheck", _build_exp_wrong,
              lambda q, o: f"exp, its backward 1% off, n={500 if q else 2000} (fails), slow"),
         Case("dense_wrong", "gradcheck", _build_dense_wrong,

@@ -48,7 +48,6 @@ import gc
 import hashlib
 import inspect
 import json
-import os
 import random
 import sys
 import threading

@@ -418,7 +418,7 @@ def same_samples(s1: Sequence, s2: Sequence) -> bool:
                     return False
             else:
                 try:
-                    if x != y and not (x is y):
+                    if x != y and x is not y:
                         return False
                 except Exception:
                     if type(x) is not type(y):

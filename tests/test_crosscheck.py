@@ -476,7 +476,6 @@ def test_torch_jax_second_order_only_difference():
     differentiable (stop_gradient) gives zero second derivatives in JAX."""
     need_jax()
     import jax
-    import jax.numpy as jnp
 
     @jax.custom_vjp
     def cube(x):

@@ -37,7 +37,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 # Any fence, also one indented inside a list item; group 1 is the line above it.
 ANY_FENCE = re.compile(r"(?:^([^\n]*)\n)?^( *)```(\w*)\n(.*?)^\2```", re.S | re.M)
 FRAGMENT = "<!-- fragment -->"
-OPTIONAL_FRAMEWORKS = ("torch", "jax", "tensorflow", "matplotlib")
+OPTIONAL_FRAMEWORKS = ("torch", "jax", "tensorflow", "mlx", "matplotlib", "jinja2")
 
 
 def _missing(*modules):

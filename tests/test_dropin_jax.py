@@ -11,7 +11,7 @@ pytest_plugins = ["pytester"]
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-import jax.test_util  # noqa: E402
+import jax.test_util  # noqa: E402,F811
 
 import agcheck  # noqa: E402
 

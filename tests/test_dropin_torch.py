@@ -10,7 +10,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 torch = pytest.importorskip("torch")
-import torch.autograd.gradcheck  # noqa: E402,F401  (the module, for its GradcheckError)
+import torch.autograd.gradcheck  # noqa: E402,F401,F811  (the module, for its GradcheckError)
 import torch.testing._internal.common_utils as common_utils  # noqa: E402
 from torch.autograd import gradcheck as early_gradcheck  # noqa: E402  (bound before any patch)
 

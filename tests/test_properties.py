@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 from hypothesis import event, given
 from hypothesis import strategies as st

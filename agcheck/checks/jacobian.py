@@ -261,7 +261,7 @@ def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytic
     ``{input position: [(start, stop, {output position: rows})]}``, and
     ``reuse_analytical`` analytical columns (:attr:`Outcome.analytical`): only the other
     rows and columns are computed."""
-    be, opts = run.be, run.opts
+    opts = run.opts
     moved = run.numerical_args(piece.args)
     reuse = reuse or {}
     numerical = [_remembered_or_computed(run, piece, moved, p, reuse.get(p)) for p in piece.checked]

@@ -93,7 +93,7 @@ def _forward_block(run, piece, moved, j, p) -> None:
     m = sum(be.numel(piece.outputs[k]) for k in piece.floats)
     for rows in row_chunks(run, be.numel(x), 16 * max(1, m)):
         analytical = jac.analytical_rows_forward(be, piece.fn, piece.args, piece.checked, j, rows,
-                                                 check_grad_dtypes=opts.check_grad_dtypes)
+                                                 check_grad_dtypes=opts.check_grad_dtypes) or []
         numerical = jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(x), run.stencil,
                                             elements=rows)
         for i, k in enumerate(piece.floats):

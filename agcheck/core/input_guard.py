@@ -69,7 +69,7 @@ class InputGuard:
                     self.written = [p for p, b, c in zip(counted, before, after) if b != c]
             return out
 
-        watched.__wrapped__ = fn
+        watched.__wrapped__ = fn  # type: ignore[attr-defined]
         watched.__name__ = getattr(fn, "__name__", "fn")
         return watched
 
@@ -106,8 +106,8 @@ class InputGuard:
         return (
             f"fn modified {first} in place{also} {when}:{rest or ' its values changed'}. A gradient check "
             "moves each input and compares results, so fn must leave its inputs unchanged: work on a copy "
-            "(e.g. x = x.clone()) inside fn. The input has been restored, and the check stopped: a mismatch "
-            "after the change would come from the changed input, not from the derivative."
+            "(x = x.clone() in torch, x.copy() in NumPy) inside fn. The input has been restored, and the check "
+            "stopped: a mismatch after the change would come from the changed input, not from the derivative."
         )
 
 

@@ -47,7 +47,7 @@ def _forward_rows(be, fn, args, checked, i) -> list:
         tangents[i] = t
         return [jac._flat_tangent(be, primal, tangent) for primal, tangent in be.jvp(fn, args, checked, tangents)]
 
-    rows = None
+    rows: list | None = None
     for flat in range(be.numel(x)):
         e = be.one_hot(x, flat)
         outs = tangent_outputs(e)

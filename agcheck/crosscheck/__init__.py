@@ -164,7 +164,7 @@ def crosscheck(
 def _compute(sides, result, np_inputs, checked, fast_mode, check_forward_ad, check_backward_ad, order) -> dict:
     """``{quantity: {backend: {key: LabelledArray}}}``; the values and derivatives are also
     stored on ``result`` (as NumPy arrays) and what could not be computed in its notes."""
-    computed = {q: {} for q in QUANTITIES}
+    computed: dict = {q: {} for q in QUANTITIES}
     for side in sides:  # values first: they fix the shapes of fast mode's probes
         with side.context():
             side.setup()
