@@ -138,6 +138,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Any, *, backend: str | Backend | N
     **backend_options
         Keywords of the chosen backend (e.g. ``wrt=`` for JAX, ``vjp=``/``jvp=`` for
         NumPy; ``sparse_vjp=`` for torch). A misspelt keyword of gradcheck's is named.
+        ``fn`` may also be given as ``func=``, torch's name for it.
 
     Returns
     -------

@@ -61,9 +61,9 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
     engine, memory_budget, stencil, progress, fast_tolerance
         Beyond torch, as in :func:`agcheck.gradcheck`; they apply to the check of the
         VJP.
-    (``fn`` may also be given as ``func=``, torch's name for it.)
     **backend_options
-        Keywords of the chosen backend, as in :func:`agcheck.gradcheck`.
+        Keywords of the chosen backend, as in :func:`agcheck.gradcheck`. ``fn`` may also
+        be given as ``func=``, torch's name for it.
 
     Returns
     -------
