@@ -3,9 +3,17 @@
 Every function is written once against the array API: it takes arrays, finds their
 namespace with ``array_api_compat.array_namespace`` and calls only functions of the
 standard (and its ``linalg`` extension), so the same code runs on torch tensors, JAX
-arrays and NumPy arrays. The exceptions are the ``custom`` entries, whose derivatives are
-hand-written per framework (a ``torch.autograd.Function``, a ``jax.custom_jvp`` /
-``jax.custom_vjp``, a NumPy VJP/JVP): they give one port per backend.
+arrays and NumPy arrays (on TensorFlow and MLX arrays through agcheck's small namespaces,
+:mod:`agcheck.backends.tensorflow_xp` and :mod:`agcheck.backends.mlx_xp`). The exceptions
+are the ``custom`` entries, whose derivatives are hand-written per framework (a
+``torch.autograd.Function``, a ``jax.custom_jvp`` / ``jax.custom_vjp``, a
+``tf.custom_gradient``, an ``mx.custom_function``, a NumPy VJP/JVP): they give one port
+per backend.
+
+An entry a backend cannot check as written names that backend in ``not_on``, with the
+reason (the main job shows the reason, never a silent pass): MLX computes float64 ``sin``,
+``cos`` and ``exp`` at float32 accuracy, has no complex128 and no derivatives of some of
+``mx.linalg``.
 
 Each :class:`Entry` has a name, the function (or its ports), an input builder (shapes,
 dtypes, how the values are drawn and a seed — chosen away from the points where the
@@ -28,17 +36,34 @@ import numpy as np
 
 from agcheck.backends.registry import infer_backend
 
-__all__ = ["Arg", "Entry", "CATALOG", "KINDS", "by_name", "select", "demo_failure_entry"]
+__all__ = ["Arg", "Entry", "CATALOG", "KINDS", "by_name", "select", "demo_failure_entry",
+           "MLX_FLOAT32_INSIDE", "MLX_NO_COMPLEX128", "MLX_NO_DERIVATIVE"]
 
 #: the kinds of catalog entries, in display order
 KINDS = ("elementwise", "reduction", "linalg", "composite", "complex", "custom")
 
+#: why an entry is not checked on MLX (``Entry.not_on``), measured with mlx 0.32.4 on the CPU
+MLX_FLOAT32_INSIDE = ("MLX computes float64 sin, cos and exp (so also its sigmoid and logaddexp) at float32 "
+                      "accuracy (ml-explore/mlx#3047), too coarse for float64 finite differences")
+MLX_NO_COMPLEX128 = "MLX has no complex128, and complex64 is too coarse for float64 finite differences"
+MLX_NO_DERIVATIVE = ("MLX does not differentiate mx.linalg.inv, solve, cholesky, eigvalsh and svd "
+                     "(no VJP)")
+#: entries with a complex128 argument cannot run on these backends at that precision
+_NO_COMPLEX128 = {"mlx": MLX_NO_COMPLEX128}
+
 
 def _ns(*arrays):
     try:
-        return array_api_compat.array_namespace(*arrays)
+        xp = array_api_compat.array_namespace(*arrays)
     except TypeError:  # a framework array_api_compat does not know (TensorFlow)
         return infer_backend(arrays).array_namespace(*arrays)
+    if getattr(xp, "__name__", "") == "mlx.core":
+        # MLX arrays name mlx.core as their namespace, which is not the standard's
+        # (no linalg.vector_norm, var(correction=)): agcheck's adapter over it instead
+        from agcheck.backends.mlx_xp import namespace
+
+        return namespace
+    return xp
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -123,9 +148,11 @@ class Entry:
     reverse_only : frozenset of str
         Backends on which only reverse mode is checked (e.g. a ``jax.custom_vjp`` has no
         forward mode).
-    not_on : frozenset of str
-        Backends whose arrays cannot run ``fn`` as written (TensorFlow refuses mixed
-        real/complex arithmetic through Python's operators).
+    not_on : tuple of (str, str)
+        ``(backend, reason)`` pairs: the backends that cannot check ``fn`` as written, and
+        why (TensorFlow refuses mixed real/complex arithmetic through Python's operators;
+        MLX computes float64 ``exp`` at float32 accuracy). Entries with a complex128
+        argument are also excluded on MLX (:meth:`exclusion`).
     """
 
     name: str
@@ -138,7 +165,7 @@ class Entry:
     vjp: Callable | None = None
     jvp: Callable | None = None
     reverse_only: frozenset = field(default_factory=frozenset)
-    not_on: frozenset = field(default_factory=frozenset)
+    not_on: tuple = ()
 
     def inputs(self) -> tuple:
         """The inputs as NumPy arrays (fresh copies, the same on every call)."""
@@ -156,14 +183,24 @@ class Entry:
             return self.ports(backend)
         return self.fn
 
+    def exclusion(self, backend: str) -> str | None:
+        """Why ``backend`` cannot check this entry, though it has an implementation there
+        (``None`` when it can, or has none)."""
+        for name, reason in self.not_on:
+            if name == backend:
+                return reason
+        if backend in _NO_COMPLEX128 and any(a.dtype == "complex128" for a in self.args):
+            return _NO_COMPLEX128[backend]
+        return None
+
     def supports(self, backend: str) -> bool:
         if backend == "numpy":
             return self.vjp is not None or self.jvp is not None
-        if backend in self.not_on:
+        if self.exclusion(backend) is not None:
             return False
         if self.ports is not None:
             return self.ports(backend) is not None
-        return backend in ("torch", "jax", "tensorflow")
+        return backend in ("torch", "jax", "tensorflow", "mlx")
 
     def forward_ad(self, backend: str) -> bool:
         """Is forward-mode AD checked on ``backend``?"""
@@ -574,6 +611,22 @@ def _softplus_ports(backend: str):
             return tf.math.log1p(tf.exp(x)), backward
 
         return softplus_tf
+    if backend == "mlx":
+        import mlx.core as mx
+
+        @mx.custom_function
+        def softplus_mlx(x):
+            return mx.log1p(mx.exp(x))
+
+        @softplus_mlx.vjp
+        def _softplus_mlx_vjp(primals, cotangent, output):  # one input: primals is the array
+            return cotangent * mx.sigmoid(primals)
+
+        @softplus_mlx.jvp
+        def _softplus_mlx_jvp(primals, tangents):
+            return tangents * mx.sigmoid(primals)
+
+        return softplus_mlx
     return None
 
 
@@ -628,6 +681,18 @@ def _cube_ports(backend: str):
             return x * x * x, lambda g: 3 * x * x * g
 
         return cube_tf
+    if backend == "mlx":
+        import mlx.core as mx
+
+        @mx.custom_function
+        def cube_mlx(x):
+            return x * x * x
+
+        @cube_mlx.vjp
+        def _cube_mlx_vjp(primals, cotangent, output):  # one input: primals is the array
+            return 3 * primals * primals * cotangent
+
+        return cube_mlx
     return None
 
 
@@ -640,19 +705,22 @@ def _e(name, kinds, args, fn, seed, description, **kw) -> Entry:
 
 #: most entries take 3 x 4 arrays: JAX compiles its helper programs once per shape
 R34 = Arg((3, 4))
+_MLX_F32 = (("mlx", MLX_FLOAT32_INSIDE),)
+_MLX_NO_D = (("mlx", MLX_NO_DERIVATIVE),)
 
 CATALOG: tuple = (
     # elementwise
-    _e("sin", "elementwise", [R34], sin, 1, "sin(x)", vjp=sin_vjp, jvp=sin_jvp),
-    _e("exp", "elementwise", [R34], exp, 2, "exp(x)", vjp=exp_vjp, jvp=exp_jvp),
+    _e("sin", "elementwise", [R34], sin, 1, "sin(x)", vjp=sin_vjp, jvp=sin_jvp, not_on=_MLX_F32),
+    _e("exp", "elementwise", [R34], exp, 2, "exp(x)", vjp=exp_vjp, jvp=exp_jvp, not_on=_MLX_F32),
     _e("tanh", "elementwise", [R34], tanh, 3, "tanh(x)", vjp=tanh_vjp, jvp=tanh_jvp),
     _e("log1p", "elementwise", [Arg((3, 4), sample="uniform", low=-0.5, high=2.0)], log1p, 4, "log1p(x), x > -0.5"),
     _e("sqrt", "elementwise", [Arg((3, 4), sample="positive")], sqrt, 5, "sqrt(x), x > 0"),
     _e("pow", "elementwise", [Arg((3, 4), sample="positive"), R34], power, 6, "x ** y, x > 0"),
-    _e("sigmoid", "elementwise", [R34], sigmoid, 7, "1 / (1 + exp(-x))", vjp=sigmoid_vjp, jvp=sigmoid_jvp),
+    _e("sigmoid", "elementwise", [R34], sigmoid, 7, "1 / (1 + exp(-x))", vjp=sigmoid_vjp, jvp=sigmoid_jvp,
+       not_on=_MLX_F32),
     _e("atan2", "elementwise", [R34, Arg((3, 4), sample="positive")], atan2, 9, "atan2(y, x), x > 0"),
-    _e("logaddexp", "elementwise", [R34, R34], logaddexp, 11, "logaddexp(x, y)"),
-    _e("expm1_cos", "elementwise", [R34, R34], expm1_cos, 13, "expm1(x) * cos(y)"),
+    _e("logaddexp", "elementwise", [R34, R34], logaddexp, 11, "logaddexp(x, y)", not_on=_MLX_F32),
+    _e("expm1_cos", "elementwise", [R34, R34], expm1_cos, 13, "expm1(x) * cos(y)", not_on=_MLX_F32),
     # reductions
     _e("sum_squares", "reduction", [R34], sum_squares, 20, "sum(x * x, axis=1)",
        vjp=sum_squares_vjp, jvp=sum_squares_jvp),
@@ -667,19 +735,22 @@ CATALOG: tuple = (
     _e("vector_norm", "linalg", [Arg((3, 4), sample="nonzero")], vector_norm, 32, "2-norm of each row, away from 0",
        vjp=vector_norm_vjp, jvp=vector_norm_jvp),
     _e("det", "linalg", [Arg((3, 3), sample="well_conditioned")], det, 33, "det(a), well conditioned"),
-    _e("inv", "linalg", [Arg((3, 3), sample="well_conditioned")], inv, 34, "inv(a), well conditioned"),
+    _e("inv", "linalg", [Arg((3, 3), sample="well_conditioned")], inv, 34, "inv(a), well conditioned",
+       not_on=_MLX_NO_D),
     _e("solve", "linalg", [Arg((3, 3), sample="well_conditioned"), R34], solve, 35,
-       "solve(a, b), well conditioned"),
+       "solve(a, b), well conditioned", not_on=_MLX_NO_D),
     _e("trace_of_product", "linalg", [Arg((3, 3)), Arg((3, 3))], trace_of_product, 36, "trace(a @ b)"),
     _e("outer", "linalg", [Arg((3,)), Arg((4,))], outer, 37, "outer(x, y)"),
-    _e("cholesky", "linalg", [Arg((3, 3))], cholesky, 38, "cholesky(x x^T + 3 I)"),
+    _e("cholesky", "linalg", [Arg((3, 3))], cholesky, 38, "cholesky(x x^T + 3 I)", not_on=_MLX_NO_D),
     _e("logabsdet", "linalg", [Arg((3, 3), sample="well_conditioned")], logabsdet, 39, "slogdet(a)[1]"),
-    _e("eigvalsh", "linalg", [Arg((3, 3))], eigvalsh, 40, "eigvalsh((x + x^T) / 2), distinct eigenvalues"),
-    _e("svdvals", "linalg", [R34], svdvals, 41, "singular values, distinct"),
+    _e("eigvalsh", "linalg", [Arg((3, 3))], eigvalsh, 40, "eigvalsh((x + x^T) / 2), distinct eigenvalues",
+       not_on=_MLX_NO_D),
+    _e("svdvals", "linalg", [R34], svdvals, 41, "singular values, distinct", not_on=_MLX_NO_D),
     # composite functions written from primitives
     _e("softmax", "composite", [R34], softmax, 50, "softmax along the last axis (max-shifted)",
-       vjp=softmax_vjp, jvp=softmax_jvp),
-    _e("logsumexp", "composite", [R34], logsumexp, 52, "logsumexp along the last axis (max-shifted)"),
+       vjp=softmax_vjp, jvp=softmax_jvp, not_on=_MLX_F32),
+    _e("logsumexp", "composite", [R34], logsumexp, 52, "logsumexp along the last axis (max-shifted)",
+       not_on=_MLX_F32),
     _e("layer_norm", "composite", [R34, Arg((4,)), Arg((4,))], layer_norm, 53,
        "layer normalisation with weight and bias"),
     _e("mlp", "composite linalg", [R34, Arg((4, 4)), Arg((4,)), Arg((4, 3))], mlp, 54, "tanh(x @ w + b) @ v"),
@@ -696,16 +767,19 @@ CATALOG: tuple = (
        complex_matmul, 65, "a @ b, complex"),
     _e("z_sin_z", "complex elementwise", [Arg((4,), "complex128")], z_sin_z, 66, "z * sin(z): holomorphic"),
     _e("real_of_exp_times", "complex", [Arg((4,), "complex128"), Arg((4,))], real_of_exp_times, 68,
-       "real(exp(z) * w), w real", not_on=frozenset({"tensorflow"})),
+       "real(exp(z) * w), w real",
+       not_on=(("tensorflow", "TensorFlow refuses mixed real and complex arithmetic through Python's operators"),)),
     # hand-written derivatives
     _e("softplus_custom", "custom elementwise", [R34], softplus_custom, 70,
        "softplus: torch.autograd.Function (backward + jvp), jax.custom_jvp, tf.custom_gradient "
-       "(reverse mode: TF's forward mode does not use custom gradients), NumPy vjp + jvp",
+       "(reverse mode: TF's forward mode does not use custom gradients), mx.custom_function (vjp + jvp), "
+       "NumPy vjp + jvp",
        ports=_softplus_ports, vjp=softplus_custom_vjp, jvp=softplus_custom_jvp,
-       reverse_only=frozenset({"tensorflow"})),
+       reverse_only=frozenset({"tensorflow"}), not_on=_MLX_F32),
     _e("cube_custom_vjp", "custom elementwise", [R34], cube_custom_vjp, 71,
-       "x ** 3: torch.autograd.Function, jax.custom_vjp and tf.custom_gradient (reverse mode only), NumPy vjp",
-       ports=_cube_ports, vjp=cube_custom_vjp_vjp, reverse_only=frozenset({"torch", "jax", "tensorflow"})),
+       "x ** 3: torch.autograd.Function, jax.custom_vjp, tf.custom_gradient and mx.custom_function "
+       "(reverse mode only), NumPy vjp",
+       ports=_cube_ports, vjp=cube_custom_vjp_vjp, reverse_only=frozenset({"torch", "jax", "tensorflow", "mlx"})),
 )
 
 
@@ -765,6 +839,10 @@ def _broken_exp_ports(backend: str):
         import jax.numpy as jnp
 
         return jnp.exp
+    if backend == "mlx":
+        import mlx.core as mx
+
+        return mx.exp
     return None
 
 
@@ -773,4 +851,4 @@ def demo_failure_entry() -> Entry:
     gradcheck fails on torch, passes elsewhere, and the backends disagree."""
     return _e("exp_broken_backward", "custom elementwise", [Arg((3,))], exp, 99,
               "DELIBERATELY BROKEN: torch autograd.Function with backward and jvp scaled by 2",
-              ports=_broken_exp_ports, vjp=exp_broken_vjp)
+              ports=_broken_exp_ports, vjp=exp_broken_vjp, not_on=_MLX_F32)

@@ -466,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
             "agcheck: a gradient checker with the semantics of torch.autograd.gradcheck. "
             "Without a subcommand, runs the main job: every function of the bundled catalog "
             "(written once against the array API) is gradchecked on every installed backend "
-            "(torch, jax, tensorflow; numpy for the functions with hand-written derivatives) and "
+            "(torch, jax, tensorflow, mlx; numpy for the functions with hand-written derivatives) and "
             "crosschecked across them; a summary table is printed and an HTML report written. "
             "The subcommands check a function of your own."
         ),

@@ -5,9 +5,11 @@ which takes them from :func:`add_arguments`); :func:`run_job` runs it on the par
 arguments.
 
 For every function of the bundled catalog (:mod:`agcheck.frontends.catalog`) and every installed
-backend it runs :func:`agcheck.gradcheck` (slow mode, reverse and — where the backend
-supports it — forward-mode AD), then :func:`agcheck.crosscheck` across those backends.
-The NumPy backend takes part for the entries that come with hand-written derivatives.
+backend (torch, JAX, TensorFlow, MLX) it runs :func:`agcheck.gradcheck` (slow mode, reverse
+and — where the backend supports it — forward-mode AD), then :func:`agcheck.crosscheck`
+across those backends. The NumPy backend takes part for the entries that come with
+hand-written derivatives. A function a backend cannot check as written (MLX's float64
+``exp`` is float32-accurate, for one) is ``skip`` there, its reason printed above the table.
 A progress bar runs while it works (on stderr, when that is a terminal); a summary table
 follows, and an HTML report (``agcheck-report.html`` in the current folder by default)
 keeps the table and, for every failure, the failure report.
@@ -21,9 +23,10 @@ report that cannot be written; a failed check's 1 wins over an unwritable report
 
 JAX computes in 32 bits unless told otherwise: its checks run inside the backend's
 ``precision(True)`` context (``jax.enable_x64``), so the caller's JAX configuration is left
-as it was. The checks themselves live in :mod:`agcheck.frontends.mainjob_checks`, the HTML
-report in :mod:`agcheck.frontends.mainjob_html`; this module is the command (options, the
-terminal's table) and imports no framework.
+as it was; MLX's run on its CPU stream, where MLX computes float64. The checks themselves
+live in :mod:`agcheck.frontends.mainjob_checks`, the HTML report in
+:mod:`agcheck.frontends.mainjob_html`; this module is the command (options, the terminal's
+table) and imports no framework.
 """
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def _console(stderr: bool = False, plain: bool = False):
     return console
 
 
-_STYLE = {"pass": "green", "FAIL": "bold red", "ERROR": "bold red", "-": "dim"}
+_STYLE = {"pass": "green", "FAIL": "bold red", "ERROR": "bold red", "-": "dim", "skip": "yellow"}
 
 
 def _cell(status: str, text: str | None = None):
@@ -82,11 +85,12 @@ def _cell(status: str, text: str | None = None):
     return Text(text if text is not None else status, style=_STYLE.get(status, ""))
 
 
-def summary_table(results, backends, short: bool = False):
+def summary_table(results, backends, short: bool = False, tight: bool = False):
     """The summary as a ``rich.table.Table``.
 
     The function names and the statuses are never cut; the kinds wrap when the terminal
-    is narrow, and ``short`` headers (``tf``, ``cross``) make the table fit 80 columns.
+    is narrow, ``short`` headers (``tf``, ``cross``) and, with five backends, ``tight``
+    columns (one space between them instead of two) make the table fit 80 columns.
     """
     from rich import box
     from rich.table import Table
@@ -95,7 +99,8 @@ def summary_table(results, backends, short: bool = False):
     def header(name):
         return SHORT_HEADERS.get(name, name) if short else name
 
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                  padding=(0, 0) if tight else (0, 1))
     table.add_column("function", no_wrap=True, min_width=max([len(r.entry.name) for r in results] + [8]))
     table.add_column("kind", min_width=max([len(k) for r in results for k in r.entry.kinds] + [4]))
     for b in backends:
@@ -113,13 +118,14 @@ def summary_table(results, backends, short: bool = False):
 
 def _fitting_table(console, results, backends):
     """The summary table, with the short headers when the full ones do not fit even with
-    the kinds wrapped."""
+    the kinds wrapped, and tight columns when the short ones do not fit either."""
     from rich.measure import Measurement
 
-    table = summary_table(results, backends)
     unbounded = console.options.update_width(10_000)
-    if Measurement.get(console, unbounded, table).minimum > console.width:
-        table = summary_table(results, backends, short=True)
+    for style in ({}, {"short": True}, {"short": True, "tight": True}):
+        table = summary_table(results, backends, **style)
+        if Measurement.get(console, unbounded, table).minimum <= console.width:
+            break
     return table
 
 
@@ -182,7 +188,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             + ", ".join(_catalog.KINDS) + "); repeatable")
     group.add_argument("--list", action="store_true", help="list the catalog and exit")
     group.add_argument("--backends", metavar="B[,B]", default=None,
-                       help="backends to run on, among torch, jax, tensorflow, numpy (default: every installed "
+                       help=f"backends to run on, among {', '.join(BACKENDS)} (default: every installed "
                             "one); for crosscheck, the backends compared")
     group.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     group.add_argument("--demo-failure", action="store_true",
@@ -222,7 +228,7 @@ def _wanted_backends(args) -> list:
         return list(BACKENDS)
     wanted = list(dict.fromkeys(_split([args.backends])))
     if not wanted:
-        raise UsageError("--backends needs at least one of torch, jax, tensorflow, numpy")
+        raise UsageError(f"--backends needs at least one of {', '.join(BACKENDS)}")
     wanted = ["tensorflow" if b == "tf" else b for b in wanted]
     unknown = [b for b in wanted if b not in BACKENDS]
     if unknown:
@@ -253,7 +259,21 @@ def _choose_backends(args, installed: dict) -> tuple[list, list]:
         notes.append(f"{missing[0]} is not installed: checking on {on} (and on NumPy the functions with "
                      f"hand-written derivatives); install agcheck[{missing[0]}] or agcheck[all] to cross-check "
                      f"against {name}.")
+    if "mlx" not in installed:
+        notes.append("mlx is not installed: not checking on MLX; install agcheck[mlx] or agcheck[all] "
+                     "(macOS on Apple silicon, Linux) to check on it and cross-check against it too.")
     return chosen, notes
+
+
+def _skip_notes(entries: list, backends: list) -> list:
+    """One line per backend and reason: the functions that backend does not check, and why."""
+    grouped: dict = {}
+    for e in entries:
+        for b in backends:
+            reason = e.exclusion(b)
+            if reason is not None:
+                grouped.setdefault((b, reason), []).append(e.name)
+    return [f"skip on {b}: {', '.join(names)}: {reason}" for (b, reason), names in grouped.items()]
 
 
 def _plural(n: int, word: str) -> str:
@@ -265,21 +285,30 @@ def _plan(args, entries: list, progress=None) -> tuple[list, list, list, dict]:
     installed = detect_backends(_wanted_backends(args), progress=progress)
     backends, notes = _choose_backends(args, installed)
     runnable = [e for e in entries if any(e.supports(b) for b in backends)]
-    left_out = [e.name for e in entries if e not in runnable]
+    # left out: no implementation on any of the backends (those skipped for a reason are
+    # named with it by the skip notes)
+    left_out = [e.name for e in entries if e not in runnable and all(e.exclusion(b) is None for b in backends)]
+    skips = _skip_notes(entries, backends)
     if not runnable:
-        raise UsageError(f"none of the selected functions runs on {', '.join(backends)} "
-                         "(the NumPy backend checks only the functions with hand-written derivatives)")
+        why = ["the NumPy backend checks only the functions with hand-written derivatives"] if "numpy" in backends else []
+        raise UsageError(f"none of the selected functions runs on {', '.join(backends)}"
+                         + "".join(f"; {line}" for line in why + skips))
     if left_out:
-        notes.append(f"{len(left_out)} function(s) need torch or jax and are not checked: "
-                     + ", ".join(left_out[:8]) + (" ..." if len(left_out) > 8 else ""))
+        notes.append(f"{len(left_out)} function(s) have no implementation on {' or '.join(backends)} and are "
+                     "not checked: " + ", ".join(left_out[:8]) + (" ..." if len(left_out) > 8 else ""))
+    notes += skips
     return backends, runnable, notes, installed
 
 
 def _header(args, backends: list, runnable: list, installed: dict) -> str:
-    numpy_count = sum(1 for e in runnable if e.supports("numpy"))
-    versions = ", ".join(f"{b} {installed[b]}" + (f" ({numpy_count} functions with hand-written derivatives)"
-                                                   if b == "numpy" and len(backends) > 1 else "")
-                         for b in backends)
+    def count(b):
+        n = sum(1 for e in runnable if e.supports(b))
+        if b == "numpy" and len(backends) > 1:
+            return f" ({n} functions with hand-written derivatives)"
+        skipped = sum(1 for e in runnable if e.exclusion(b) is not None)
+        return f" ({_plural(n, 'function')}, {skipped} skipped)" if skipped else ""
+
+    versions = ", ".join(f"{b} {installed[b]}{count(b)}" for b in backends)
     mode = "fast mode" if args.fast else "slow mode"
     header = f"agcheck {_version()} main job: {len(runnable)} functions on {versions}\n"
     if len(backends) > 1:
@@ -293,10 +322,13 @@ def _header(args, backends: list, runnable: list, installed: dict) -> str:
 def _verdict_line(results: list, elapsed: float) -> str:
     failed = [r for r in results if not r.ok]
     n_checks = sum(sum(v.ran for v in r.gradchecks.values()) + r.crosscheck.ran for r in results)
+    n_skipped = sum(v.status == "skip" for r in results for v in r.gradchecks.values())
+    skipped = f", {n_skipped} skipped for the reasons above" if n_skipped else ""
     if failed:
         return (f"FAILED: {len(failed)} of {_plural(len(results), 'function')} "
-                f"({', '.join(r.entry.name for r in failed)}); {n_checks} checks in {elapsed:.1f}s")
-    return f"all {_plural(len(results), 'function')} passed ({_plural(n_checks, 'check')}) in {elapsed:.1f}s"
+                f"({', '.join(r.entry.name for r in failed)}); {n_checks} checks{skipped} in {elapsed:.1f}s")
+    return (f"all {_plural(len(results), 'function')} passed ({_plural(n_checks, 'check')}{skipped}) "
+            f"in {elapsed:.1f}s")
 
 
 def _print_results(console, args, results: list, backends: list, verdict: str) -> None:

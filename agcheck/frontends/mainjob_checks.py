@@ -1,10 +1,12 @@
 """The main job's checks: gradcheck of one catalog entry on each backend, crosscheck
 across them, each captured as a :class:`Verdict` (see :mod:`agcheck.frontends.mainjob`).
 
-The catalog's NumPy inputs become each backend's arrays through its ``from_numpy``; JAX
-runs inside the backend's ``precision(True)`` context (the caller's 64-bit setting is
-restored afterwards) and its ports under ``compiled`` (``jax.jit``). This module imports
-no framework.
+The catalog's NumPy inputs become each backend's arrays through its ``from_numpy``; every
+check runs inside the backend's ``precision(True)`` context (JAX's 64-bit mode, the
+caller's setting restored afterwards; MLX's CPU stream, where MLX computes float64), on
+the port under the backend's ``compiled`` (``jax.jit``, ``mx.compile``; torch's and
+TensorFlow's run eagerly). An entry a backend cannot check (``Entry.exclusion``) is not
+run there: its verdict is ``"skip"``, with the reason. This module imports no framework.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from agcheck.backends.registry import get_backend
 __all__ = ["Verdict", "EntryResult", "BACKENDS", "detect_backends", "port", "convert", "run_entry", "run",
            "cross_text", "time_left"]
 
-BACKENDS = ("torch", "jax", "tensorflow", "numpy")
+#: in the table's order; NumPy (hand-written derivatives only) last
+BACKENDS = ("torch", "jax", "tensorflow", "mlx", "numpy")
 
 
 # -- results --------------------------------------------------------------------------------
@@ -29,8 +32,9 @@ BACKENDS = ("torch", "jax", "tensorflow", "numpy")
 @dataclass
 class Verdict:
     """The outcome of one check: ``status`` is ``"pass"``, ``"FAIL"`` (a
-    :class:`~agcheck.GradcheckError`), ``"ERROR"`` (the check could not run) or ``"-"``
-    (not run on this backend)."""
+    :class:`~agcheck.GradcheckError`), ``"ERROR"`` (the check could not run), ``"-"``
+    (the entry has no implementation on this backend) or ``"skip"`` (it has one, which
+    this backend cannot check: the reason is the ``headline``)."""
 
     status: str = "-"
     headline: str = ""
@@ -42,11 +46,11 @@ class Verdict:
 
     @property
     def ran(self) -> bool:
-        return self.status != "-"
+        return self.status not in ("-", "skip")
 
     @property
     def ok(self) -> bool:
-        return self.status in ("pass", "-")
+        return self.status in ("pass", "-", "skip")
 
 
 @dataclass
@@ -98,7 +102,7 @@ def port(entry, backend: str):
     On JAX that is the entry's function under ``jax.jit`` (the backend's ``compiled``), as
     JAX code usually runs: eagerly every array-API call compiles its own small XLA
     program, and the checks of one function would compile a hundred of them (about ten
-    times slower); derivatives are the same either way.
+    times slower); derivatives are the same either way. On MLX it is ``mx.compile``'s.
     """
     fn = entry.function(backend)
     if fn is None:
@@ -110,7 +114,8 @@ def port(entry, backend: str):
 
 
 def _context(backend: str):
-    """JAX computes in 32 bits unless told otherwise: its checks run in 64-bit mode."""
+    """The backend's float64 setting: JAX computes in 32 bits unless told otherwise (its
+    checks run in 64-bit mode), MLX computes float64 on its CPU stream only."""
     return get_backend(backend).precision(True)
 
 
@@ -203,6 +208,10 @@ def run_entry(entry, backends: list, fast_mode: bool = False, progress=None, not
     start = time.perf_counter()
     verdicts = {}
     for b in backends:
+        reason = entry.exclusion(b)
+        if reason is not None:
+            verdicts[b] = Verdict(status="skip", headline=reason, mode="not checked")
+            continue
         if not entry.supports(b) or entry.function(b) is None:
             verdicts[b] = Verdict()
             continue
@@ -243,4 +252,4 @@ def run(entries, backends, *, fast_mode: bool = False, progress=None) -> list:
 
 def cross_text(v: Verdict) -> str:
     """The crosscheck column's text of ``v``."""
-    return {"pass": "agree", "FAIL": "DIFFER", "ERROR": "ERROR", "-": "-"}[v.status]
+    return {"pass": "agree", "FAIL": "DIFFER", "ERROR": "ERROR", "-": "-", "skip": "skip"}[v.status]
