@@ -239,7 +239,7 @@ class Backend:
     #: anything, beyond what the cost model measures (JAX: compiling its batch shapes). Where
     #: it is set, ``"auto"`` prices the engine's set-up from the compilation the check's
     #: first evaluation paid, at no less than this, and the loop from its own calls
-    #: (:func:`agcheck.checks.jacobian._loop_is_cheap`, :mod:`agcheck.engine.compilations`)
+    #: (:func:`agcheck.checks.loop_plan.loop_is_cheap`, :mod:`agcheck.engine.compilations`)
     engine_setup_seconds: float = 0.0
     #: whether a function written once against the array API (``array_api_compat``) runs
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
