@@ -25,7 +25,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "agcheck"
-FRAMEWORKS = {"torch", "jax", "jaxlib", "tensorflow", "tf_keras", "keras", "cupy"}
+FRAMEWORKS = {"torch", "jax", "jaxlib", "tensorflow", "tf_keras", "keras", "cupy", "mlx"}
 #: modules whose framework imports are user code, not agcheck's: the main job's catalog
 #: holds hand-written ports of some functions (a torch.autograd.Function, a jax.custom_vjp)
 #: as examples of what users check
@@ -66,6 +66,7 @@ def _rank(module: str) -> int:
     order = [
         # the framework side of the drop-in: patches a framework to call agcheck's public API
         ("agcheck.backends.torch_dropin", 8), ("agcheck.backends.jax_dropin", 8),
+        ("agcheck.backends.tensorflow_dropin", 8),
         ("agcheck.backends.jax_direction_account", 8),  # the JAX drop-in's account of a failure
         ("agcheck.backends.base", 0), ("agcheck.errors", 0), ("agcheck.warn", 0), ("agcheck.options", 0),
         ("agcheck.core.stencil", 0),
