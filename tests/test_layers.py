@@ -4,7 +4,7 @@ Every import counts, also one placed inside a function. The layers, lowest first
 
     the leaves: agcheck.backends.base (the contract), agcheck.errors (the usage errors),
     agcheck.warn (warnings at the caller's line), agcheck.options, agcheck.core.stencil, and the report's model:
-    agcheck.report.{values,render,model,errors} (the error type)
+    agcheck.report.{values,render,model,context,errors} (the error type)
     agcheck.backends.*                                 one module per framework
     agcheck.core.*, agcheck.progress                   the framework-free algorithm
     agcheck.report.*                                   diagnoses, collection (uses core)
@@ -71,6 +71,7 @@ def _rank(module: str) -> int:
         ("agcheck.backends.base", 0), ("agcheck.errors", 0), ("agcheck.warn", 0), ("agcheck.options", 0),
         ("agcheck.core.stencil", 0),
         ("agcheck.report.values", 0), ("agcheck.report.render", 0), ("agcheck.report.model", 0),
+        ("agcheck.report.context", 0),
         ("agcheck.report.errors", 0),
         ("agcheck.backends", 1),
         ("agcheck.core", 2), ("agcheck.progress", 2),

@@ -596,11 +596,12 @@ def test_core_imports_no_plotting_or_framework():
 REPORT_LAYERS = {
     "values": (),
     "render": ("agcheck.report.values",),
-    "model": ("agcheck.report.values", "agcheck.report.render", "agcheck.options"),
+    "context": ("agcheck.report.values",),
+    "model": ("agcheck.report.values", "agcheck.report.render", "agcheck.report.context", "agcheck.options"),
     "errors": ("agcheck.report.model",),
     "diagnosis": ("agcheck.report.values", "agcheck.report.model", "agcheck.report.diagnosis"),
     "collect": ("agcheck.report.", "agcheck.core.", "agcheck.options"),
-    "__init__": ("agcheck.report.errors", "agcheck.report.model"),
+    "__init__": ("agcheck.report.errors", "agcheck.report.model", "agcheck.report.context"),
 }
 
 

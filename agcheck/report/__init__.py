@@ -27,6 +27,7 @@ Nothing here runs on the passing path: reports are filled in only once a check f
 from __future__ import annotations
 
 from agcheck.report.errors import GradcheckError
-from agcheck.report.model import CheckContext, Diagnosis, Entry, FailureReport, JacobianBlock
+from agcheck.report.context import CheckContext
+from agcheck.report.model import Diagnosis, Entry, FailureReport, JacobianBlock
 
 __all__ = ["GradcheckError", "FailureReport", "JacobianBlock", "Entry", "Diagnosis", "CheckContext"]

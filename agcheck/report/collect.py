@@ -27,7 +27,8 @@ from agcheck.core.stencil import Stencil
 from agcheck.options import GradcheckOptions
 from agcheck.report.diagnosis import diagnose
 from agcheck.report.errors import GradcheckError, complex_part, message_with_summary
-from agcheck.report.model import CheckContext, JacobianBlock
+from agcheck.report.context import CheckContext
+from agcheck.report.model import JacobianBlock
 from agcheck.report.values import FLOAT32_SAMPLE, float32_valued
 
 __all__ = ["attach_jacobian_failure", "complete_report"]
