@@ -34,13 +34,22 @@ exit status; ``python -m agcheck.frontends.cli ...`` runs it.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import os
 import sys
 import traceback
 
 from agcheck.frontends import mainjob
+from agcheck.frontends.cli_inputs import (
+    check_tolerances,
+    describe_inputs,
+    input_specs,
+    load_function,
+    make_inputs,
+    needs_double,
+    number_argument,
+    numpy_inputs,
+    parse_input_spec,
+    seed_argument,
+)
 from agcheck.frontends.command import (
     EXIT_FAIL,
     EXIT_PASS,
@@ -56,186 +65,6 @@ __all__ = ["main", "build_parser", "parse_input_spec", "load_function", "make_in
 
 #: the subcommands (``agcheck <subcommand> ...``); without one, ``agcheck`` runs the main job
 SUBCOMMANDS = ("check", "crosscheck")
-
-DTYPES = ("float64", "float32", "complex128", "complex64", "float16", "int64", "int32", "bool")
-_ITEMSIZE = {"float64": 8, "float32": 4, "complex128": 16, "complex64": 8, "float16": 2, "int64": 8, "int32": 4,
-             "bool": 1}
-
-
-# -- arguments -----------------------------------------------------------------------------
-
-def parse_input_spec(spec: str) -> tuple[tuple, str]:
-    """``"3x4"`` -> ``((3, 4), "float64")``; ``"4:complex128"``; ``"scalar"`` or ``"()"``
-    for a 0-d array (``"scalar:float32"``)."""
-    text = spec.strip()
-    shape_text, _, dtype = text.partition(":")
-    dtype = (dtype.strip() or "float64").lower()
-    if dtype not in DTYPES:
-        raise UsageError(f"--input {spec!r}: unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
-    shape_text = shape_text.strip().lower()
-    if shape_text in ("scalar", "()", ""):
-        if shape_text == "":
-            raise UsageError(f"--input {spec!r}: missing shape (e.g. 3x4, 5 or scalar)")
-        return (), dtype
-    shape = []
-    for part in shape_text.replace(",", "x").split("x"):
-        part = part.strip()
-        if not part.isdigit():
-            raise UsageError(f"--input {spec!r}: a shape is sizes separated by 'x' (e.g. 3x4), got {shape_text!r}")
-        shape.append(int(part))
-    return tuple(shape), dtype
-
-
-def _memory_bytes() -> int | None:
-    """This machine's physical memory (``None`` when the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-def _input_specs(values) -> list:
-    """The ``--input`` specs, refused before any work when they cannot be made: the inputs
-    must fit in a quarter of this machine's memory (a check holds several copies of them,
-    and its Jacobians are larger still)."""
-    if not values:
-        raise UsageError("give at least one --input (e.g. --input 3x4 or --input 4:complex128)")
-    specs = [parse_input_spec(v) for v in values]
-    total = 0
-    for v, (shape, dtype) in zip(values, specs):
-        n = 1
-        for d in shape:
-            n *= d
-        total += n * _ITEMSIZE[dtype]
-        memory = _memory_bytes()
-        if memory is not None and total > memory // 4:
-            raise UsageError(f"--input {v}: {n:,} elements ({_size(n * _ITEMSIZE[dtype])} as {dtype}); the inputs "
-                             f"would not fit in a quarter of this machine's memory ({_size(memory)}), and a gradient "
-                             "check needs many times its inputs' size")
-    return specs
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-def _check_tolerances(args, names) -> None:
-    """Refuse bad ``--eps/--atol/--rtol`` before any work (the checker's own validation)."""
-    given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    if not given:
-        return
-    from agcheck.options import GradcheckOptions
-
-    try:
-        GradcheckOptions(**given)
-    except (ValueError, TypeError) as e:
-        raise UsageError(str(e)) from None
-
-
-def load_function(target: str):
-    """The function named by ``MODULE:FUNCTION`` (``MODULE`` a dotted name or a ``.py`` path)."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"expected MODULE:FUNCTION (e.g. mypkg.ops:my_fn or ops.py:my_fn), got {target!r}")
-    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
-        path = os.path.abspath(module_name)
-        if not os.path.isfile(path):
-            raise UsageError(f"no such file: {module_name}")
-        name = "_agcheck_user_" + os.path.splitext(os.path.basename(path))[0]
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, os.path.dirname(path))
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as e:
-            raise UsageError(f"importing {module_name} failed: {type(e).__name__}: {e}") from e
-        finally:
-            sys.path.remove(os.path.dirname(path))
-    else:
-        if "" not in sys.path and os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # as `python -m` does: modules of the current folder
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise UsageError(f"cannot import module {module_name!r}: {e}") from e
-        except (Exception, SystemExit) as e:
-            raise UsageError(f"importing {module_name} failed: {type(e).__name__}: {e}") from e
-    obj = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise UsageError(f"{target} is not callable (it is a {type(obj).__name__})")
-    return obj
-
-
-def _numpy_inputs(specs, seed: int) -> list:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for shape, dtype in specs:
-        if dtype.startswith("complex"):
-            a = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-        elif dtype == "bool":
-            a = rng.integers(0, 2, size=shape).astype(bool)
-        elif dtype.startswith("int"):
-            a = rng.integers(-5, 6, size=shape).astype(dtype)
-        else:
-            a = rng.standard_normal(shape).astype(dtype)
-        arrays.append(np.asarray(a))
-    return arrays
-
-
-def make_inputs(specs, backend: str, seed: int = 0) -> tuple:
-    """Random inputs of the given ``(shape, dtype)`` specs for ``backend``: the backend's
-    arrays (made with its ``from_numpy``), the floating point and complex ones marked for
-    differentiation (torch: ``requires_grad``).
-
-    JAX computes in 32 bits unless told otherwise: make 64-bit JAX inputs, and run the
-    check, inside the backend's ``precision(True)`` context, as the ``check`` command does.
-    """
-    import numpy as np
-
-    from agcheck.backends.registry import get_backend
-
-    be = get_backend(backend)
-    return tuple(be.from_numpy(a, checked=bool(np.issubdtype(a.dtype, np.inexact)))
-                 for a in _numpy_inputs(specs, seed))
-
-
-def _double(specs) -> bool:
-    """Are some inputs 64-bit (so that JAX must compute in 64 bits)?"""
-    return any(dtype in ("float64", "complex128", "int64") for _, dtype in specs)
-
-
-def _describe_inputs(specs) -> str:
-    return ", ".join(f"{'x'.join(map(str, s)) or 'scalar'} {d}" for s, d in specs)
-
 
 # -- output --------------------------------------------------------------------------------
 
@@ -358,8 +187,8 @@ def _check_failed(args, rows: list, error) -> int:
 
 
 def _check(args) -> int:
-    specs = _input_specs(args.input)
-    _check_tolerances(args, ("eps", "atol", "rtol"))
+    specs = input_specs(args.input)
+    check_tolerances(args, ("eps", "atol", "rtol"))
     if args.report:
         check_report_path(args.report, formats=REPORT_FORMATS)
     if not args.quiet and sys.stderr.isatty():  # at once: importing a framework takes seconds
@@ -376,11 +205,11 @@ def _check(args) -> int:
         kwargs["check_fwd_over_rev"] = kwargs.pop("check_forward_ad")
     modes = ["reverse"] + (["forward"] if args.forward else [])
     rows = [("function", args.target), ("check", "gradgradcheck" if args.gradgrad else "gradcheck"),
-            ("backend", args.backend), ("inputs", _describe_inputs(specs)),
+            ("backend", args.backend), ("inputs", describe_inputs(specs)),
             ("mode", f"{'fast' if args.fast else 'slow'}, {' + '.join(modes)}; seed {args.seed}")]
     # JAX computes in 32 bits unless told otherwise: 64-bit inputs switch its 64-bit mode
     # on for the inputs and the check, and the caller's setting comes back afterwards
-    with be.precision(_double(specs)):
+    with be.precision(needs_double(specs)):
         error = _run_check(fn, lambda: make_inputs(specs, args.backend, args.seed), args.gradgrad, kwargs)
     if error is not None:
         return _check_failed(args, rows, error)
@@ -396,21 +225,21 @@ def _crosscheck(args) -> int:
     from agcheck.crosscheck import crosscheck
     from agcheck.report.errors import GradcheckError
 
-    specs = _input_specs(args.input)
-    _check_tolerances(args, ("atol", "rtol"))
+    specs = input_specs(args.input)
+    check_tolerances(args, ("atol", "rtol"))
     text = getattr(args, "backends", None) or "torch,jax"
     backends = [b.strip() for b in text.split(",") if b.strip()]
     if len(backends) < 2:
         raise UsageError(f"--backends needs at least two backends, got {text!r}")
     fn = load_function(args.target)
-    inputs = tuple(_numpy_inputs(specs, args.seed))
+    inputs = tuple(numpy_inputs(specs, args.seed))
     kwargs = dict(backends=backends, fast_mode=args.fast, order=args.order, gradcheck=args.gradcheck,
                   check_forward_ad=not args.no_forward)
     for name in ("atol", "rtol"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     rows = [("function", args.target), ("check", "crosscheck"), ("backends", ", ".join(backends)),
-            ("inputs", _describe_inputs(specs)),
+            ("inputs", describe_inputs(specs)),
             ("mode", f"{'fast' if args.fast else 'full Jacobians'}, order {args.order}; seed {args.seed}")]
     try:
         result = crosscheck(fn, inputs, **kwargs)
@@ -443,9 +272,9 @@ def _function_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE]",
                    help="one positional argument of the function, e.g. 3x4, 5, scalar, 4:complex128 "
                         "(dtype default float64); repeat for several arguments")
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs, 0 or more (default: %(default)s)")
-    p.add_argument("--atol", type=_number, default=None, help="absolute tolerance")
-    p.add_argument("--rtol", type=_number, default=None, help="relative tolerance")
+    p.add_argument("--seed", type=seed_argument, default=0, help="seed of the random inputs, 0 or more (default: %(default)s)")
+    p.add_argument("--atol", type=number_argument, default=None, help="absolute tolerance")
+    p.add_argument("--rtol", type=number_argument, default=None, help="relative tolerance")
 
 
 def _version() -> str:
@@ -492,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch, jax or tensorflow (default: %(default)s)")
     p.add_argument("--forward", action="store_true", help="also check forward-mode AD (check_forward_ad)")
     p.add_argument("--gradgrad", action="store_true", help="check second derivatives (gradgradcheck)")
-    p.add_argument("--eps", type=_number, default=None, help="finite-difference step (default 1e-6)")
+    p.add_argument("--eps", type=number_argument, default=None, help="finite-difference step (default 1e-6)")
     add_shared_flags(p, top=False)
     p.set_defaults(run=_check)
 
