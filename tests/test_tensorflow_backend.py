@@ -659,6 +659,70 @@ def test_the_batched_engine_uses_the_batched_forms(monkeypatch):
     assert all(calls.values()), calls
 
 
+def test_a_check_traces_each_batched_form_once():
+    """``tf.vectorized_map`` called eagerly traces its function on every call; the backend
+    traces each batched form once per check, whatever the batch sizes (before: 5 traces of
+    fn in this check, each 15-60 ms for a small function)."""
+    traces = []
+
+    def normalize(q):
+        if not tf.executing_eagerly():
+            traces.append(1)
+        return q / tf.norm(q, axis=-1, keepdims=True)
+
+    x = rand(6, 8, 4)
+    assert passes(normalize, (x,), engine="batched", check_batched_grad=True)
+    assert len(traces) <= 1, len(traces)
+    # the broken half: the same check of a wrong gradient fails
+    bad = exp_with_gradient(1.01)
+    fails(lambda q: bad(normalize(q)), (x,), JACOBIAN, engine="batched")
+
+
+def test_batched_forms_live_for_one_check():
+    be = agcheck.get_backend("tensorflow")
+    traces, scale = [], {"value": 2.0}
+
+    def f(x):
+        if not tf.executing_eagerly():
+            traces.append(1)
+        return tf.sin(x) * scale["value"]
+
+    x = rand(5)
+    for b in (2, 3, 7):  # batch sizes of a ramp: one trace
+        stacked = np.stack([x.numpy() + k for k in range(b)])
+        (out,) = be.evaluate_batch(f, (x,), 0, stacked)
+        np.testing.assert_allclose(out, np.sin(stacked) * 2.0, rtol=1e-14)
+    assert len(traces) == 1
+    # the next check traces anew: it sees what f reads at its own time
+    scale["value"] = 3.0
+    (out,) = agcheck.get_backend("tensorflow").evaluate_batch(f, (x,), 0, stacked)
+    np.testing.assert_allclose(out, np.sin(stacked) * 3.0, rtol=1e-14)
+    assert len(traces) == 2
+    # other arguments are part of the form: new ones, a new form
+    (out,) = be.evaluate_batch(lambda x, y: f(x) * y, (x, rand(5, seed=1)), 0, stacked)
+    np.testing.assert_allclose(out, np.sin(stacked) * 3.0 * rand(5, seed=1).numpy(), rtol=1e-14)
+
+
+def test_batched_gradient_form_traced_once_per_trace():
+    traced = []
+
+    @tf.custom_gradient
+    def square(x):
+        def grad(g):
+            if not tf.executing_eagerly():
+                traced.append(1)
+            return 2 * g * x
+        return x * x, grad
+
+    be = agcheck.get_backend("tensorflow")
+    x = rand(4)
+    trace = be.trace(square, (x,), [0])
+    for rows in ([0, 1], [2], [0, 1, 2, 3]):
+        (grads,) = trace.vjp_batched(0, be.one_hots(trace.outputs[0], rows))
+        np.testing.assert_allclose(grads, np.stack([np.eye(4)[r] * 2 * x.numpy() for r in rows]), rtol=1e-14)
+    assert len(traced) == 1
+
+
 # -- the command line and the pytest plugin on TensorFlow ---------------------------------------
 
 TF_MODULE = '''

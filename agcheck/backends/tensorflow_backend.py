@@ -2,8 +2,8 @@
 
 Reverse mode goes through ``tf.GradientTape`` (cotangents as ``output_gradients``; a
 ``None`` gradient from the tape is an undefined gradient), forward mode through
-``tf.autodiff.ForwardAccumulator``, batched forms through ``tf.vectorized_map``, second
-derivatives through nested tapes. ``tf.function`` and ``tf.custom_gradient`` functions are
+``tf.autodiff.ForwardAccumulator``, batched forms through ``tf.vectorized_map`` (each
+traced once per check: :class:`_BatchedForm`), second derivatives through nested tapes. ``tf.function`` and ``tf.custom_gradient`` functions are
 differentiated as TensorFlow differentiates them.
 
 What differs from the torch backend:
@@ -134,6 +134,35 @@ def _quiet_notes():
         logger.removeFilter(quiet)
 
 
+class _BatchedForm:
+    """One batched computation of a check as a ``tf.function`` of its stacked argument,
+    traced once for every batch size.
+
+    Called eagerly, ``tf.vectorized_map`` wraps its work in a new ``tf.function`` on every
+    call, so ``fn`` is traced, converted by autograph (which leaves ``fn`` itself as it is:
+    ``vectorized_map`` calls it from TensorFlow's own code) and vectorized anew for every
+    batch: 15-60 ms for a small function, more than the loop of a small check costs, on
+    every batch the engine computes. Here the vectorized computation ``body`` (a function
+    of the stacked tensor that calls ``tf.vectorized_map``, which inside a ``tf.function``
+    vectorizes in place) is traced once, without autograph, the batch dimension unknown."""
+
+    def __init__(self, body, spec):
+        self._body = body
+        self._spec = spec
+        self._concrete = None
+
+    def __call__(self, stacked):
+        if self._concrete is None:
+            self._concrete = tf.function(self._body, autograph=False,
+                                         input_signature=[self._spec]).get_concrete_function()
+        return self._concrete(stacked)
+
+
+def _stacked_spec(stacked, like):
+    """The signature of a stack of ``like``-shaped tensors, any number of them."""
+    return tf.TensorSpec((None, *tuple(int(s) for s in like.shape)), stacked.dtype)
+
+
 def _with_replaced(args, positions, values) -> tuple:
     new = list(args)
     for p, v in zip(positions, values):
@@ -144,10 +173,11 @@ def _with_replaced(args, positions, values) -> tuple:
 class _Native:
     """What the core asks TensorFlow to differentiate, in TensorFlow's own arithmetic.
 
-    The core's derived callables (:class:`InputPart`, :class:`OutputPart`) combine arrays with Python's operators; ``InputPart`` rebuilds a
-    complex input as ``re + im * 1j``, which TensorFlow refuses (it does not promote a
-    float tensor to complex). This backend unpacks them and rebuilds each with the same
-    values through ``tf.complex`` / ``tf.math.real`` / ``tf.math.imag``.
+    The core's derived callables (:class:`InputPart`, :class:`OutputPart`) combine arrays
+    with Python's operators; ``InputPart`` rebuilds a complex input as ``re + im * 1j``,
+    which TensorFlow refuses (it does not promote a float tensor to complex). This backend
+    unpacks them and rebuilds each with the same values through ``tf.complex`` /
+    ``tf.math.real`` / ``tf.math.imag``.
     """
 
     def __init__(self, be):
@@ -190,6 +220,7 @@ class TfTrace(Trace):
         self._tape = tape
         self._sources = sources
         self._be = be
+        self._batched = {}  # output position -> its _BatchedForm of VJPs
 
     def _targets(self, output_positions, cotangents):
         targets, grads = [], []
@@ -213,15 +244,20 @@ class TfTrace(Trace):
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
         o = self.outputs[output_position]
         stacked = _to_tf(stacked_cotangents, _dtype(o), like=o)
-        sources = self._sources
+        form = self._batched.get(output_position)
+        if form is None:
+            tape, sources = self._tape, self._sources
 
-        def single(c):
-            grads = self._tape.gradient(o, sources, output_gradients=c, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            return [tf.convert_to_tensor(g) for g in grads]
+            def single(c):
+                grads = tape.gradient(o, sources, output_gradients=c,
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                return [tf.convert_to_tensor(g) for g in grads]
 
+            form = self._batched[output_position] = _BatchedForm(lambda s: tf.vectorized_map(single, s),
+                                                                 _stacked_spec(stacked, o))
         try:
             with _quiet_notes():
-                batched = tf.vectorized_map(single, stacked)
+                batched = form(stacked)
         except Exception as e:  # the backward's failure under vectorized_map: the check's finding
             raise RuntimeError(f"tf.vectorized_map of the gradient failed: {type(e).__name__}: {e}") from e
         return [_host(g) for g in batched]
@@ -297,10 +333,25 @@ class TensorFlowBackend(TakesWrt, Backend):
         self._prepared: tuple | None = None
         self._prepared_checked: list | None = None
         self._native = _Native(self)
+        self._forms: dict = {}
 
     # -- configuration ----------------------------------------------------------------
     def _per_call_copy(self) -> None:
         self._native = _Native(self)
+        self._forms = {}  # the batched forms traced for one check (:meth:`_form`)
+
+    def _form(self, key, held: tuple, body, spec) -> _BatchedForm:
+        """The batched form ``key`` of this check, traced on its first use: ``held`` (the
+        function and the arguments that ``body`` closes over) must be the very objects it
+        was made with, else it is made anew. Forms live as long as the check's backend (one
+        check): a function that reads values it does not take as arguments is traced anew
+        by the next check."""
+        entry = self._forms.get(key)
+        if entry is not None and len(entry[0]) == len(held) and all(a is b for a, b in zip(entry[0], held)):
+            return entry[1]
+        form = _BatchedForm(body, spec)
+        self._forms[key] = (held, form)
+        return form
 
     def array_namespace(self, *arrays):
         """agcheck's small array-API namespace over ``tf.math`` / ``tf.linalg``."""
@@ -473,21 +524,23 @@ class TensorFlowBackend(TakesWrt, Backend):
     def _jvp_stack(self, fn, args, positions, j, stacked):
         """``tf.vectorized_map`` of the JVP along each of ``stacked`` (tangents of
         ``args[positions[j]]``, the others zero): stacked tangents of every array output."""
-        fn = self._native(fn)
         x = args[positions[j]]
         stacked = _to_tf(stacked, _dtype(x), like=x)
+        native = self._native(fn)
 
         def single(t):
             primals = [args[p] for p in positions]
             tangents = [t if i == j else tf.zeros_like(_to_tf(args[p])) for i, p in enumerate(positions)]
             with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-                outs = self.as_tuple(fn(*args))
+                outs = self.as_tuple(native(*args))
             return [acc.jvp(o, unconnected_gradients=tf.UnconnectedGradients.ZERO)
                     for o in outs if _is_inexact(o)]
 
+        form = self._form(("jvp", id(fn), tuple(positions), j), (fn, *args),
+                          lambda s: tf.vectorized_map(single, s), _stacked_spec(stacked, x))
         try:
             with _quiet_notes():
-                return [_host(r) for r in tf.vectorized_map(single, stacked)]
+                return [_host(r) for r in form(stacked)]
         except Exception as e:  # fn or its derivative under vectorized_map: the check's finding
             raise RuntimeError(
                 f"tf.vectorized_map of the forward-mode derivative failed: {type(e).__name__}: {e}") from e
@@ -507,15 +560,17 @@ class TensorFlowBackend(TakesWrt, Backend):
     def evaluate_batch(self, fn, args, position, stacked):
         """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked``
         (``tf.vectorized_map``); per output, the stacked results as NumPy arrays."""
-        fn = self._native(fn)
         x = args[position]
         stacked = _to_tf(stacked, _dtype(x), like=x)
+        native = self._native(fn)
 
         def at(value):
-            return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
+            return tuple(self.as_tuple(native(*_with_replaced(args, [position], [value]))))
 
+        form = self._form(("evaluate", id(fn), position), (fn, *args), lambda s: tf.vectorized_map(at, s),
+                          _stacked_spec(stacked, x))
         with _quiet_notes():
-            return tuple(_host(o) for o in tf.vectorized_map(at, stacked))
+            return tuple(_host(o) for o in form(stacked))
 
     def element_moves(self, x, flat, step, sign):
         """Copies of ``x`` (NumPy), the ``b``-th with element ``flat[b]`` moved by
