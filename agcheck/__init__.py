@@ -25,6 +25,7 @@ _EXPORTS = {
     "CrosscheckResult": "agcheck.crosscheck",
     "patch_torch": "agcheck.frontends.dropin",
     "patch_jax": "agcheck.frontends.dropin",
+    "patch_tensorflow": "agcheck.frontends.dropin",
     "check_grads": "agcheck.frontends.dropin",
     "Patch": "agcheck.frontends.dropin",
     "numerical_jacobian": "agcheck.core.matrices",
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
     from agcheck.crosscheck import CrosscheckResult, crosscheck
     from agcheck.errors import BackendInferenceError, CheckInputError, GradOutputsError, OutputTypeError
-    from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_torch
+    from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_tensorflow, patch_torch
     from agcheck.gradcheck import CostWarning, gradcheck
     from agcheck.gradgradcheck import gradgradcheck
     from agcheck.options import GradcheckOptions

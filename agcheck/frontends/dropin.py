@@ -3,8 +3,10 @@
 :func:`patch_torch` routes ``torch.autograd.gradcheck`` / ``gradgradcheck`` (and every
 name bound to them, e.g. by ``from torch.autograd import gradcheck`` in a module imported
 earlier, and so the wrappers of ``torch.testing._internal.common_utils``) to agcheck;
-:func:`patch_jax` does the same for ``jax.test_util.check_grads``. Both work as context
-managers and as plain calls returning a :class:`Patch` whose ``restore()`` undoes them.
+:func:`patch_jax` does the same for ``jax.test_util.check_grads``, :func:`patch_tensorflow`
+for ``tf.test.compute_gradient`` (whose Jacobians :func:`tensorflow_report` explains).
+All work as context managers and as plain calls returning a :class:`Patch` whose
+``restore()`` undoes them.
 
 The mechanism is framework-free: a backend's drop-in module supplies ``(original,
 replacement)`` pairs, and every module in ``sys.modules`` whose globals hold an original
@@ -19,7 +21,8 @@ import sys
 import threading
 from typing import Callable
 
-__all__ = ["Patch", "patch_torch", "patch_jax", "check_grads", "stats", "add_failure_listener", "remove_failure_listener"]
+__all__ = ["Patch", "patch_torch", "patch_jax", "patch_tensorflow", "tensorflow_report", "check_grads", "stats",
+           "add_failure_listener", "remove_failure_listener"]
 
 _LOCK = threading.RLock()
 #: framework -> active patches
@@ -28,7 +31,8 @@ _ACTIVE: dict[str, list["Patch"]] = {}
 _STATS: dict[str, dict[str, int]] = {}
 _LISTENERS: list[Callable] = []
 
-_DROPIN_MODULES = {"torch": "agcheck.backends.torch_dropin", "jax": "agcheck.backends.jax_dropin"}
+_DROPIN_MODULES = {"torch": "agcheck.backends.torch_dropin", "jax": "agcheck.backends.jax_dropin",
+                   "tensorflow": "agcheck.backends.tensorflow_dropin"}
 
 
 def stats(framework: str | None = None) -> dict:
@@ -59,7 +63,9 @@ def _count(framework, key):
             setattr(patch, key, getattr(patch, key) + 1)
 
 
-def _observer(framework: str, failure_types: tuple):
+def _observer(framework: str, failure_types: tuple, failed: Callable | None = None):
+    """Counts the checks and failures of a drop-in: a failure raises one of
+    ``failure_types``, returns ``False``, or is a result ``failed(result)`` says failed."""
     def observe(kind, check, fn, inputs, kwargs):
         __tracebackhide__ = True
         _count(framework, "checks")
@@ -69,7 +75,7 @@ def _observer(framework: str, failure_types: tuple):
             _count(framework, "failures")
             _notify(framework, kind, error)
             raise
-        if result is False:
+        if result is False or failed is not None and failed(result):
             _count(framework, "failures")
         return result
 
@@ -119,9 +125,10 @@ class Patch:
     Attributes
     ----------
     framework : str
-        ``"torch"`` or ``"jax"``.
+        ``"torch"``, ``"jax"`` or ``"tensorflow"``.
     checks, failures : int
-        Checks routed to agcheck while this patch was active, and how many of them failed.
+        Checks routed to agcheck while this patch was active, and how many of them failed
+        (for TensorFlow: calls whose two Jacobians differ, see :func:`patch_tensorflow`).
     rebound : int
         Names rebound when the patch was installed (0 for a patch nested in another).
     """
@@ -141,7 +148,7 @@ class Patch:
             active = _ACTIVE.setdefault(self.framework, [])
             if not active:
                 mod.ensure_bound_modules()
-                mod.observer = _observer(self.framework, mod.failure_types())
+                mod.observer = _observer(self.framework, mod.failure_types(), getattr(mod, "failed", None))
                 if hasattr(mod, "defaults"):
                     mod.defaults = dict(self.defaults)
                 self.rebound = rebind(mod.targets(), skip=(mod.__name__,))
@@ -219,6 +226,35 @@ def patch_jax(**agcheck_keywords) -> Patch:
 
         validate_account(account)
     return Patch("jax", agcheck_keywords)._install()
+
+
+def patch_tensorflow() -> Patch:
+    """Route ``tf.test.compute_gradient`` to agcheck's Jacobians (same arguments, same
+    ``(theoretical, numerical)`` tuples of 2-D NumPy arrays, rows the value's elements and
+    columns the argument's, the same numbers within finite-difference noise).
+
+    Reaches ``tf.test``, ``tf.compat.v2.test``, TensorFlow's ``gradient_checker_v2`` and
+    every name bound to the function in modules already imported.
+    (``tf.compat.v1.test.compute_gradient`` is another function, of TensorFlow 1's graphs,
+    and stays TensorFlow's.) A context manager, or a :class:`Patch` to ``restore()``.
+
+    The suite compares the two Jacobians itself; where they differ beyond tolerances by
+    dtype, agcheck logs a warning (logger ``agcheck.tensorflow``) naming the largest
+    difference, and :func:`tensorflow_report` gives agcheck's failure report of the call.
+    """
+    return Patch("tensorflow")._install()
+
+
+def tensorflow_report(result=None, *, atol=None, rtol=None):
+    """agcheck's failure report of a recent ``tf.test.compute_gradient`` call routed to
+    agcheck (by default the latest; or the one that returned ``result``): the report of
+    :func:`agcheck.gradcheck` on the call's function, arguments and step (``eps=delta``)
+    at ``atol`` / ``rtol`` (by default the tolerances of agcheck's comparison after the
+    call: ``1e-5`` / ``1e-3`` in double precision, ``1e-2`` in single), or ``None`` where
+    that check passes. A ``LookupError`` when no such call was routed."""
+    from agcheck.backends.tensorflow_dropin import report  # patching TensorFlow imports it anyway
+
+    return report(result, atol=atol, rtol=rtol)
 
 
 def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False,

@@ -45,6 +45,11 @@ Options
     Also the ini setting ``agcheck_engine``.
 ``--agcheck-jax``
     The same for ``jax.test_util.check_grads`` (ini: ``agcheck_jax = true``).
+``--agcheck-tf``
+    Route ``tf.test.compute_gradient`` (and every name bound to it) to agcheck's Jacobians:
+    the same return layout and numbers; where the two Jacobians of a call differ, a warning
+    (logger ``agcheck.tensorflow``, shown with a failing test's captured log) names the
+    largest difference. Also the ini setting ``agcheck_tf = true``.
 ``--agcheck-jax-account direction|full``
     How a failing check ``--agcheck-jax`` routes is explained: ``direction`` (the default)
     from the check's own evaluations, ``full`` by the failing level's full Jacobians (their
@@ -143,6 +148,10 @@ def pytest_addoption(parser):
         help="run jax.test_util.check_grads (and every name bound to it) through agcheck",
     )
     group.addoption(
+        "--agcheck-tf", action="store_true", default=None,
+        help="compute tf.test.compute_gradient's Jacobians (and every name bound to it) with agcheck",
+    )
+    group.addoption(
         "--agcheck-engine", action="store", default=None, metavar="NAME",
         help="agcheck's engine for the checks routed by --agcheck-torch (auto, batched, reference; "
              "reference evaluates the suite's functions exactly as often as torch's checker)",
@@ -158,6 +167,7 @@ def pytest_addoption(parser):
     parser.addini("agcheck_torch", "route torch.autograd.gradcheck/gradgradcheck to agcheck", type="bool",
                   default=False)
     parser.addini("agcheck_jax", "route jax.test_util.check_grads to agcheck", type="bool", default=False)
+    parser.addini("agcheck_tf", "route tf.test.compute_gradient to agcheck", type="bool", default=False)
     parser.addini("agcheck_backend", "default backend(s) for the agcheck fixtures (comma-separated)", default="")
     parser.addini("agcheck_report_dir", "folder for the reports of failed agcheck checks", default="")
 
@@ -661,13 +671,17 @@ def pytest_runtest_protocol(item, nextitem):
 
 # -- drop-in: the suite's own gradcheck calls through agcheck -----------------------------------
 
+#: the drop-in options' names (``--agcheck-NAME``, ini ``agcheck_NAME``) by framework
+_DROPIN_FLAGS = {"torch": "torch", "jax": "jax", "tensorflow": "tf"}
+
+
 def _wanted_patches(config) -> list:
     wanted = []
-    for framework in ("torch", "jax"):
-        flag = _option(config, f"agcheck_{framework}")
+    for framework, flag_name in _DROPIN_FLAGS.items():
+        flag = _option(config, f"agcheck_{flag_name}")
         if flag is None:
             try:
-                flag = config.getini(f"agcheck_{framework}")
+                flag = config.getini(f"agcheck_{flag_name}")
             except (ValueError, KeyError):
                 flag = False
         if flag:
@@ -691,10 +705,13 @@ class _DropinSession:
             if framework in self.patches:
                 continue
             if _installed(framework) is False:
-                raise pytest.UsageError(f"--agcheck-{framework} needs {framework}, which is not installed")
+                raise pytest.UsageError(f"--agcheck-{_DROPIN_FLAGS[framework]} needs {framework}, "
+                                        "which is not installed")
             if framework == "torch":
                 engine = _setting(self.config, "engine")
                 patch = dropin.patch_torch(**({"engine": engine} if engine else {}))
+            elif framework == "tensorflow":
+                patch = dropin.patch_tensorflow()
             else:
                 account = _setting(self.config, "jax_account")
                 patch = dropin.patch_jax(**({"account": account} if account else {}))
@@ -784,9 +801,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if session is not None and session.patches:
         parts = []
         for framework, patch in session.patches.items():
-            name = "torch gradcheck/gradgradcheck" if framework == "torch" else "jax check_grads"
+            name = {"torch": "torch gradcheck/gradgradcheck", "jax": "jax check_grads",
+                    "tensorflow": "tf.test.compute_gradient"}[framework]
+            failed = f"{patch.failures} with Jacobians that differ" if framework == "tensorflow" else \
+                f"{patch.failures} failed"
             parts.append(f"{patch.checks} {name} call{'s' if patch.checks != 1 else ''} went through agcheck"
-                         f" ({patch.failures} failed)")
+                         f" ({failed})")
         terminalreporter.write_sep("-", "agcheck drop-in")
         for line in parts:
             terminalreporter.write_line(line)
