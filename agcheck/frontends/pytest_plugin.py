@@ -68,13 +68,29 @@ Every option is checked when pytest starts: an unknown backend or engine is a
 """
 from __future__ import annotations
 
-import difflib
-import os
-import re
 import sys
-import warnings
 
 import pytest
+
+from agcheck.frontends.pytest_options import (
+    JAX_ACCOUNTS,
+    configured_backends,
+    configured_report_dir,
+    installed,
+    option_value,
+    setting,
+    validate_options,
+)
+from agcheck.frontends.pytest_fixture import (
+    PENDING,
+    AgcheckFixture,
+    AgcheckReportWarning,
+    Pending,
+    Stash,
+    failure_type,
+    pending,
+    warn,
+)
 
 __all__ = ["AgcheckFixture", "AgcheckFailure", "AgcheckReportWarning", "DEFAULT_BACKEND", "configured_backends",
            "configured_report_dir"]
@@ -88,41 +104,18 @@ REPORT_PROPERTY = "agcheck_report"
 #: the same for a report that could not be saved (the reason)
 UNSAVED_PROPERTY = "agcheck_report_not_saved"
 
-_JAX_ACCOUNTS = ("direction", "full")
 
 
-class AgcheckReportWarning(UserWarning):
-    """A failure report could not be saved in the report folder (the test's outcome is
-    unchanged)."""
+def __getattr__(name):
+    if name == "AgcheckFailure":
+        return failure_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _Stash:
-    """``config.stash`` / ``item.stash`` (pytest >= 7), or an attribute on older pytest."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.key = pytest.StashKey[object]() if hasattr(pytest, "StashKey") else None
-
-    def get(self, owner, default=None):
-        if self.key is not None and hasattr(owner, "stash"):
-            return owner.stash.get(self.key, default)
-        return getattr(owner, self.name, default)
-
-    def set(self, owner, value):
-        if self.key is not None and hasattr(owner, "stash"):
-            owner.stash[self.key] = value
-        else:
-            setattr(owner, self.name, value)
-        return value
-
-    def setdefault(self, owner, factory):
-        value = self.get(owner)
-        return value if value is not None else self.set(owner, factory())
+_REPORTS = Stash("_agcheck_reports")    # config: the reports saved (and not) in this run
+_DROPIN = Stash("_agcheck_dropin")      # config: the drop-in session
 
 
-_REPORTS = _Stash("_agcheck_reports")    # config: the reports saved (and not) in this run
-_PENDING = _Stash("_agcheck_pending")    # item: the reports of the test's failed checks
-_DROPIN = _Stash("_agcheck_dropin")      # config: the drop-in session
 
 
 # -- options ----------------------------------------------------------------------------------
@@ -157,7 +150,7 @@ def pytest_addoption(parser):
              "reference evaluates the suite's functions exactly as often as torch's checker)",
     )
     group.addoption(
-        "--agcheck-jax-account", action="store", default=None, choices=_JAX_ACCOUNTS,
+        "--agcheck-jax-account", action="store", default=None, choices=JAX_ACCOUNTS,
         help="how agcheck explains a failing check routed by --agcheck-jax: direction (default, from the "
              "check's own evaluations) or full (the failing level's full Jacobians, element by element)",
     )
@@ -170,93 +163,6 @@ def pytest_addoption(parser):
     parser.addini("agcheck_tf", "route tf.test.compute_gradient to agcheck", type="bool", default=False)
     parser.addini("agcheck_backend", "default backend(s) for the agcheck fixtures (comma-separated)", default="")
     parser.addini("agcheck_report_dir", "folder for the reports of failed agcheck checks", default="")
-
-
-def _split(values) -> list:
-    names = []
-    for v in values or ():
-        for name in str(v).split(","):
-            name = name.strip()
-            if name and name not in names:
-                names.append(name)
-    return names
-
-
-def _option(config, name: str):
-    """``config.getoption(name)``, also while the initial conftests load (when only the
-    known arguments are parsed)."""
-    value = config.getoption(name, None)
-    if value is None:
-        value = getattr(getattr(config, "known_args_namespace", None), name, None)
-    return value
-
-
-def configured_backends(config) -> list:
-    """The backends named by ``--agcheck-backend`` (or the ini setting), in order."""
-    names = _split(_option(config, "agcheck_backend"))
-    if not names:
-        names = _split([config.getini("agcheck_backend")])
-    return names
-
-
-def configured_report_dir(config) -> str | None:
-    """The report folder (``--agcheck-report-dir`` or the ini setting), absolute; ``None``
-    when none is configured."""
-    d = _option(config, "agcheck_report_dir") or config.getini("agcheck_report_dir") or None
-    if d and not os.path.isabs(d):
-        d = os.path.join(str(config.invocation_params.dir), d)
-    return d
-
-
-def _setting(config, name: str) -> str:
-    """``--agcheck-NAME`` or the ini setting ``agcheck_NAME`` (``""`` when neither is set)."""
-    value = _option(config, f"agcheck_{name}")
-    if value:
-        return str(value)
-    try:
-        return str(config.getini(f"agcheck_{name}") or "").strip()
-    except (ValueError, KeyError):
-        return ""
-
-
-def _unknown(kind: str, given: str, known) -> str:
-    known = list(known)
-    close = difflib.get_close_matches(given, known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {given!r} (choose from {', '.join(known)}){hint}"
-
-
-def validate_options(config) -> None:
-    """Check every agcheck option and ini setting; a ``pytest.UsageError`` naming the first
-    bad one. Imports agcheck's registry only when a backend or an engine is named."""
-    names = configured_backends(config)
-    if names:
-        from agcheck.backends.registry import _ALIASES, available_backends, canonical_name
-
-        known = available_backends()
-        for name in names:
-            if canonical_name(name) not in known:
-                raise pytest.UsageError("--agcheck-backend / agcheck_backend: "
-                                        + _unknown("backend", name, list(known) + list(_ALIASES)))
-    engine = _setting(config, "engine")
-    if engine:
-        from agcheck.options import GradcheckOptions
-
-        try:
-            GradcheckOptions(engine=engine)
-        except ValueError as error:
-            raise pytest.UsageError(f"--agcheck-engine / agcheck_engine: {error}") from None
-    account = _setting(config, "jax_account")
-    if account and account not in _JAX_ACCOUNTS:
-        raise pytest.UsageError("--agcheck-jax-account / agcheck_jax_account: "
-                                + _unknown("account", account, _JAX_ACCOUNTS))
-
-
-def _installed(name: str) -> bool | None:
-    """Whether the backend's framework is installed (``None``: unknown backend)."""
-    from agcheck.backends.registry import available_backends, canonical_name
-
-    return available_backends().get(canonical_name(name))
 
 
 def pytest_generate_tests(metafunc):
@@ -272,7 +178,7 @@ def pytest_generate_tests(metafunc):
     names = configured_backends(metafunc.config) or [DEFAULT_BACKEND]
     params = []
     for name in names:
-        ok = _installed(name)
+        ok = installed(name)
         marks = ()
         if ok is False:
             marks = pytest.mark.skip(reason=f"agcheck backend {name!r}: its framework is not installed")
@@ -310,260 +216,6 @@ def _saved_list(config) -> list:
     return _reports(config).saved
 
 
-# -- the failure type (made when first needed: it subclasses agcheck's GradcheckError) ---------
-
-_FAILURE_TYPE = None
-
-
-def _failure_type() -> type:
-    global _FAILURE_TYPE
-    if _FAILURE_TYPE is None:
-        from agcheck.report.errors import GradcheckError
-
-        class AgcheckFailure(GradcheckError, AssertionError):
-            """A check run through the ``agcheck`` fixture failed.
-
-            Both an ``AssertionError`` (pytest shows it as a test failure) and an
-            :class:`agcheck.GradcheckError` (``pytest.raises(agcheck.GradcheckError)`` still
-            catches it). ``.report`` is the original error's report, ``.error`` the original
-            error, ``.report_path`` where the report was saved (set when the test has failed
-            and the report was saved; ``None`` otherwise).
-            """
-
-            def __init__(self, message, *, error=None, report_path=None):
-                super().__init__(message, check=getattr(error, "check", None),
-                                 details=getattr(error, "details", None))
-                self.error = error
-                self.report_path = report_path
-                if error is not None and hasattr(error, "report"):
-                    self.report = error.report
-
-        AgcheckFailure.__module__ = __name__
-        AgcheckFailure.__qualname__ = "AgcheckFailure"
-        _FAILURE_TYPE = AgcheckFailure
-    return _FAILURE_TYPE
-
-
-def __getattr__(name):
-    if name == "AgcheckFailure":
-        return _failure_type()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _slug(nodeid: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_.")
-    return (s or "test")[-150:]
-
-
-def _warn(message: str) -> None:
-    """An :class:`AgcheckReportWarning`; never an exception (``-W error`` included)."""
-    try:
-        warnings.warn(message, AgcheckReportWarning, stacklevel=3)
-    except Warning:
-        pass
-
-
-class _Pending:
-    """The report of one failed check of a test, saved if the test fails."""
-
-    def __init__(self, report, failure=None):
-        self.report = report
-        self.failure = failure
-        self.path = None
-        self.done = False
-
-
-# -- the fixture object -----------------------------------------------------------------------
-
-class AgcheckFixture:
-    """What the ``agcheck`` fixture returns.
-
-    The fixture is named after the package and stands in for it: its ``gradcheck``,
-    ``gradgradcheck`` and ``crosscheck`` run the package's functions with the selected
-    backend and turn failures into :class:`AgcheckFailure`; every other public name
-    (``agcheck.GradcheckError``, ``agcheck.numerical_jacobian``, ...) is the package's.
-
-    Attributes
-    ----------
-    backend : str or None
-        The selected backend (``None``: inferred from the inputs). A ``backend=`` keyword
-        of a call wins; a check whose inputs are arrays of another framework runs on that
-        framework's backend (see :meth:`backend_for`).
-    report_dir : str or None
-        Where reports of failed checks are saved.
-    saved : list of str
-        Reports saved so far (in this session).
-    """
-
-    def __init__(self, backend=None, report_dir=None, nodeid="test", crosscheck_backends=(), saved=None,
-                 item=None):
-        self.backend = backend
-        self.report_dir = report_dir
-        self.nodeid = nodeid
-        self.crosscheck_backends = list(crosscheck_backends)
-        self.saved = saved if saved is not None else []
-        self._item = item
-        self._count = 0
-
-    def __repr__(self) -> str:
-        return f"<agcheck fixture backend={self.backend!r} report_dir={self.report_dir!r}>"
-
-    def __getattr__(self, name):
-        # only for names the fixture does not define: the package's public names
-        if name.startswith("_"):
-            raise AttributeError(name)
-        import agcheck as package
-
-        if name in getattr(package, "__all__", ()) or name == "AgcheckFailure":
-            return _failure_type() if name == "AgcheckFailure" else getattr(package, name)
-        raise AttributeError(f"the agcheck fixture has no attribute {name!r} (neither has the agcheck package)")
-
-    def __dir__(self):
-        import agcheck as package
-
-        return sorted(set(super().__dir__()) | set(getattr(package, "__all__", ())))
-
-    # -- checks ------------------------------------------------------------------------
-    def gradcheck(self, fn, inputs, **kwargs):
-        """:func:`agcheck.gradcheck` with this fixture's backend; failures become :class:`AgcheckFailure`."""
-        __tracebackhide__ = True
-        from agcheck.gradcheck import gradcheck
-
-        return self._run(gradcheck, fn, inputs, kwargs)
-
-    def gradgradcheck(self, fn, inputs, grad_outputs=None, **kwargs):
-        """:func:`agcheck.gradgradcheck` with this fixture's backend."""
-        __tracebackhide__ = True
-        from agcheck.gradgradcheck import gradgradcheck
-
-        if grad_outputs is not None:
-            kwargs["grad_outputs"] = grad_outputs
-        return self._run(gradgradcheck, fn, inputs, kwargs)
-
-    def crosscheck(self, fn, inputs, **kwargs):
-        """:func:`agcheck.crosscheck`; ``backends`` defaults to the ``--agcheck-backend``
-        list when it names two or more backends."""
-        __tracebackhide__ = True
-        from agcheck.crosscheck import crosscheck
-
-        if "backends" not in kwargs and len(self.crosscheck_backends) >= 2:
-            kwargs["backends"] = tuple(self.crosscheck_backends)
-        return self._call(crosscheck, fn, inputs, kwargs)
-
-    def backend_for(self, inputs, **kwargs):
-        """The backend a check of ``inputs`` (with the check's keywords ``kwargs``) runs on.
-
-        ``kwargs["backend"]`` when given; otherwise the selected backend, unless the inputs
-        are arrays of another framework (that framework's backend then) or the check is given
-        NumPy derivatives (``vjp=``/``jvp=``: the NumPy backend); ``None``: inferred by the
-        check from the inputs.
-        """
-        if kwargs.get("backend") is not None:
-            return kwargs["backend"]
-        if self.backend is None:
-            return None
-        if "vjp" in kwargs or "jvp" in kwargs:
-            return None
-        from agcheck.backends.registry import canonical_name, infer_backend
-
-        try:
-            own = infer_backend(inputs).name
-        except Exception:  # no framework's arrays (or a mix): the check says what is wrong
-            return self.backend
-        if own != canonical_name(self.backend) and own != "numpy":
-            return None  # another framework's arrays: inferred from them
-        return self.backend
-
-    def _run(self, check, fn, inputs, kwargs):
-        __tracebackhide__ = True
-        backend = self.backend_for(inputs, **kwargs)
-        if backend is not None:
-            kwargs["backend"] = backend
-        return self._call(check, fn, inputs, kwargs)
-
-    def _call(self, check, fn, inputs, kwargs):
-        __tracebackhide__ = True
-        from agcheck.report.errors import GradcheckError
-
-        try:
-            return check(fn, inputs, **kwargs)
-        except GradcheckError as e:
-            if isinstance(e, _failure_type()):
-                raise
-            failure = self.failure(e)
-        raise failure
-
-    # -- failures ----------------------------------------------------------------------
-    def failure(self, error):
-        """The :class:`AgcheckFailure` for ``error``: its message followed by the report
-        summary (when the message does not already end with it). Within a test the report
-        is saved if the test fails; outside one (no test item), at once."""
-        message = str(error)
-        report = getattr(error, "report", None)
-        summary = ""
-        if report is not None and hasattr(report, "summary"):
-            try:
-                summary = report.summary()
-            except Exception as exc:  # a broken report must not hide the failure
-                summary = f"(the failure report could not be summarised: {exc!r})"
-        if summary and summary.strip() not in message:
-            message = message.rstrip("\n") + "\n\n" + summary
-        path = None
-        if self._item is not None:
-            failure = _failure_type()(message, error=error)
-            if self.report_dir and report is not None and hasattr(report, "save"):
-                _pending(self._item).append(_Pending(report, failure))
-        else:
-            path = self.save_report(report)
-            if path:
-                message = message.rstrip("\n") + f"\n\nagcheck report saved to {path}"
-            failure = _failure_type()(message, error=error, report_path=path)
-        if any(c.__module__ == "torch.autograd.gradcheck" for c in type(error).__mro__):
-            from agcheck.backends.torch_errors import adopt  # torch is imported: the error is torch's
-
-            adopt(failure)  # still caught by torch's GradcheckError, as the error it replaces
-        return failure
-
-    def save_report(self, report) -> str | None:
-        """Save ``report`` in the report folder now (if one is configured and the report can
-        be saved); the path written, or ``None``. A folder or file that cannot be written
-        is an :class:`AgcheckReportWarning`, never an exception."""
-        path, _ = self._save(report)
-        return path
-
-    def _save(self, report) -> tuple:
-        """``(path, None)`` or ``(None, why not)``."""
-        if not self.report_dir or report is None or not hasattr(report, "save"):
-            return None, None
-        self._count += 1
-        stem = _slug(self.nodeid) + ("" if self._count == 1 else f"-{self._count}")
-        base = os.path.join(self.report_dir, stem)
-        try:
-            os.makedirs(self.report_dir, exist_ok=True)
-        except OSError as e:
-            why = f"cannot create the report folder {self.report_dir}: {type(e).__name__}: {e}"
-            _warn(f"agcheck report of {self.nodeid} not saved: {why}")
-            return None, why
-        problems = []
-        for ext in (".html", ".json"):
-            try:
-                path = report.save(base + ext)
-            except Exception as e:  # no matplotlib for HTML, a full disk, ...: the next format
-                problems.append(f"{ext}: {type(e).__name__}: {e}")
-                continue
-            path = os.fspath(path) if path else base + ext
-            if path not in self.saved:
-                self.saved.append(path)
-            return path, None
-        why = "; ".join(problems)
-        _warn(f"agcheck report of {self.nodeid} not saved in {self.report_dir}: {why}")
-        return None, why
-
-
-def _pending(item) -> list:
-    return _PENDING.setdefault(item, list)
-
-
 # -- saving the reports of failing tests, and what pytest's lines say ------------------------
 
 @pytest.hookimpl(hookwrapper=True)
@@ -576,16 +228,16 @@ def pytest_runtest_makereport(item, call):
             if call.excinfo is not None:
                 _name_the_failure(call.excinfo.value, report)
     except Exception as e:  # noqa: BLE001 - the plugin's bookkeeping never changes a test's report
-        _warn(f"agcheck: the failure report of {item.nodeid} could not be handled: {type(e).__name__}: {e}")
+        warn(f"agcheck: the failure report of {item.nodeid} could not be handled: {type(e).__name__}: {e}")
 
 
 def _save_pending(item, report) -> None:
-    entries = [p for p in _PENDING.get(item, None) or () if not p.done]
+    entries = [p for p in PENDING.get(item, None) or () if not p.done]
     if not entries:
         return
     saver = AgcheckFixture(report_dir=configured_report_dir(item.config), nodeid=item.nodeid,
                            saved=_saved_list(item.config))
-    saver._count = sum(1 for p in _PENDING.get(item) if p.done and p.path)
+    saver._count = sum(1 for p in PENDING.get(item) if p.done and p.path)
     lines = []
     for entry in entries:
         entry.done = True
@@ -666,7 +318,7 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if session is not None:
             session.item = None
-        _PENDING.set(item, None)  # the failures' reports (and their arrays) are not kept
+        PENDING.set(item, None)  # the failures' reports (and their arrays) are not kept
 
 
 # -- drop-in: the suite's own gradcheck calls through agcheck -----------------------------------
@@ -678,7 +330,7 @@ _DROPIN_FLAGS = {"torch": "torch", "jax": "jax", "tensorflow": "tf"}
 def _wanted_patches(config) -> list:
     wanted = []
     for framework, flag_name in _DROPIN_FLAGS.items():
-        flag = _option(config, f"agcheck_{flag_name}")
+        flag = option_value(config, f"agcheck_{flag_name}")
         if flag is None:
             try:
                 flag = config.getini(f"agcheck_{flag_name}")
@@ -704,16 +356,16 @@ class _DropinSession:
         for framework in _wanted_patches(self.config):
             if framework in self.patches:
                 continue
-            if _installed(framework) is False:
+            if installed(framework) is False:
                 raise pytest.UsageError(f"--agcheck-{_DROPIN_FLAGS[framework]} needs {framework}, "
                                         "which is not installed")
             if framework == "torch":
-                engine = _setting(self.config, "engine")
+                engine = setting(self.config, "engine")
                 patch = dropin.patch_torch(**({"engine": engine} if engine else {}))
             elif framework == "tensorflow":
                 patch = dropin.patch_tensorflow()
             else:
-                account = _setting(self.config, "jax_account")
+                account = setting(self.config, "jax_account")
                 patch = dropin.patch_jax(**({"account": account} if account else {}))
             self.patches[framework] = patch
         if self.patches and not self.listening:
@@ -736,7 +388,7 @@ class _DropinSession:
         if not directory or report is None or not hasattr(report, "save"):
             return None
         if self.item is not None:
-            _pending(self.item).append(_Pending(report))
+            pending(self.item).append(Pending(report))
             return None
         saver = AgcheckFixture(report_dir=directory, nodeid="session", saved=_saved_list(self.config))
         saver._count = len(_saved_list(self.config))
