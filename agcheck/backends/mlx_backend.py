@@ -35,6 +35,7 @@ from functools import cached_property
 import mlx.core as mx
 import numpy as np
 
+from agcheck.backends.host_checks import HostChecks
 from agcheck.backends.base import Backend, Perturber, Trace
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 
@@ -223,7 +224,7 @@ class MlxPerturber(Perturber):
         return self._call(fn, moved.astype(x.dtype))
 
 
-class MlxBackend(TakesWrt, Backend):
+class MlxBackend(HostChecks, TakesWrt, Backend):
     """Dense real and complex MLX arrays; ``wrt=`` picks the checked inputs.
 
     Options (per call, through :meth:`with_options`):
@@ -234,6 +235,7 @@ class MlxBackend(TakesWrt, Backend):
     """
 
     name = "mlx"
+    host = staticmethod(_view)  # the arrays as NumPy, for HostChecks
     runs_array_api_code = False  # array_api_compat has no namespace for MLX arrays
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
@@ -556,34 +558,9 @@ class MlxBackend(TakesWrt, Backend):
     def dot(self, u, v):
         return _back(np.sum(_view(u) * _view(v)))
 
-    def max_abs(self, x):
-        h = _view(x)
-        return float(np.max(np.abs(h))) if h.size else 0.0
-
     def max_abs_difference(self, a, b):
         with np.errstate(invalid="ignore", over="ignore"):
             return self.max_abs(_view(a) - _view(b))
-
-    def all_zero(self, x) -> bool:
-        return bool(np.all(_view(x) == 0))
-
-    def count_nonzero(self, x) -> int:
-        return int(np.count_nonzero(_view(x)))
-
-    def all_finite(self, x) -> bool:
-        return bool(np.all(np.isfinite(_view(x))))
-
-    def allclose(self, a, b, rtol, atol) -> bool:
-        """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails
-        (equal infinities pass, as in torch.allclose)."""
-        a, b = _view(a), _view(b)
-        dtype = np.result_type(a, b)
-        if not np.issubdtype(dtype, np.inexact):
-            dtype = np.float64
-        a, b = a.astype(dtype), b.astype(dtype)
-        with np.errstate(invalid="ignore", over="ignore"):
-            close = (a == b) | (np.abs(a - b) <= atol + rtol * np.abs(b))
-        return bool(np.all(close))
 
     def summarized_edge_items(self, numel: int) -> int | None:
         # MLX prints every dimension longer than 6 as its first and last 3 items (fixed: its

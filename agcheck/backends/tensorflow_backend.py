@@ -38,6 +38,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
+from agcheck.backends.host_checks import HostChecks
 from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
 from agcheck.backends.tensorflow_loading import import_tensorflow
 
@@ -308,7 +309,7 @@ class TfPerturber(Perturber):
         return self._evaluate(fn, moved.astype(self._original.dtype, copy=False).reshape(self._original.shape))
 
 
-class TensorFlowBackend(TakesWrt, Backend):
+class TensorFlowBackend(HostChecks, TakesWrt, Backend):
     """Dense real and complex TensorFlow tensors and variables; ``wrt=`` picks the
     checked inputs.
 
@@ -320,6 +321,7 @@ class TensorFlowBackend(TakesWrt, Backend):
     """
 
     name = "tensorflow"
+    host = staticmethod(_host)  # the arrays as NumPy, for HostChecks
     runs_array_api_code = False  # array_api_compat has no namespace for TF tensors
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
@@ -702,31 +704,6 @@ class TensorFlowBackend(TakesWrt, Backend):
 
     def dot(self, u, v):
         return np.sum(_host(u) * _host(v))
-
-    def max_abs(self, x):
-        h = _host(x)
-        return float(np.max(np.abs(h))) if h.size else 0.0
-
-    def all_zero(self, x) -> bool:
-        return bool(np.all(_host(x) == 0))
-
-    def count_nonzero(self, x) -> int:
-        return int(np.count_nonzero(_host(x)))
-
-    def all_finite(self, x) -> bool:
-        return bool(np.all(np.isfinite(_host(x))))
-
-    def allclose(self, a, b, rtol, atol) -> bool:
-        """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails
-        (equal infinities pass, as in torch.allclose)."""
-        a, b = _host(a), _host(b)
-        dtype = np.result_type(a, b)
-        if not np.issubdtype(dtype, np.inexact):
-            dtype = np.float64
-        a, b = a.astype(dtype), b.astype(dtype)
-        with np.errstate(invalid="ignore", over="ignore"):
-            close = (a == b) | (np.abs(a - b) <= atol + rtol * np.abs(b))
-        return bool(np.all(close))
 
     def device_name(self, x) -> str:
         return _device(x) or "cpu"
