@@ -298,19 +298,19 @@ class _Run:
         guard = self.guard
         if opts.check_backward_ad:
             self._reverse_mode(top)
-        guard.verify("the comparison of forward-mode derivatives")
+        guard.checkpoint("the comparison of forward-mode derivatives")
         if opts.check_forward_ad:
             self._forward_mode(top)
         self.numerical_memo.clear()
-        guard.verify("the batched forward-mode check")
+        guard.checkpoint("the batched forward-mode check")
         if opts.check_batched_forward_grad:
             batched.check_forward(self, top)
         if not opts.check_backward_ad:
             return
-        guard.verify("the batched gradient check")
+        guard.checkpoint("the batched gradient check")
         if opts.check_batched_grad:
             batched.check_backward(self, top)
-        guard.verify("the check of grad_output scaling and undefined gradients")
+        guard.checkpoint("the check of grad_output scaling and undefined gradients")
         grad_output_scaling.check(self, top)
         if opts.check_undefined_grad:
             undefined_grads.check_backward(self, top)

@@ -106,3 +106,20 @@ def test_an_interrupt_propagates_with_the_input_restored():
     with pytest.raises(KeyboardInterrupt):
         agcheck.gradcheck(f, (x,), engine="reference")
     assert torch.equal(x.detach(), before)
+
+
+def test_a_write_past_the_version_counter_is_still_found_at_the_end():
+    """``x.data.mul_`` moves no version counter: the comparison at the check's end finds it."""
+    x = _input()
+    before = x.detach().clone()
+    calls = [0]
+
+    def f(v):
+        calls[0] += 1
+        if calls[0] == 3:
+            v.data.mul_(1.5)
+        return v.sin()
+
+    with pytest.raises(agcheck.CheckInputError, match="fn modified input 0 in place at a later call"):
+        agcheck.gradcheck(f, (x,), engine="reference")
+    assert torch.equal(x.detach(), before)
