@@ -7,7 +7,7 @@ from dataclasses import fields
 from typing import Any, Callable, Literal, TypeVar
 
 from agcheck.backends.base import Backend
-from agcheck.checks import batched, grad_output_scaling, jacobian, undefined_grads
+from agcheck.checks import batched_gradients, grad_output_scaling, jacobian, undefined_grads
 from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
 from agcheck.core.numerical_memo import NumericalMemo
@@ -304,12 +304,12 @@ class _Run:
         self.numerical_memo.clear()
         guard.checkpoint("the batched forward-mode check")
         if opts.check_batched_forward_grad:
-            batched.check_forward(self, top)
+            batched_gradients.check_forward(self, top)
         if not opts.check_backward_ad:
             return
         guard.checkpoint("the batched gradient check")
         if opts.check_batched_grad:
-            batched.check_backward(self, top)
+            batched_gradients.check_backward(self, top)
         guard.checkpoint("the check of grad_output scaling and undefined gradients")
         grad_output_scaling.check(self, top)
         if opts.check_undefined_grad:
