@@ -26,7 +26,7 @@ from tensorflow.python.ops import gradient_checker_v2  # noqa: E402
 from tensorflow.python.ops.gradient_checker_v2 import compute_gradient as early_compute_gradient  # noqa: E402,F401
 
 import agcheck  # noqa: E402
-from agcheck.backends import tensorflow_dropin  # noqa: E402
+from agcheck.backends import tensorflow_dropin, tensorflow_jacobians  # noqa: E402
 from agcheck.frontends import dropin  # noqa: E402
 
 # TensorFlow's own function, kept in a dict: the patch rebinds module-level names bound to it
@@ -131,7 +131,7 @@ def test_the_jacobians_are_tensorflows(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_one_move_at_a_time_the_jacobians_are_tensorflows_bit_for_bit(name, monkeypatch):
     for threshold in ("STACKED_ROWS", "STACKED_EVALUATIONS", "BATCHED_ROWS", "BATCHED_EVALUATIONS"):
-        monkeypatch.setattr(tensorflow_dropin, threshold, 10 ** 9)
+        monkeypatch.setattr(tensorflow_jacobians, threshold, 10 ** 9)
     f, xs, *kw = CASES[name]
     kw = kw[0] if kw else {}
     same_bits(theirs(f, xs, **kw), tensorflow_dropin.compute_gradient(f, xs, **kw))
@@ -164,10 +164,10 @@ def test_vectorized_forms_give_tensorflows_numbers(monkeypatch):
         np.testing.assert_allclose(part_b[0], part_a[0], rtol=1e-9, atol=1e-12)
     assert calls["evaluate_batch"] and calls["vjp_batched"]
     # complex, vectorized where small
-    monkeypatch.setattr(tensorflow_dropin, "BATCHED_ROWS", 2)
-    monkeypatch.setattr(tensorflow_dropin, "BATCHED_EVALUATIONS", 2)
-    monkeypatch.setattr(tensorflow_dropin, "STACKED_ROWS", 10 ** 9)
-    monkeypatch.setattr(tensorflow_dropin, "STACKED_EVALUATIONS", 10 ** 9)
+    monkeypatch.setattr(tensorflow_jacobians, "BATCHED_ROWS", 2)
+    monkeypatch.setattr(tensorflow_jacobians, "BATCHED_EVALUATIONS", 2)
+    monkeypatch.setattr(tensorflow_jacobians, "STACKED_ROWS", 10 ** 9)
+    monkeypatch.setattr(tensorflow_jacobians, "STACKED_EVALUATIONS", 10 ** 9)
     calls.update(evaluate_batch=0, vjp_batched=0)
     f, xs = CASES["real and complex arguments"]
     a, b = theirs(f, xs), tensorflow_dropin.compute_gradient(f, xs)
@@ -179,8 +179,8 @@ def test_vectorized_forms_give_tensorflows_numbers(monkeypatch):
 
 
 def test_what_cannot_be_stacked_or_vectorized_is_computed_one_move_at_a_time(monkeypatch):
-    monkeypatch.setattr(tensorflow_dropin, "BATCHED_ROWS", 2)
-    monkeypatch.setattr(tensorflow_dropin, "BATCHED_EVALUATIONS", 2)
+    monkeypatch.setattr(tensorflow_jacobians, "BATCHED_ROWS", 2)
+    monkeypatch.setattr(tensorflow_jacobians, "BATCHED_EVALUATIONS", 2)
 
     def eager_only(x):  # reads .numpy() (no graph), reshapes to its own shape (no stack)
         return tf.reshape(x, [3, 4]) * tf.constant(np.cos(x.numpy()))
