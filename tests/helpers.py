@@ -105,6 +105,24 @@ def digest_kept_waiting(monkeypatch, call: int = 6, seconds: float = 0.05) -> li
     return calls
 
 
+class NoisySin(torch.autograd.Function):
+    """sin whose backward differs from run to run by 1e-8 relative (within gradcheck's
+    tolerances, outside ``nondet_tol=0``): a backward that is not reentrant."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        NoisySin.calls += 1
+        return grad * x.cos() * (1 + 1e-8 * NoisySin.calls)
+
+
 class ScaledSin(torch.autograd.Function):
     """sin with a backward scaled by ``ScaledSin.factor`` (1.0 is correct), without a vmap
     rule; its backward calls are counted in ``ScaledSin.calls``."""

@@ -451,32 +451,17 @@ def test_category_halves(category: str):
     assert not problems, "\n".join(problems)
 
 
-class _Noisy(torch.autograd.Function):
-    """sin whose backward adds run-to-run noise (1e-8 relative: within gradcheck's
-    tolerances, outside nondet_tol=0)."""
-    calls = 0
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        _Noisy.calls += 1
-        return g * x.cos() * (1 + 1e-8 * _Noisy.calls)
-
-
 @pytest.mark.parametrize("fast_mode", [False, True])
 def test_the_reentrancy_sentence_is_torchs_byte_for_byte(fast_mode):
     import agcheck
 
+    from .helpers import NoisySin
+
     x = torch.linspace(0.1, 1, 5, dtype=torch.float64, requires_grad=True)
     with pytest.raises(TorchGradcheckError) as theirs:
-        torch.autograd.gradcheck(_Noisy.apply, (x,), fast_mode=fast_mode)
+        torch.autograd.gradcheck(NoisySin.apply, (x,), fast_mode=fast_mode)
     with pytest.raises(agcheck.GradcheckError) as ours:
-        agcheck.gradcheck(_Noisy.apply, (x,), fast_mode=fast_mode)
+        agcheck.gradcheck(NoisySin.apply, (x,), fast_mode=fast_mode)
     sentence = str(theirs.value).split("\n")[0]
     assert sentence.startswith("Backward is not reentrant") and "gradient.The tolerance" in sentence
     assert str(ours.value).split("\n")[0] == sentence  # agcheck's own facts follow on lines of their own
