@@ -13,25 +13,18 @@ N = 300
 SMALL_BUDGET = 64 << 10
 
 
-def sin_with_backward(factor):
-    class Sin(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            ctx.save_for_forward(x)
-            return x.sin()
+@pytest.fixture
+def sin_with(monkeypatch):
+    """``sin_with(factor)``: ``sin`` whose backward and JVP are scaled by ``factor``
+    (tests/helpers.py's ScaledSin and SinWithJvp)."""
+    from .helpers import ScaledSin, SinWithJvp
 
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return factor * g * x.cos()
+    def make(factor, forward=False):
+        cls = SinWithJvp if forward else ScaledSin
+        monkeypatch.setattr(cls, "factor", factor)
+        return cls.apply
 
-        @staticmethod
-        def jvp(ctx, t):
-            (x,) = ctx.saved_tensors
-            return factor * t * x.cos()
-
-    return Sin
+    return make
 
 
 def _input(n=N):
@@ -53,18 +46,18 @@ def chunked(monkeypatch):
     return calls
 
 
-def test_a_wrong_backward_fails_in_chunks_with_torchs_first_line(chunked):
+def test_a_wrong_backward_fails_in_chunks_with_torchs_first_line(chunked, sin_with):
     x = _input()
-    assert agcheck.gradcheck(sin_with_backward(1.0).apply, (x,), engine="batched", memory_budget=SMALL_BUDGET)
+    assert agcheck.gradcheck(sin_with(1.0), (x,), engine="batched", memory_budget=SMALL_BUDGET)
     with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0,") as info:
-        agcheck.gradcheck(sin_with_backward(2.0).apply, (x,), engine="batched", memory_budget=SMALL_BUDGET)
+        agcheck.gradcheck(sin_with(2.0), (x,), engine="batched", memory_budget=SMALL_BUDGET)
     assert chunked, "the failing check did not go through the chunked comparison"
     message = str(info.value)
     assert "300 x 300 entries" in message and "compared in chunks, not printed" in message
     assert "numerical:tensor" not in message  # torch's dump of the whole block is not written
     diagnoses = [d.kind for d in info.value.report.diagnoses]
     assert "factor" in diagnoses
-    assert agcheck.gradcheck(sin_with_backward(2.0).apply, (x,), engine="batched", memory_budget=SMALL_BUDGET,
+    assert agcheck.gradcheck(sin_with(2.0), (x,), engine="batched", memory_budget=SMALL_BUDGET,
                              raise_exception=False) is False
 
 
@@ -90,21 +83,21 @@ def test_a_bug_in_a_later_chunk_is_found_and_its_entries_named(chunked):
     assert "(299,)  (299,)" in message  # the entry at its place in the whole block
 
 
-def test_forward_mode_is_decided_in_chunks_too(chunked):
+def test_forward_mode_is_decided_in_chunks_too(chunked, sin_with):
     x = _input()
     kw = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, engine="batched",
               memory_budget=SMALL_BUDGET)
-    assert agcheck.gradcheck(sin_with_backward(1.0).apply, (x,), **kw)
+    assert agcheck.gradcheck(sin_with(1.0, forward=True), (x,), **kw)
     with pytest.raises(agcheck.GradcheckError,
                        match="Jacobian computed with forward mode mismatch for output 0 with respect to input 0,"):
-        agcheck.gradcheck(sin_with_backward(2.0).apply, (x,), **kw)
+        agcheck.gradcheck(sin_with(2.0, forward=True), (x,), **kw)
 
 
-def test_fast_mode_does_not_recompute_jacobians_beyond_the_budget():
+def test_fast_mode_does_not_recompute_jacobians_beyond_the_budget(sin_with):
     x = _input()
-    assert agcheck.gradcheck(sin_with_backward(1.0).apply, (x,), fast_mode=True, memory_budget=SMALL_BUDGET)
+    assert agcheck.gradcheck(sin_with(1.0), (x,), fast_mode=True, memory_budget=SMALL_BUDGET)
     with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0") as info:
-        agcheck.gradcheck(sin_with_backward(2.0).apply, (x,), fast_mode=True, memory_budget=SMALL_BUDGET)
+        agcheck.gradcheck(sin_with(2.0), (x,), fast_mode=True, memory_budget=SMALL_BUDGET)
     assert "are not recomputed for this message" in str(info.value)
 
 
@@ -115,8 +108,8 @@ def test_no_differentiable_outputs_are_checked_in_chunks():
         agcheck.gradcheck(lambda v: v.detach().sin(), (x,), memory_budget=SMALL_BUDGET)
 
 
-def test_within_the_budget_torchs_matrices_are_printed_as_before(chunked):
+def test_within_the_budget_torchs_matrices_are_printed_as_before(chunked, sin_with):
     x = _input(6)
     with pytest.raises(agcheck.GradcheckError, match=r"numerical:tensor\(") as info:
-        agcheck.gradcheck(sin_with_backward(2.0).apply, (x,), engine="batched")
+        agcheck.gradcheck(sin_with(2.0), (x,), engine="batched")
     assert not chunked and "compared in chunks" not in str(info.value)
