@@ -91,15 +91,14 @@ class InputGuard:
         (for a later message), ``cause`` the exception the check is leaving with (an
         interrupt is left to propagate, the inputs restored)."""
         be = self.be
-        changed = []
+        changed = []  # (position, how it changed)
         for p, snap in zip(self.positions, self.snapshots):
             x = self.args[p]
             if not be.unchanged(x, snap):
-                changed.append(f"input {p}{_how_much(be, x, snap)}")
+                changed.append((p, _how_much(be, x, snap)))
                 be.restore(x, snap)
             elif p in self.written:  # written by fn, then put back by the check's own restore
-                changed.append(f"input {p}: its values were written over (the check's restore of a move "
-                               "undid them)")
+                changed.append((p, "its values were written over (the check's restore of a move undid them)"))
         if changed and not self._reported and (cause is None or isinstance(cause, Exception)):
             self._reported = True
             raise CheckInputError(self._message(changed)) from cause
@@ -113,10 +112,10 @@ class InputGuard:
             when = "at its first call"
         else:
             when = f"at a later call, during {self.stage}"
-        first, rest = changed[0].split(":", 1) if ":" in changed[0] else (changed[0], "")
-        also = f" (and {', '.join(c.split(':')[0] for c in changed[1:])})" if len(changed) > 1 else ""
+        (first, how), others = changed[0], [p for p, _ in changed[1:]]
+        also = f" (and {', '.join(f'input {p}' for p in others)})" if others else ""
         return (
-            f"fn modified {first} in place{also} {when}:{rest or ' its values changed'}. A gradient check "
+            f"fn modified input {first} in place{also} {when}: {how or 'its values changed'}. A gradient check "
             "moves each input and compares results, so fn must leave its inputs unchanged: work on a copy "
             "(x = x.clone() in torch, x.copy() in NumPy) inside fn. The input has been restored, and the check "
             "stopped: a mismatch after the change would come from the changed input, not from the derivative."
@@ -124,16 +123,16 @@ class InputGuard:
 
 
 def _how_much(be, x, snapshot) -> str:
-    """``": k of n elements changed, by up to d"`` for dense arrays the backend converts
+    """``"k of n elements changed, by up to d"`` for dense arrays the backend converts
     to NumPy; empty where it cannot say (a sparse snapshot, say)."""
     try:
         now, then = np.asarray(be.to_numpy(x)), np.asarray(be.to_numpy(snapshot))
     except Exception:  # the figure is a courtesy of the message: never a new error
         return ""
     if now.shape != then.shape:
-        return f": its shape changed from {then.shape} to {now.shape}"
+        return f"its shape changed from {then.shape} to {now.shape}"
     with np.errstate(invalid="ignore"):
         moved = ~((now == then) | (np.isnan(now) & np.isnan(then)))
         by = np.abs(now[moved] - then[moved])
     largest = float(np.nanmax(by)) if by.size and not np.all(np.isnan(by)) else float("nan")
-    return f": {int(moved.sum())} of {now.size} elements changed, by up to {largest:.3g}"
+    return f"{int(moved.sum())} of {now.size} elements changed, by up to {largest:.3g}"
