@@ -26,9 +26,10 @@ import tempfile
 from pathlib import Path
 
 _CODE = (
-    "import agcheck, compileall, os, sys\n"
+    "import agcheck, agcheck.backends, compileall, os, sys\n"
     "root = os.path.dirname(os.path.abspath(agcheck.__file__))\n"
     "ok = compileall.compile_dir(root, quiet=1)\n"
+    "ok = compileall.compile_dir(agcheck.backends.__path__[0], quiet=1) and ok\n"
     "print(root)\n"
     "sys.exit(0 if ok else 1)\n"
 )
@@ -36,10 +37,12 @@ _CODE = (
 #: a conftest that imports every agcheck module under pytest's rewriting import hook
 _CONFTEST = (
     "import importlib, pkgutil\n"
-    "import agcheck\n"
-    "for info in pkgutil.walk_packages(agcheck.__path__, 'agcheck.'):\n"
+    "import agcheck, agcheck.backends\n"
+    "names = [i.name for i in pkgutil.walk_packages(agcheck.__path__, 'agcheck.')]\n"
+    "names += [i.name for i in pkgutil.iter_modules(agcheck.backends.__path__, 'agcheck.backends.')]\n"
+    "for name in names:\n"
     "    try:\n"
-    "        importlib.import_module(info.name)\n"
+    "        importlib.import_module(name)\n"
     "    except Exception:\n"
     "        pass  # a backend whose framework is not installed\n"
 )

@@ -374,10 +374,13 @@ def test_the_benchmarks_byte_compile_the_agcheck_their_workers_import(tmp_path):
     import shutil
 
     import agcheck
+    import agcheck.backends
 
     precompile = _load("precompile")
     copy = tmp_path / "agcheck"
     shutil.copytree(Path(agcheck.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(agcheck.backends.__path__[0]), copy / "backends",  # where a wheel puts them
+                    ignore=shutil.ignore_patterns("__pycache__"))
     module = copy / "backends" / "torch_backend.py"
     compiled = Path(importlib.util.cache_from_source(str(module)))
     assert not compiled.exists()
@@ -395,12 +398,14 @@ def test_the_suites_are_timed_with_pytests_rewritten_agcheck_modules_written(tmp
     import shutil
 
     import agcheck
+    import agcheck.backends
 
     precompile = _load("precompile")
     copy = tmp_path / "agcheck"
     # the backends of other frameworks are left out: importing them is slow, not the point
-    shutil.copytree(Path(agcheck.__file__).parent, copy,
-                    ignore=shutil.ignore_patterns("__pycache__", "jax*", "tensorflow*"))
+    shutil.copytree(Path(agcheck.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(agcheck.backends.__path__[0]), copy / "backends",  # where a wheel puts them
+                    ignore=shutil.ignore_patterns("__pycache__", "jax*", "tensorflow*", "mlx*"))
     cache = copy / "backends" / "__pycache__"
     assert not cache.exists()
     env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")

@@ -1,5 +1,5 @@
 """agcheck's default account of a failing ``check_grads`` level: explained from the arrays the
-check compared (``agcheck/backends/jax_direction_account.py``), with no further calls of
+check compared (``backends/jax_direction_account.py``), with no further calls of
 ``f``. Each case: the right derivative passes, the broken one fails with JAX's message and
 the pattern named."""
 from __future__ import annotations

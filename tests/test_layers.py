@@ -25,6 +25,8 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "agcheck"
+#: the repository's top-level backends/, installed as agcheck.backends
+BACKENDS = PACKAGE.parent / "backends"
 FRAMEWORKS = {"torch", "jax", "jaxlib", "tensorflow", "tf_keras", "keras", "cupy", "mlx"}
 #: modules whose framework imports are user code, not agcheck's: the main job's catalog
 #: holds hand-written ports of some functions (a torch.autograd.Function, a jax.custom_vjp)
@@ -34,6 +36,8 @@ USER_CODE = {"agcheck.frontends.catalog"}
 
 def _module_name(path: pathlib.Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[0] == "backends":
+        parts.insert(0, "agcheck")
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -58,7 +62,7 @@ def _imports(path: pathlib.Path) -> set[str]:
     return found
 
 
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {_module_name(p): p for p in sorted([*PACKAGE.rglob("*.py"), *BACKENDS.rglob("*.py")])}
 GRAPH = {name: {m for m in _imports(p) if m in MODULES and m != name} for name, p in MODULES.items()}
 
 

@@ -35,7 +35,8 @@ def test_the_wheel_ships_the_type_marker_and_the_report_templates(built):
     _, wheel = built
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("agcheck/py.typed", "agcheck/report/templates/report.html",
-                   "agcheck/report/templates/agcheck.css", "agcheck/backends/torch_backend.py"):
+                   "agcheck/report/templates/agcheck.css", "agcheck/backends/torch_backend.py",
+                   "agcheck/backends/base.py"):
         assert needed in names, f"{needed} missing from the wheel"
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
