@@ -10,19 +10,16 @@ from agcheck.backends.base import Backend
 from agcheck.checks import batched_gradients, grad_output_scaling, jacobian, undefined_grads
 from agcheck.core.capabilities import require_capabilities
 from agcheck.core.piece import Piece
-from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.input_guard import InputGuard
 from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.core.shared_evaluations import SharedEvaluations
-from agcheck.core.stencil import auto_eps, get_stencil
-from agcheck.core.stopwatch import Stopwatch, collections_left_out
+from agcheck.core.run import CheckRun
+from agcheck.core.stopwatch import collections_left_out
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
-from agcheck.engine.outcome import EngineEvent, Outcome, UserErrors
-from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET
+from agcheck.core.outcome import EngineEvent
 from agcheck.errors import CheckInputError, OutputTypeError
 from agcheck.options import GradcheckOptions, gradcheck_options
-from agcheck.progress import Progress
 from agcheck.report.collect import complete_report
 from agcheck.report.errors import GradcheckError
 from agcheck.warn import warn_caller
@@ -195,11 +192,11 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *,
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
     # fn is the caller's own, not a VJP built around it, where no call of it preceded
-    run = _Run(fn, args, be, opts, snapshots, watch_calls=snapshots is None)
+    run = CheckRun(fn, args, be, opts)
     try:
         with be.preserve_state(args), numpy_rng_preserved():
             try:
-                run.all_checks()
+                all_checks(run, snapshots, watch_calls=snapshots is None)
             except BaseException as e:
                 run.verify_inputs(cause=e)  # a changed input, not the derivative, is then to blame
                 if isinstance(e, GradcheckError) and opts.raise_exception:
@@ -219,198 +216,154 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *,
 SHARED_PROBE_EVALUATIONS = 8
 
 
-class _Run:
-    """One gradcheck: the function, its inputs, the backend and the options."""
+# -- the order of the checks is torch's -------------------------------------------------
+def all_checks(run: CheckRun, snapshots: dict | None = None, watch_calls: bool = False) -> None:
+    """Run the checks the options ask for, in torch's order; ``snapshots`` and
+    ``watch_calls`` as :func:`run_gradcheck` sets them up for the input guard."""
+    try:
+        with collections_left_out():  # the engine's timings leave garbage collections out
+            _all_checks(run, snapshots, watch_calls)
+    finally:
+        run.numerical_memo.clear()  # not kept alive by a raised error's traceback
+        run.progress.close()
 
-    def __init__(self, fn, args, be, opts: GradcheckOptions, snapshots: dict | None = None,
-                 watch_calls: bool = False):
-        self.fn, self.args, self.be, self.opts = fn, args, be, opts
-        self._snapshots, self._watch_calls = snapshots, watch_calls
-        #: the checked inputs, watched for in-place changes once they are validated
-        self.guard: InputGuard | None = None
-        #: what the engine decided on the way, and the undecided outcomes it handed back
-        #: to the reference engine
-        self.engine_log: list[EngineEvent] = []
-        self.engine_fallbacks: list[Outcome] = []
-        #: errors raised by plain calls of fn or its backward (they propagate as they are)
-        self.user_errors = UserErrors()
-        self.stencil = get_stencil(opts.stencil)
-        self.progress = Progress(enabled=opts.progress)
-        #: the reverse-mode pass's numerical Jacobians, for the forward-mode pass that follows
-        self.numerical_memo = NumericalMemo(
-            wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
-        self._timed_on_thread = be.computes_on_calling_thread(args)
 
-    def stopwatch(self) -> Stopwatch:
-        """A stopwatch for the engine's cost figures, started now: it counts this
-        thread's CPU seconds where the backend computes on it (:mod:`agcheck.core.stopwatch`)."""
-        return Stopwatch(self._timed_on_thread)
+def _all_checks(run: CheckRun, snapshots: dict | None, watch_calls: bool) -> None:
+    be, opts = run.be, run.opts
+    run.checked = _validate_inputs(run)
+    run.guard = InputGuard(be, run.args, run.checked, snapshots)
+    if watch_calls:
+        run.fn = run.guard.watch(run.fn)
+    watch = run.stopwatch()
+    trace = be.trace(run.fn, run.args, run.checked)
+    run.evaluation_seconds = watch.seconds()
+    run.guard.verify("the comparison of reverse-mode derivatives")
+    diff = _differentiable(run, trace.outputs)
+    be.validate_outputs([trace.outputs[k] for k in diff])
+    if not opts.fast_mode:
+        _warn_if_costly(run, trace.outputs)
 
-    def verify_inputs(self, cause: BaseException | None = None) -> None:
-        """Raise :class:`CheckInputError`, the inputs restored, where ``fn`` changed a
-        checked input in place at any of its calls (see :mod:`agcheck.core.input_guard`)."""
-        if self.guard is not None:
-            self.guard.verify(cause=cause)
+    top = Piece.of(be, run.fn, run.args, run.checked, trace)
+    guard = run.guard
+    if opts.check_backward_ad:
+        _reverse_mode(run, top)
+    guard.checkpoint("the comparison of forward-mode derivatives")
+    if opts.check_forward_ad:
+        _forward_mode(run, top)
+    run.numerical_memo.clear()
+    guard.checkpoint("the batched forward-mode check")
+    if opts.check_batched_forward_grad:
+        batched_gradients.check_forward(run, top)
+    if not opts.check_backward_ad:
+        return
+    guard.checkpoint("the batched gradient check")
+    if opts.check_batched_grad:
+        batched_gradients.check_backward(run, top)
+    guard.checkpoint("the check of grad_output scaling and undefined gradients")
+    grad_output_scaling.check(run, top)
+    if opts.check_undefined_grad:
+        undefined_grads.check_backward(run, top)
 
-    def eps_for(self, x) -> float:
-        """The finite-difference step for input ``x``."""
-        eps = self.opts.eps
-        if isinstance(eps, str):  # "auto", the options' only word
-            return auto_eps(self.be.machine_epsilon(x), self.stencil)
-        return eps
 
-    def numerical_args(self, args) -> tuple:
-        """The arguments the numerical side moves: unless ``masked``, every sparse argument
-        is replaced by its dense equivalent (all elements specified), as torch does, so
-        that finite differences reach the unspecified elements too. Dense arrays pass
-        through unchanged."""
-        if self.opts.masked:
-            return args
-        be = self.be
-        return tuple(be.densify(a) if be.is_array(a) else a for a in args)
+def _warn_if_costly(run: CheckRun, outputs) -> None:
+    be = run.be
+    n_in = sum(be.numel(run.args[p]) for p in run.checked)
+    n_out = sum(be.numel(o) for o in outputs if be.is_floating_or_complex(o))
+    entries = n_in * n_out
+    if entries >= COSTLY_JACOBIAN_ENTRIES:
+        warn_caller(
+            f"slow mode compares full Jacobians: {n_in:,} input elements x {n_out:,} output "
+            f"elements = {entries:.2e} entries, each estimated by finite differences. This may "
+            "take very long; fast_mode=True compares random projections v^T J u instead, at "
+            "the cost of a few evaluations and backward passes.",
+            CostWarning,
+        )
 
-    # -- the order of the checks is torch's ---------------------------------------------
-    def all_checks(self) -> None:
-        try:
-            with collections_left_out():  # the engine's timings leave garbage collections out
-                self._all_checks()
-        finally:
-            self.numerical_memo.clear()  # not kept alive by a raised error's traceback
-            self.progress.close()
 
-    def _all_checks(self) -> None:
-        be, opts = self.be, self.opts
-        self.checked = self._validate_inputs()
-        self.guard = InputGuard(be, self.args, self.checked, self._snapshots)
-        if self._watch_calls:
-            self.fn = self.guard.watch(self.fn)
-        watch = self.stopwatch()
-        trace = be.trace(self.fn, self.args, self.checked)
-        #: seconds of one evaluation of fn with its graph: the engine's first cost figure
-        self.evaluation_seconds = watch.seconds()
-        self.guard.verify("the comparison of reverse-mode derivatives")
-        diff = self._differentiable(trace.outputs)
-        be.validate_outputs([trace.outputs[k] for k in diff])
-        if not opts.fast_mode:
-            self._warn_if_costly(trace.outputs)
-
-        top = Piece.of(be, self.fn, self.args, self.checked, trace)
-        guard = self.guard
-        if opts.check_backward_ad:
-            self._reverse_mode(top)
-        guard.checkpoint("the comparison of forward-mode derivatives")
-        if opts.check_forward_ad:
-            self._forward_mode(top)
-        self.numerical_memo.clear()
-        guard.checkpoint("the batched forward-mode check")
-        if opts.check_batched_forward_grad:
-            batched_gradients.check_forward(self, top)
-        if not opts.check_backward_ad:
-            return
-        guard.checkpoint("the batched gradient check")
-        if opts.check_batched_grad:
-            batched_gradients.check_backward(self, top)
-        guard.checkpoint("the check of grad_output scaling and undefined gradients")
-        grad_output_scaling.check(self, top)
-        if opts.check_undefined_grad:
-            undefined_grads.check_backward(self, top)
-
-    def _warn_if_costly(self, outputs) -> None:
-        be = self.be
-        n_in = sum(be.numel(self.args[p]) for p in self.checked)
-        n_out = sum(be.numel(o) for o in outputs if be.is_floating_or_complex(o))
-        entries = n_in * n_out
-        if entries >= COSTLY_JACOBIAN_ENTRIES:
+def _validate_inputs(run: CheckRun) -> list:
+    be = run.be
+    checked = be.checked_positions(run.args)
+    devices: dict[str, int] = {}
+    for idx in checked if len(checked) > 1 else ():
+        devices.setdefault(be.device_name(run.args[idx]), idx)
+    if len(devices) > 1:
+        listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
+        raise CheckInputError(
+            f"the inputs to differentiate are on different devices ({listed}); "
+            "move them to one device before checking"
+        )
+    for idx in checked:
+        x = run.args[idx]
+        if not be.is_double_precision(x):
             warn_caller(
-                f"slow mode compares full Jacobians: {n_in:,} input elements x {n_out:,} output "
-                f"elements = {entries:.2e} entries, each estimated by finite differences. This may "
-                "take very long; fast_mode=True compares random projections v^T J u instead, at "
-                "the cost of a few evaluations and backward passes.",
-                CostWarning,
+                f"Input #{idx} requires gradient and is not a double precision floating point "
+                "or complex. Finite differences in lower precision are rarely accurate enough "
+                "for the default tolerances; this check will likely fail."
             )
+        be.validate_input(idx, x)
+    if not checked:
+        raise ValueError(be.no_checked_inputs_message)
+    return checked
 
-    def _validate_inputs(self) -> list:
-        be = self.be
-        checked = be.checked_positions(self.args)
-        devices: dict[str, int] = {}
-        for idx in checked if len(checked) > 1 else ():
-            devices.setdefault(be.device_name(self.args[idx]), idx)
-        if len(devices) > 1:
-            listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
-            raise CheckInputError(
-                f"the inputs to differentiate are on different devices ({listed}); "
-                "move them to one device before checking"
-            )
-        for idx in checked:
-            x = self.args[idx]
-            if not be.is_double_precision(x):
-                warn_caller(
-                    f"Input #{idx} requires gradient and is not a double precision floating point "
-                    "or complex. Finite differences in lower precision are rarely accurate enough "
-                    "for the default tolerances; this check will likely fail."
-                )
-            be.validate_input(idx, x)
-        if not checked:
-            raise ValueError(be.no_checked_inputs_message)
-        return checked
 
-    def _differentiable(self, outputs) -> list:
-        be = self.be
-        check_output_types(be, outputs)
-        return [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
+def _differentiable(run: CheckRun, outputs) -> list:
+    be = run.be
+    check_output_types(be, outputs)
+    return [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
 
-    # -- reverse and forward mode, with the complex split -------------------------------
-    def _reverse_mode(self, top: Piece) -> None:
-        be = self.be
-        if not any(be.is_complex(o) for o in top.outputs):
-            jacobian.check(self, top)
-            return
-        complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
-        # torch's order, imaginary parts first; the real parts' pass takes the first
-        # pass's evaluations at the same moves instead of calling fn again
-        shared = SharedEvaluations(be, self.args, self.checked, first="imag", budget_bytes=self._shared_bytes(top))
-        try:
-            for part in ("imag", "real"):
-                fn = output_part(be, self.fn, part, shared)
-                trace = be.trace(fn, self.args, self.checked)
-                jacobian.check(self, Piece.of(be, fn, self.args, self.checked, trace,
-                                              complex_indices=complex_outputs, test_imag=part == "imag"))
-        finally:
-            shared.close()
-        if shared.served:
-            self.engine_log.append(EngineEvent("numerical", "shared", None, "the real parts' pass took the "
-                                               "imaginary parts' evaluations",
-                                               figures={"served": shared.served}))
+# -- reverse and forward mode, with the complex split -------------------------------
+def _reverse_mode(run: CheckRun, top: Piece) -> None:
+    be = run.be
+    if not any(be.is_complex(o) for o in top.outputs):
+        jacobian.check(run, top)
+        return
+    complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
+    # torch's order, imaginary parts first; the real parts' pass takes the first
+    # pass's evaluations at the same moves instead of calling fn again
+    shared = SharedEvaluations(be, run.args, run.checked, first="imag", budget_bytes=_shared_bytes(run, top))
+    try:
+        for part in ("imag", "real"):
+            fn = output_part(be, run.fn, part, shared)
+            trace = be.trace(fn, run.args, run.checked)
+            jacobian.check(run, Piece.of(be, fn, run.args, run.checked, trace,
+                                          complex_indices=complex_outputs, test_imag=part == "imag"))
+    finally:
+        shared.close()
+    if shared.served:
+        run.engine_log.append(EngineEvent("numerical", "shared", None, "the real parts' pass took the "
+                                           "imaginary parts' evaluations",
+                                           figures={"served": shared.served}))
 
-    def _shared_bytes(self, top: Piece) -> int:
-        """What the first pass over complex outputs may keep for the second: one
-        evaluation per move of its numerical Jacobians (twice the bytes of those Jacobians;
-        torch's checker holds them and two analytical Jacobians per pass) and a few for
-        the engine's probes, within a quarter of the memory budget."""
-        be = self.be
-        per_evaluation = sum(be.numel(top.outputs[k]) * be.itemsize(top.outputs[k])
-                             // (2 if be.is_complex(top.outputs[k]) else 1) for k in top.diff)
-        points = len(self.stencil.offsets)
-        moves = sum(be.numel(self.args[p]) * points * (2 if be.is_complex(self.args[p]) else 1)
-                    for p in self.checked)
-        budget = self.opts.memory_budget or DEFAULT_MEMORY_BUDGET
-        return min(budget // 4, per_evaluation * (moves + SHARED_PROBE_EVALUATIONS))
 
-    def _forward_mode(self, top: Piece) -> None:
-        be = self.be
-        complex_inputs = [k for k, a in enumerate(self.args) if be.is_array(a) and be.is_complex(a)]
-        if not complex_inputs:
-            pieces = [Piece.of(be, self.fn, self.args, self.checked, top.trace, forward=True)]
-        else:
-            pieces = []
-            for part in ("imag", "real"):
-                fn = input_part(be, self.fn, complex_inputs, self.args, part)
-                args = split_inputs(be, self.args, complex_inputs, part)
-                pieces.append(Piece.of(be, fn, args, self.checked, be.trace(fn, args, self.checked), forward=True,
-                                       complex_indices=complex_inputs, test_imag=part == "imag"))
-                jacobian.check(self, pieces[-1])
-        if not complex_inputs:
-            jacobian.check(self, pieces[0])
-        if self.opts.check_undefined_grad:
-            for piece in pieces:
-                undefined_grads.check_forward(self, piece)
+def _shared_bytes(run: CheckRun, top: Piece) -> int:
+    """What the first pass over complex outputs may keep for the second: one
+    evaluation per move of its numerical Jacobians (twice the bytes of those Jacobians;
+    torch's checker holds them and two analytical Jacobians per pass) and a few for
+    the engine's probes, within a quarter of the memory budget."""
+    be = run.be
+    per_evaluation = sum(be.numel(top.outputs[k]) * be.itemsize(top.outputs[k])
+                         // (2 if be.is_complex(top.outputs[k]) else 1) for k in top.diff)
+    points = len(run.stencil.offsets)
+    moves = sum(be.numel(run.args[p]) * points * (2 if be.is_complex(run.args[p]) else 1)
+                for p in run.checked)
+    return min(run.memory_budget // 4, per_evaluation * (moves + SHARED_PROBE_EVALUATIONS))
+
+
+def _forward_mode(run: CheckRun, top: Piece) -> None:
+    be = run.be
+    complex_inputs = [k for k, a in enumerate(run.args) if be.is_array(a) and be.is_complex(a)]
+    if not complex_inputs:
+        pieces = [Piece.of(be, run.fn, run.args, run.checked, top.trace, forward=True)]
+    else:
+        pieces = []
+        for part in ("imag", "real"):
+            fn = input_part(be, run.fn, complex_inputs, run.args, part)
+            args = split_inputs(be, run.args, complex_inputs, part)
+            pieces.append(Piece.of(be, fn, args, run.checked, be.trace(fn, args, run.checked), forward=True,
+                                   complex_indices=complex_inputs, test_imag=part == "imag"))
+            jacobian.check(run, pieces[-1])
+    if not complex_inputs:
+        jacobian.check(run, pieces[0])
+    if run.opts.check_undefined_grad:
+        for piece in pieces:
+            undefined_grads.check_forward(run, piece)

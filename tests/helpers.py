@@ -216,12 +216,13 @@ def run_check(fn, inputs, backend="torch", **options):
     undecided outcomes it handed back (``run.engine_fallbacks``) and its verdict
     (``run.verdict``: False when it raised a GradcheckError)."""
     import agcheck
-    from agcheck.gradcheck import _Run
+    from agcheck.core.run import CheckRun
+    from agcheck.gradcheck import all_checks
     from agcheck.options import GradcheckOptions
 
-    run = _Run(fn, inputs, agcheck.get_backend(backend), GradcheckOptions(**options))
+    run = CheckRun(fn, inputs, agcheck.get_backend(backend), GradcheckOptions(**options))
     try:
-        run.all_checks()
+        all_checks(run)
         run.verdict = True
     except agcheck.GradcheckError:
         run.verdict = False

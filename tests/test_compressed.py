@@ -9,7 +9,7 @@ import torch
 
 import agcheck
 from agcheck.engine import coloured, compressed
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 from .helpers import property_settings
 from .helpers import run_check as run
 
@@ -251,13 +251,13 @@ def _logged_gradgradcheck(monkeypatch, fn, x, first_cost):
     monkeypatch.setattr(torch_backend, "_func_vjp_first_cost", lambda: first_cost)
     gradcheck_module = importlib.import_module("agcheck.gradcheck")
     runs = []
-    original = gradcheck_module._Run.all_checks
+    original = gradcheck_module.all_checks
 
-    def recording(self):
-        runs.append(self)
-        return original(self)
+    def recording(run, *args, **kwargs):
+        runs.append(run)
+        return original(run, *args, **kwargs)
 
-    monkeypatch.setattr(gradcheck_module._Run, "all_checks", recording)
+    monkeypatch.setattr(gradcheck_module, "all_checks", recording)
     verdict = agcheck.gradgradcheck(fn, (x,), raise_exception=False)
     return verdict, [f"{e.decision}: {e.detail}" if e.detail else e.decision for r in runs for e in r.engine_log]
 

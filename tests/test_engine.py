@@ -7,7 +7,7 @@ import torch
 import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.engine.cost import RAMP
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 
 from .helpers import ScaledSin, SinWithJvp, busy, first_paragraph, make, run_check as run, torch_message, torch_text
 

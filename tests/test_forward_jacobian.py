@@ -7,7 +7,7 @@ import torch
 
 import agcheck
 from agcheck.engine import forward_jacobian
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 from .helpers import busy, run_check as run, tensorflow_or_skip
 
 

@@ -696,7 +696,8 @@ def test_complex_outputs_share_the_first_passs_evaluations(scale, monkeypatch):
     have a content digest); a VJP 1% off in the real parts' pass only still fails there,
     on those numbers."""
     from agcheck.core import shared_evaluations
-    from agcheck.gradcheck import _Run
+    from agcheck.core.run import CheckRun
+    from agcheck.gradcheck import all_checks
     from agcheck.options import GradcheckOptions
 
     monkeypatch.setattr(shared_evaluations, "DIGEST_SHARE_LIMIT", float("inf"))  # not timing-dependent
@@ -712,14 +713,14 @@ def test_complex_outputs_share_the_first_passs_evaluations(scale, monkeypatch):
 
     f.defvjp(lambda x: (f(x), x), bwd)
     x = rand(6, seed=2)
-    run = _Run(f, (x,), agcheck.get_backend("jax"), GradcheckOptions(engine="reference"))
+    run = CheckRun(f, (x,), agcheck.get_backend("jax"), GradcheckOptions(engine="reference"))
     if scale == 1.0:
-        run.all_checks()
+        all_checks(run)
         served = [e.figures["served"] for e in run.engine_log if e.decision == "shared"]
         assert served == [2 * 6]
     else:
         with pytest.raises(GradcheckError, match="real part of complex outputs only, Jacobian mismatch"):
-            run.all_checks()
+            all_checks(run)
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.01])

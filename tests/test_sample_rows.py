@@ -10,7 +10,7 @@ import agcheck
 from agcheck.core import jacobian as jac
 from agcheck.engine import cost
 from agcheck.engine.rows import Problem
-from agcheck.gradcheck import _Run
+from agcheck.core.run import CheckRun
 from agcheck.options import GradcheckOptions
 from .helpers import ScaledSin, busy, run_check
 
@@ -59,7 +59,7 @@ def _x():
 
 def _problem(fn, x, **options):
     be = agcheck.get_backend("torch")
-    run = _Run(fn, (x,), be, GradcheckOptions(**options))
+    run = CheckRun(fn, (x,), be, GradcheckOptions(**options))
     run.checked = [0]
     return run, Problem(run, fn, be.trace(fn, (x,), [0]), (x,), [0])
 

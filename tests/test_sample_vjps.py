@@ -9,7 +9,7 @@ import torch
 import agcheck
 from agcheck.backends.torch_backend import TorchBackend
 from agcheck.engine import cost
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 
 from .helpers import run_check
 

@@ -14,7 +14,7 @@ from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
 from agcheck.engine.compilations import COMPILATIONS
-from agcheck.engine.outcome import undecided
+from agcheck.core.outcome import undecided
 from agcheck.report.collect import attach_jacobian_failure
 from agcheck.report.errors import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
 

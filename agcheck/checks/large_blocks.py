@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from agcheck.core import jacobian as jac
-from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET
 from agcheck.report.collect import attach_jacobian_failure
 from agcheck.report.errors import GradcheckError
 
@@ -30,7 +29,7 @@ CHUNK_SHARE = 8
 
 
 def budget_of(run) -> int:
-    return run.opts.memory_budget or DEFAULT_MEMORY_BUDGET
+    return run.memory_budget
 
 
 def too_large(run, piece, inputs=None) -> bool:

@@ -10,7 +10,7 @@ from agcheck.core import jacobian as jac
 from agcheck.core.piece import Piece
 from agcheck.engine import cost
 from agcheck.engine.compilations import COMPILATIONS
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 
 __all__ = ["loop_is_cheap", "checked_function", "compiled_signature"]
 

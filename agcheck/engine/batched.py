@@ -36,7 +36,7 @@ import numpy as np
 from agcheck.backends.base import Capability
 from agcheck.core.row_block import RowBlock
 from agcheck.engine import coloured, compressed, cost, failure, forward_jacobian, memory
-from agcheck.engine.outcome import PASSED, EngineEvent, Outcome, undecided
+from agcheck.core.outcome import PASSED, EngineEvent, Outcome, undecided
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
 
 __all__ = ["compare_slow_reverse", "compare_slow_forward", "DEFAULT_MEMORY_BUDGET"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from agcheck.engine.compressed import RANDOM_ROUNDS, SIGN_SEED, NotCompressible, CompressedSides, bits_for, index_signs, all_small, stencil_reduce, allclose_like_torch
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 
 class DenseBlock:
     """One analytical Jacobian block held whole, as NumPy, rows by output element.

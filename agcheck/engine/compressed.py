@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from agcheck.engine import cost
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 
 __all__ = ["try_compressed_reverse", "try_compressed_forward", "MIN_ENTRIES", "RANDOM_ROUNDS"]
 

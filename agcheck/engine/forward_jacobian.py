@@ -28,7 +28,7 @@ import numpy as np
 from agcheck.backends.base import Capability
 from agcheck.engine import cost, memory
 from agcheck.engine.coloured import DenseBlock
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 from agcheck.engine.rows import INTERMEDIATES
 
 __all__ = ["try_forward_jacobian", "ROUNDS", "BOUND"]

@@ -20,7 +20,7 @@ from agcheck.core.row_block import RowBlock
 from agcheck.core.shared_evaluations import sharing
 from agcheck.core.stencil import STENCILS
 from agcheck.engine import cost, memory
-from agcheck.engine.outcome import EngineEvent
+from agcheck.core.outcome import EngineEvent
 
 __all__ = ["Problem", "n_in_total", "DEFAULT_MEMORY_BUDGET", "MIN_BATCHED_NUMEL", "INTERMEDIATES"]
 
