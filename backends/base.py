@@ -1,15 +1,33 @@
 """The backend contract: what agcheck's core asks of an array framework.
 
-The core (``agcheck.core.jacobian``, ``agcheck.gradcheck`` and ``agcheck.checks``) never imports
-a framework: everything framework-specific goes through a :class:`Backend`. A backend
-grows from four verbs — *perturb* (evaluate the function with one input moved, restoring
-it exactly), *vjp*, *jvp* and *allclose* — plus inspection of arrays and the little vector
-algebra the core needs. Python's arithmetic operators (``+ - * /``) are used on arrays
-directly; they are the one part of the array API every framework shares. The core relies
-on them promoting as NumPy does (a real array times ``1j`` is complex): a framework whose
-operators do not (TensorFlow) hands the core NumPy arrays for everything it computes
-(gradients, tangents, finite differences, probes) and keeps its own arrays for what ``fn``
-receives and returns; its :meth:`Backend.is_array` then accepts both.
+The core (``agcheck.core``, ``agcheck.checks``, ``agcheck.engine``, ``agcheck.gradcheck``)
+never imports a framework: everything framework-specific goes through a :class:`Backend`.
+
+The contract has three parts:
+
+* **A required core of twenty verbs** (:data:`CORE_METHODS`). Fifteen a backend writes
+  itself (:data:`REQUIRED_METHODS`): inspection (``owns``, ``is_checked``, ``is_complex``,
+  ``is_floating_or_complex``, ``is_double_precision``, ``is_differentiable_output``,
+  ``is_bool``), ``trace`` (evaluation with its VJP, :class:`Trace`), ``perturber`` (one input
+  moved and restored exactly, :class:`Perturber`), ``jvp``, ``allclose``, random vectors
+  (``generator``, ``uniform_unit_vector``, ``normal_like``) and ``from_numpy``. Five have
+  defaults written against the array API (:data:`DEFAULTED_METHODS`): ``xp``, ``to_numpy``,
+  ``precision``, ``one_hot`` and ``as_int``. :func:`missing_verbs` names what a class lacks,
+  and :func:`agcheck.backends.registry.get_backend` refuses such a class with that list.
+* **Algebra through the arrays' own namespace.** ``xp = be.xp(x)`` is the array-API
+  namespace the core computes with on ``x`` (``array_api_compat``'s for torch, JAX and
+  NumPy, resolved once per array type); call sites write ``xp.reshape(x, shape)``. Python's
+  arithmetic operators (``+ - * /``) are used on arrays directly; the core relies on them
+  promoting as NumPy does (a real array times ``1j`` is complex): a framework whose
+  operators do not (TensorFlow) hands the core NumPy arrays for everything it computes
+  and keeps its own arrays for what ``fn`` receives and returns; its :meth:`Backend.is_array`
+  then accepts both. Framework semantics that are not plain algebra (sparse layouts,
+  ``densify``, complex parts of traced values, digests, snapshots) stay backend methods.
+* **Optional parts**, each named by a :class:`Capability` a backend lists in
+  :attr:`Backend.capabilities`: forward mode, the checks of batched gradients, undefined
+  gradients, second order, sparse layouts, and one protocol for the engine's faster paths,
+  :class:`BatchedForms` (batched evaluations, batched JVPs, stacked evaluations). A backend
+  without it gets the same verdicts from the loops.
 """
 from __future__ import annotations
 
@@ -18,8 +36,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability", "UnsupportedError",
-           "OutputPart", "InputPart", "REQUIRED_METHODS", "CAPABILITY_METHODS", "summary_edges", "work_clock"]
+__all__ = ["Backend", "BatchedForms", "Trace", "Perturber", "BackendUnavailableError", "Capability",
+           "UnsupportedError", "OutputPart", "InputPart", "REQUIRED_METHODS", "DEFAULTED_METHODS", "CORE_METHODS",
+           "CAPABILITY_METHODS", "BATCHED_FORMS", "missing_verbs", "require_contract", "summary_edges", "work_clock"]
 
 
 def work_clock(on_thread: bool):
@@ -48,13 +67,25 @@ class Capability:
     FUNCTIONAL_BATCHED_EVALUATION = "functional_batched_evaluation"  #: evaluate_batch_functional (engine)
 
 
-#: the methods every backend implements itself (the others have defaults written against
-#: the array API, or belong to a capability)
+#: the verbs every backend writes itself (the base class has no default for them)
 REQUIRED_METHODS = (
     "owns", "is_checked", "is_complex", "is_floating_or_complex", "is_double_precision",
-    "is_differentiable_output", "is_bool", "as_int", "trace", "perturber", "jvp", "one_hot", "allclose",
-    "generator", "uniform_unit_vector", "normal_like",
+    "is_differentiable_output", "is_bool", "trace", "perturber", "jvp", "allclose",
+    "generator", "uniform_unit_vector", "normal_like", "from_numpy",
 )
+
+#: the rest of the required core, with defaults written against the array API
+DEFAULTED_METHODS = ("xp", "to_numpy", "precision", "one_hot", "as_int")
+
+#: the required core of the contract
+CORE_METHODS = REQUIRED_METHODS + DEFAULTED_METHODS
+
+#: the capabilities of the engine's faster paths: a backend lists them only as a
+#: :class:`BatchedForms`, and :meth:`Backend.supports` denies them to any other backend
+BATCHED_FORMS = frozenset({
+    Capability.BATCHED_EVALUATION, Capability.BATCHED_JVP, Capability.STACKED_EVALUATION,
+    Capability.FUNCTIONAL_BATCHED_EVALUATION,
+})
 
 #: the methods a backend implements when it lists a capability
 CAPABILITY_METHODS = {
@@ -67,6 +98,31 @@ CAPABILITY_METHODS = {
     Capability.FUNCTIONAL_BATCHED_EVALUATION: ("evaluate_batch_functional",),
     Capability.SECOND_ORDER: ("random_cotangent", "differentiable_vjp"),
 }
+
+
+def missing_verbs(cls) -> list[str]:
+    """The verbs of :data:`REQUIRED_METHODS` the backend class ``cls`` does not write."""
+    return [m for m in REQUIRED_METHODS if getattr(cls, m, None) is getattr(Backend, m)]
+
+
+_COMPLETE: set = set()
+
+
+def require_contract(cls) -> None:
+    """Raise ``TypeError`` naming every required verb the backend class ``cls`` lacks."""
+    if cls in _COMPLETE:
+        return
+    missing = missing_verbs(cls)
+    if missing:
+        raise TypeError(
+            f"the backend {cls.__name__} does not implement the required verbs {', '.join(missing)} "
+            "of agcheck's backend contract (agcheck.backends.base.REQUIRED_METHODS)"
+        )
+    _COMPLETE.add(cls)
+
+
+#: the array-API namespace of each array type met (:meth:`Backend.xp`)
+_NAMESPACES: dict = {}
 
 
 class UnsupportedError(NotImplementedError):
@@ -219,13 +275,13 @@ class Perturber:
 class Backend:
     """What the core asks of an array framework: the backend contract.
 
-    A backend implements the required methods (those raising ``NotImplementedError``
-    here: inspection, ``trace``, ``perturber``, ``jvp``, ``allclose``, randomness,
-    conversion) and lists in :attr:`capabilities` the optional parts it also implements
-    (see :class:`Capability`); the core asks :meth:`supports` before using an optional
-    method. The defaults of the rest are written against the array API (through
-    ``array_api_compat``) and may be overridden for speed. ``tests/test_backend_contract.py``
-    runs the whole contract over every registered backend.
+    A backend writes the verbs of :data:`REQUIRED_METHODS` (inspection, ``trace``,
+    ``perturber``, ``jvp``, ``allclose``, random vectors, ``from_numpy``); the defaults of
+    the rest of the core (:data:`DEFAULTED_METHODS`) and of the other methods here are
+    written against the array API and may be overridden where the framework differs. It
+    lists in :attr:`capabilities` the optional parts it implements (see :class:`Capability`);
+    the core asks :meth:`supports` before using one. ``tests/test_backend_contract.py`` runs
+    the whole contract over every registered backend.
     """
 
     name: str = "abstract"
@@ -245,6 +301,17 @@ class Backend:
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
     runs_array_api_code: bool = True
 
+    def xp(self, x):
+        """The array-API namespace the core computes with on ``x`` (``array_api_compat``'s,
+        resolved once per array type). A backend that computes its bookkeeping elsewhere
+        (on the host, for a framework that compiles every new shape) returns that namespace."""
+        namespace = _NAMESPACES.get(type(x))
+        if namespace is None:
+            import array_api_compat
+
+            namespace = _NAMESPACES[type(x)] = array_api_compat.array_namespace(x)
+        return namespace
+
     def array_namespace(self, *arrays):
         """The array-API namespace for code running on these arrays of this backend
         (``array_api_compat``'s by default; a backend it does not know may supply one)."""
@@ -253,7 +320,10 @@ class Backend:
         return array_api_compat.array_namespace(*arrays)
 
     def supports(self, capability: str) -> bool:
-        """Whether this backend implements the optional part ``capability``."""
+        """Whether this backend implements the optional part ``capability`` (the engine's
+        faster paths, :data:`BATCHED_FORMS`, only on a :class:`BatchedForms`)."""
+        if capability in BATCHED_FORMS and not isinstance(self, BatchedForms):
+            return False
         return capability in self.capabilities
 
     def refusal(self, capability: str, keyword: str) -> Exception:
@@ -304,7 +374,8 @@ class Backend:
     def as_int(self, x):
         """The boolean array ``x`` as a small integer array of the same framework (so
         that finite differences of boolean outputs can be taken)."""
-        raise NotImplementedError
+        xp = self.xp(x)
+        return xp.astype(x, xp.int8)
 
     def numel(self, x) -> int:
         n = 1
@@ -429,47 +500,7 @@ class Backend:
         Capability :attr:`Capability.UNDEFINED_GRAD`."""
         raise UnsupportedError("vjp_with_undefined_outputs")
 
-    # -- batched forms (optional: the engine's faster paths) -----------------------------
-    def evaluate_batch(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
-        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (a
-        leading batch dimension) in one call: per output, the stacked results.
-        Capability :attr:`Capability.BATCHED_EVALUATION`."""
-        raise UnsupportedError("evaluate_batch")
-
-    def evaluate_batch_functional(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
-        """:meth:`evaluate_batch` with ``fn``'s in-place writes replaced by their
-        out-of-place equivalents first, for functions that write batched values into arrays
-        they create themselves (``out = zeros(...); out[..., 0] = f(x)``), which a batching
-        transform refuses. The engine tries it only where :meth:`evaluate_batch` raised.
-        Capability :attr:`Capability.FUNCTIONAL_BATCHED_EVALUATION`."""
-        raise UnsupportedError("evaluate_batch_functional")
-
-    def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked,
-                         tiled: Sequence[int] = ()) -> tuple:
-        """``fn`` called once with ``args[position]`` replaced by the ``b`` copies in
-        ``stacked`` laid end to end along the input's first dimension, as if it were
-        ``fn``'s own batch dimension: per output, the result split back into ``b`` equal
-        parts, shape ``(b, output.shape[0] // b, *output.shape[1:])``. The arguments at
-        the positions ``tiled`` (which share that first dimension) are repeated ``b``
-        times end to end, so that each copy meets them as a plain call does.
-
-        Only a function that treats that dimension as independent samples gives each
-        copy its own result; the engine uses this form only after comparing it with
-        plain calls. Raises ``ValueError`` when an output cannot be split so.
-        Capability :attr:`Capability.STACKED_EVALUATION`."""
-        raise UnsupportedError("evaluate_stacked")
-
-    def element_moves(self, x, flat: Sequence[int], step, sign: int):
-        """Copies of ``x`` stacked, the ``b``-th with element ``flat[b]`` moved by
-        ``sign * step``, rounded as :meth:`Perturber.evaluate_element` rounds.
-        Capability :attr:`Capability.BATCHED_EVALUATION`."""
-        raise UnsupportedError("element_moves")
-
-    def one_hots(self, like, flat: Sequence[int]):
-        """Stacked one-hot arrays shaped like ``like``, the ``b``-th one at ``flat[b]``.
-        Capability :attr:`Capability.BATCHED_EVALUATION`."""
-        raise UnsupportedError("one_hots")
-
+    # -- the engine's set-up costs ------------------------------------------------------
     def computes_on_calling_thread(self, args: tuple) -> bool:
         """Whether evaluating a function of ``args`` and its derivatives works on the
         calling thread (CPU arrays of an eager framework), so that the engine may time
@@ -489,19 +520,6 @@ class Backend:
         only when the loop costs more."""
         return 0.0
 
-    def batching_obstacle(self, fn: Callable, position: int, trace: Trace) -> str | None:
-        """Why ``fn`` certainly cannot be evaluated with ``args[position]`` batched
-        (:meth:`evaluate_batch`), as its traced evaluation ``trace`` shows it, or ``None``
-        when nothing shows; by default :meth:`Trace.batching_obstacle`."""
-        return trace.batching_obstacle()
-
-    def stacking_obstacle(self, fn: Callable, position: int, tiled: Sequence[int] = ()) -> str | None:
-        """Why :meth:`evaluate_stacked` certainly cannot evaluate ``fn`` with
-        ``args[position]`` stacked (beside the arguments ``tiled``), as ``fn``'s kind
-        shows it, or ``None`` when nothing shows. The engine then skips that form without
-        calling ``fn``; ``None`` promises nothing."""
-        return None
-
     def batched_vjp_setup_cost(self, trace: Trace | None = None) -> float:
         """Seconds of one-time setup that the first :meth:`Trace.vjp_batched` of the
         process (of ``trace``'s, when given) would pay; the engine batches VJPs only when
@@ -512,18 +530,6 @@ class Backend:
         """Seconds of one-time setup that the first :meth:`jvp_rows` of the process may
         pay (at most); the engine uses batched JVPs instead of VJPs only when they save more."""
         return 0.0
-
-    def jvp_rows(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, flat: Sequence[int]) -> list:
-        """Forward-mode Jacobian rows ``flat`` of input ``checked[j]`` in one batched JVP:
-        per floating output a ``(len(flat), numel)`` array. Capability
-        :attr:`Capability.BATCHED_JVP`."""
-        raise UnsupportedError("jvp_rows")
-
-    def jvp_along(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, stacked) -> list:
-        """JVPs along each of ``stacked`` (tangents of input ``checked[j]``, the others'
-        zero): per floating output a ``(len(stacked), numel)`` array, ``None`` where
-        undefined. Capability :attr:`Capability.BATCHED_JVP`."""
-        raise UnsupportedError("jvp_along")
 
     # -- second order (optional: gradgradcheck) -----------------------------------------
     def random_cotangent(self, like, generator, noncontiguous: bool):
@@ -562,11 +568,6 @@ class Backend:
         raise UnsupportedError("part_as_input")
 
     # -- array algebra ----------------------------------------------------------------
-    def xp(self, x):
-        import array_api_compat
-
-        return array_api_compat.array_namespace(x)
-
     def flatten(self, x):
         return self.xp(x).reshape(x, (-1,))
 
@@ -645,7 +646,11 @@ class Backend:
 
     def one_hot(self, like, flat: int):
         """An array shaped like ``like`` with a one at flat position ``flat``."""
-        raise NotImplementedError
+        import array_api_compat
+
+        xp = self.xp(like)
+        hot = xp.arange(self.numel(like), device=array_api_compat.device(like)) == flat
+        return xp.reshape(xp.astype(hot, like.dtype), tuple(like.shape))
 
     def sum_as_float(self, x) -> float:
         return float(self.xp(x).sum(x))
@@ -869,6 +874,82 @@ class Backend:
         """``fn`` as code of this framework usually runs: compiled (JAX: ``jax.jit``)
         where the framework compiles, else ``fn`` itself. Derivatives are the same."""
         return fn
+
+
+class BatchedForms:
+    """The optional protocol of the engine's faster paths: ``fn`` evaluated for many moved
+    inputs, and many JVPs, in one call each.
+
+    A backend that implements it inherits this class beside :class:`Backend` and lists the
+    forms it has (:data:`BATCHED_FORMS`) in :attr:`Backend.capabilities`; the engine asks
+    :meth:`Backend.supports` before each. Without it (or with a form left out) the engine
+    computes the same rows in loops of the core verbs, and every verdict is the same.
+    """
+
+    def evaluate_batch(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
+        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (a
+        leading batch dimension) in one call: per output, the stacked results.
+        Capability :attr:`Capability.BATCHED_EVALUATION`."""
+        raise UnsupportedError("evaluate_batch")
+
+    def evaluate_batch_functional(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
+        """:meth:`evaluate_batch` with ``fn``'s in-place writes replaced by their
+        out-of-place equivalents first, for functions that write batched values into arrays
+        they create themselves (``out = zeros(...); out[..., 0] = f(x)``), which a batching
+        transform refuses. The engine tries it only where :meth:`evaluate_batch` raised.
+        Capability :attr:`Capability.FUNCTIONAL_BATCHED_EVALUATION`."""
+        raise UnsupportedError("evaluate_batch_functional")
+
+    def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked,
+                         tiled: Sequence[int] = ()) -> tuple:
+        """``fn`` called once with ``args[position]`` replaced by the ``b`` copies in
+        ``stacked`` laid end to end along the input's first dimension, as if it were
+        ``fn``'s own batch dimension: per output, the result split back into ``b`` equal
+        parts, shape ``(b, output.shape[0] // b, *output.shape[1:])``. The arguments at
+        the positions ``tiled`` (which share that first dimension) are repeated ``b``
+        times end to end, so that each copy meets them as a plain call does.
+
+        Only a function that treats that dimension as independent samples gives each
+        copy its own result; the engine uses this form only after comparing it with
+        plain calls. Raises ``ValueError`` when an output cannot be split so.
+        Capability :attr:`Capability.STACKED_EVALUATION`."""
+        raise UnsupportedError("evaluate_stacked")
+
+    def element_moves(self, x, flat: Sequence[int], step, sign: int):
+        """Copies of ``x`` stacked, the ``b``-th with element ``flat[b]`` moved by
+        ``sign * step``, rounded as :meth:`Perturber.evaluate_element` rounds.
+        Capability :attr:`Capability.BATCHED_EVALUATION`."""
+        raise UnsupportedError("element_moves")
+
+    def one_hots(self, like, flat: Sequence[int]):
+        """Stacked one-hot arrays shaped like ``like``, the ``b``-th one at ``flat[b]``.
+        Capability :attr:`Capability.BATCHED_EVALUATION`."""
+        raise UnsupportedError("one_hots")
+
+    def batching_obstacle(self, fn: Callable, position: int, trace: Trace) -> str | None:
+        """Why ``fn`` certainly cannot be evaluated with ``args[position]`` batched
+        (:meth:`evaluate_batch`), as its traced evaluation ``trace`` shows it, or ``None``
+        when nothing shows; by default :meth:`Trace.batching_obstacle`."""
+        return trace.batching_obstacle()
+
+    def stacking_obstacle(self, fn: Callable, position: int, tiled: Sequence[int] = ()) -> str | None:
+        """Why :meth:`evaluate_stacked` certainly cannot evaluate ``fn`` with
+        ``args[position]`` stacked (beside the arguments ``tiled``), as ``fn``'s kind
+        shows it, or ``None`` when nothing shows. The engine then skips that form without
+        calling ``fn``; ``None`` promises nothing."""
+        return None
+
+    def jvp_rows(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, flat: Sequence[int]) -> list:
+        """Forward-mode Jacobian rows ``flat`` of input ``checked[j]`` in one batched JVP:
+        per floating output a ``(len(flat), numel)`` array. Capability
+        :attr:`Capability.BATCHED_JVP`."""
+        raise UnsupportedError("jvp_rows")
+
+    def jvp_along(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, stacked) -> list:
+        """JVPs along each of ``stacked`` (tangents of input ``checked[j]``, the others'
+        zero): per floating output a ``(len(stacked), numel)`` array, ``None`` where
+        undefined. Capability :attr:`Capability.BATCHED_JVP`."""
+        raise UnsupportedError("jvp_along")
 
 
 def summary_edges(options: dict, numel: int) -> int | None:

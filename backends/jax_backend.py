@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
-from agcheck.backends.base import Backend, Perturber, Trace, summary_edges
+from agcheck.backends.base import Backend, BatchedForms, Perturber, Trace, summary_edges
 from agcheck.warn import warn_caller
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
@@ -320,7 +320,7 @@ class JaxPerturber(Perturber):
         return self._call(fn, moved)
 
 
-class JaxBackend(TakesWrt, Backend):
+class JaxBackend(BatchedForms, TakesWrt, Backend):
     """Dense real and complex JAX arrays; pytree inputs; ``wrt=`` picks the checked inputs.
 
     Options (per call, through :meth:`with_options`):

@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from agcheck.backends.host_checks import HostChecks
-from agcheck.backends.base import Backend, Perturber, Trace
+from agcheck.backends.base import Backend, BatchedForms, Perturber, Trace
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 
 __all__ = ["MlxBackend", "MlxTrace", "MlxPerturber", "BACKEND_CLASS", "owns"]
@@ -224,7 +224,7 @@ class MlxPerturber(Perturber):
         return self._call(fn, moved.astype(x.dtype))
 
 
-class MlxBackend(HostChecks, TakesWrt, Backend):
+class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     """Dense real and complex MLX arrays; ``wrt=`` picks the checked inputs.
 
     Options (per call, through :meth:`with_options`):

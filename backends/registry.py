@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 from typing import Iterator
 
-from agcheck.backends.base import Backend, BackendUnavailableError
+from agcheck.backends.base import Backend, BackendUnavailableError, require_contract
 from agcheck.errors import BackendInferenceError
 
 __all__ = ["register_backend", "register_alias", "canonical_name", "available_backends", "get_backend",
@@ -70,8 +70,11 @@ def canonical_name(name: str) -> str:
 
 def get_backend(name, **options) -> Backend:
     """The backend called ``name`` (or ``name`` itself if it is a :class:`Backend`),
-    configured with ``options`` (the backend-specific keywords of one call)."""
+    configured with ``options`` (the backend-specific keywords of one call). A backend
+    class that lacks a required verb of the contract is refused with a ``TypeError``
+    naming them all (:func:`agcheck.backends.base.require_contract`)."""
     if isinstance(name, Backend):
+        require_contract(type(name))
         return name.with_options(**options)
     if isinstance(name, str):
         name = canonical_name(name)
@@ -90,11 +93,13 @@ def get_backend(name, **options) -> Backend:
                 f"install it with: pip install 'agcheck[{extra}]'"
             )
         try:
-            _INSTANCES[name] = importlib.import_module(module).BACKEND_CLASS()
+            cls = importlib.import_module(module).BACKEND_CLASS
         except ModuleNotFoundError as e:
             if e.name and e.name.startswith("agcheck.backends"):
                 raise BackendUnavailableError(f"the {name!r} backend is not part of this agcheck version") from e
             raise
+        require_contract(cls)
+        _INSTANCES[name] = cls()
     return _INSTANCES[name].with_options(**options)
 
 

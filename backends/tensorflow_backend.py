@@ -39,7 +39,7 @@ import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.host_checks import HostChecks
-from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
+from agcheck.backends.base import Backend, BatchedForms, InputPart, OutputPart, Perturber, Trace
 from agcheck.backends.tensorflow_loading import import_tensorflow
 
 tf = import_tensorflow()  # triton first where it is installed (tensorflow_loading says why)
@@ -309,7 +309,7 @@ class TfPerturber(Perturber):
         return self._evaluate(fn, moved.astype(self._original.dtype, copy=False).reshape(self._original.shape))
 
 
-class TensorFlowBackend(HostChecks, TakesWrt, Backend):
+class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     """Dense real and complex TensorFlow tensors and variables; ``wrt=`` picks the
     checked inputs.
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from agcheck.backends.base import Backend, OutputPart, Trace, summary_edges
+from agcheck.backends.base import Backend, BatchedForms, OutputPart, Trace, summary_edges
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
 from agcheck.backends.torch_forward_memo import RetainedForward
@@ -214,7 +214,7 @@ class TorchPerturber(torch_sparse._InPlacePerturber):
             self.data.copy_(self._original)
 
 
-class TorchBackend(Backend):
+class TorchBackend(BatchedForms, Backend):
     """Dense real and complex torch tensors, on any device (CPU, CUDA, ...)."""
 
     name = "torch"
