@@ -516,3 +516,55 @@ def test_stacked_evaluation_gives_each_copy_its_own_result(setup):
     # only an argument that shares the first dimension can be tiled
     with pytest.raises(ValueError):
         be.evaluate_stacked(lambda x, y: (x * y,), (args[0], be.reshape(args[1], (2, 2))), 0, moves, tiled=(1,))
+
+
+# -- the optional protocol: without it the loops give the same verdicts ---------------------
+def _loops_only_torch():
+    from agcheck.backends.torch_backend import TorchBackend
+
+    class LoopsOnlyTorch(TorchBackend):
+        """The torch backend with the engine's faster paths switched off."""
+
+        capabilities = TorchBackend.capabilities - BATCHED_FORMS
+
+    return LoopsOnlyTorch()
+
+
+@pytest.mark.parametrize("mode", [{}, {"fast_mode": True}, {"check_forward_ad": True}])
+def test_without_the_batched_protocol_the_verdicts_are_the_same(mode):
+    torch = pytest.importorskip("torch")
+    loops = _loops_only_torch()
+    assert not any(loops.supports(c) for c in BATCHED_FORMS) and loops.supports(Capability.REVERSE)
+    x = torch.linspace(-1.0, 2.0, 40, dtype=torch.float64).reshape(8, 5).requires_grad_()
+
+    def right(x):
+        return torch.sin(2 * x.exp()), (x * x).sum(dim=1)
+
+    class Halved(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return 0.5 * g
+
+    def wrong(x):
+        return right(Halved.apply(x))
+
+    for be in (get_backend("torch"), loops):
+        assert agcheck.gradcheck(right, (x,), backend=be, **mode)
+        assert agcheck.gradcheck(wrong, (x,), backend=be, raise_exception=False, **mode) is False
+
+
+def test_the_numpy_backend_has_no_batched_protocol_and_gives_both_verdicts():
+    be = get_backend("numpy", vjp=f_vjp)
+    assert not isinstance(be, BatchedForms) and not any(be.supports(c) for c in BATCHED_FORMS)
+    x, y = np.linspace(-1.0, 2.0, 40), np.linspace(0.5, 1.5, 40)
+    assert agcheck.gradcheck(f_numpy, (x, y), backend=be)
+
+    def doubled(inputs, cotangents):
+        gx, gy = f_vjp(inputs, cotangents)
+        return 2 * gx, gy
+
+    assert agcheck.gradcheck(f_numpy, (x, y), backend=get_backend("numpy", vjp=doubled), raise_exception=False) is False
