@@ -30,7 +30,7 @@ _EXPORTS = {
     "Patch": "agcheck.frontends.dropin",
     "numerical_jacobian": "agcheck.core.matrices",
     "analytical_jacobian": "agcheck.core.matrices",
-    "GradcheckError": "agcheck.report",
+    "GradcheckError": "agcheck.errors",
     "GradcheckOptions": "agcheck.options",
     "OutputTypeError": "agcheck.errors",
     "CheckInputError": "agcheck.errors",
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from agcheck.gradcheck import CostWarning, gradcheck
     from agcheck.gradgradcheck import gradgradcheck
     from agcheck.options import GradcheckOptions
-    from agcheck.report import GradcheckError
+    from agcheck.errors import GradcheckError
 
 
 def __getattr__(name: str) -> Any:

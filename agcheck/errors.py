@@ -1,14 +1,44 @@
-"""The exceptions for arguments a check cannot take (a failed check raises
-:class:`agcheck.GradcheckError` instead).
+"""agcheck's exceptions: :class:`GradcheckError` for a failed check, and the errors for
+arguments a check cannot take.
 
-Their types keep ``except`` clauses written for torch's checker working: where torch's
+The latter's types keep ``except`` clauses written for torch's checker working: where torch's
 checker fails on such arguments with a ``RuntimeError`` of its own (a negative ``atol``,
 ``eps=0``, inputs on two devices), agcheck names the problem with an error that is a
 ``RuntimeError`` too.
 """
 from __future__ import annotations
 
-__all__ = ["CheckInputError", "GradOutputsError", "OutputTypeError", "BackendInferenceError"]
+from agcheck.report.model import FailureReport
+
+__all__ = ["GradcheckError", "CheckInputError", "GradOutputsError", "OutputTypeError", "BackendInferenceError"]
+
+
+class GradcheckError(RuntimeError):
+    """A gradient check failed.
+
+    Subclass of ``RuntimeError``, raised by :func:`agcheck.gradcheck` and
+    :func:`agcheck.gradgradcheck` (unless ``raise_exception=False``).
+
+    Attributes
+    ----------
+    check : str or None
+        Short name of the check that failed (``"jacobian"``, ``"reentrant"``, ...).
+    details : dict
+        Structured facts about the failure (indices, max difference, ...).
+    report : FailureReport
+        The structured failure report: failing blocks as NumPy arrays, options, backend,
+        diagnoses; ``report.summary()``, ``report.to_dict()``, ``report.save(path)``.
+    """
+
+    def __init__(self, message: str, *, check: str | None = None, details: dict | None = None):
+        super().__init__(message)
+        self.check = check
+        self.details = dict(details or {})
+        self.report = FailureReport(check=check, message=str(message), details=self.details)
+
+
+# the public name, as tracebacks and ``repr`` show it (and as it was before this module)
+GradcheckError.__module__ = "agcheck.report"
 
 
 class CheckInputError(ValueError, RuntimeError):

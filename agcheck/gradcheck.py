@@ -15,13 +15,12 @@ from agcheck.core.input_guard import InputGuard
 from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.run import CheckRun
-from agcheck.core.stopwatch import collections_left_out
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.core.outcome import EngineEvent
 from agcheck.errors import CheckInputError, OutputTypeError
 from agcheck.options import GradcheckOptions, gradcheck_options
-from agcheck.report.collect import complete_report
-from agcheck.report.errors import GradcheckError
+from agcheck.core.report_filling import complete_report
+from agcheck.errors import GradcheckError
 from agcheck.warn import warn_caller
 
 __all__ = ["gradcheck", "OutputTypeError", "CostWarning"]
@@ -221,8 +220,7 @@ def all_checks(run: CheckRun, snapshots: dict | None = None, watch_calls: bool =
     """Run the checks the options ask for, in torch's order; ``snapshots`` and
     ``watch_calls`` as :func:`run_gradcheck` sets them up for the input guard."""
     try:
-        with collections_left_out():  # the engine's timings leave garbage collections out
-            _all_checks(run, snapshots, watch_calls)
+        _all_checks(run, snapshots, watch_calls)
     finally:
         run.numerical_memo.clear()  # not kept alive by a raised error's traceback
         run.progress.close()
@@ -234,9 +232,7 @@ def _all_checks(run: CheckRun, snapshots: dict | None, watch_calls: bool) -> Non
     run.guard = InputGuard(be, run.args, run.checked, snapshots)
     if watch_calls:
         run.fn = run.guard.watch(run.fn)
-    watch = run.stopwatch()
     trace = be.trace(run.fn, run.args, run.checked)
-    run.evaluation_seconds = watch.seconds()
     run.guard.verify("the comparison of reverse-mode derivatives")
     diff = _differentiable(run, trace.outputs)
     be.validate_outputs([trace.outputs[k] for k in diff])

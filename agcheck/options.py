@@ -84,7 +84,7 @@ class GradcheckOptions:
             isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int) or self.memory_budget <= 0
         ):
             raise ValueError(f"memory_budget must be a positive number of bytes, got {self.memory_budget!r}")
-        from agcheck.core.stencil import get_stencil
+        from agcheck.stencil import get_stencil
 
         get_stencil(self.stencil)
         if not (isinstance(self.eps, str) and self.eps == "auto"):

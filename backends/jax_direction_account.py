@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from agcheck.report.diagnosis.facts import BlockFacts, coefficient_text
-from agcheck.report.diagnosis.structure import structure
+from agcheck.diagnosis.facts import BlockFacts, coefficient_text
+from agcheck.diagnosis.structure import structure
 from agcheck.report.values import fmt, index_text, unravel
 
 __all__ = ["Evidence", "DirectionAccount", "STEP_MULTIPLES", "direction_account", "inner_product", "same_leaves"]
@@ -135,7 +135,7 @@ def _as_numbers(x) -> np.ndarray:
 @dataclass
 class _LeafPair:
     """One output leaf's two sides as a one-row block, in the form the report's whole-block
-    hypotheses (:func:`agcheck.report.diagnosis.structure.structure`) read."""
+    hypotheses (:func:`agcheck.diagnosis.structure.structure`) read."""
 
     output: int
     numerical: np.ndarray  # (1, size): finite differences, or f(*args)

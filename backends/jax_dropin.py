@@ -346,8 +346,8 @@ def _as_jax_arrays(args) -> tuple:
 
 def _agcheck_account(f, args, mode, atol, rtol, eps):
     """agcheck's slow-mode check of ``f`` at ``args`` in ``mode``: (text, report)."""
-    from agcheck.gradcheck import gradcheck
-    from agcheck.report.errors import GradcheckError
+    from agcheck.backends.dropin_checkers import gradcheck
+    from agcheck.errors import GradcheckError
 
     leaves = [x for x in jax.tree_util.tree_leaves(args) if hasattr(x, "dtype")
               and np.issubdtype(np.dtype(x.dtype), np.inexact)]
@@ -468,9 +468,8 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
 
 def _full_jacobians(f, args, order, modes, atol, rtol, eps):
     """Full Jacobians of ``f`` (and of its VJPs up to ``order``) with agcheck, slow mode."""
-    from agcheck.gradcheck import gradcheck
-    from agcheck.gradgradcheck import gradgradcheck
-    from agcheck.report.errors import GradcheckError
+    from agcheck.backends.dropin_checkers import gradcheck, gradgradcheck
+    from agcheck.errors import GradcheckError
 
     leaves = [x for x in jax.tree_util.tree_leaves(args) if hasattr(x, "dtype")
               and np.issubdtype(np.dtype(x.dtype), np.inexact)]

@@ -34,7 +34,7 @@ import array_api_compat
 import numpy as np
 
 from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
-from agcheck.report.errors import GradcheckError
+from agcheck.errors import GradcheckError
 
 __all__ = ["NumpyBackend", "NumpyTrace", "MissingDerivativeError", "BACKEND_CLASS", "owns"]
 

@@ -226,8 +226,8 @@ def report(result=None, *, atol=None, rtol=None):
         No such call was routed to agcheck.
     """
     call = _find(result)
-    from agcheck.gradcheck import gradcheck
-    from agcheck.report.errors import GradcheckError
+    from agcheck.backends.dropin_checkers import gradcheck
+    from agcheck.errors import GradcheckError
 
     default_atol, default_rtol = call.tolerances
     with ignoring(r"Input #\d+ requires gradient and is not a double precision"):

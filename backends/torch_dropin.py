@@ -11,8 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from agcheck.gradcheck import gradcheck as _agcheck_gradcheck
-from agcheck.gradgradcheck import gradgradcheck as _agcheck_gradgradcheck
+from agcheck.backends import dropin_checkers
 
 __all__ = ["ORIGINALS", "REPLACEMENTS", "gradcheck", "gradgradcheck", "targets"]
 
@@ -55,7 +54,7 @@ def gradcheck(func, inputs, **kwargs) -> bool:
     """agcheck's :func:`agcheck.gradcheck` (torch backend) in the place of
     ``torch.autograd.gradcheck``: torch's arguments, torch's verdicts and error type."""
     __tracebackhide__ = True
-    return _run("gradcheck", _agcheck_gradcheck, GRADCHECK_KEYWORDS, func, inputs, kwargs)
+    return _run("gradcheck", dropin_checkers.gradcheck, GRADCHECK_KEYWORDS, func, inputs, kwargs)
 
 
 def gradgradcheck(func, inputs, grad_outputs=None, **kwargs) -> bool:
@@ -65,7 +64,7 @@ def gradgradcheck(func, inputs, grad_outputs=None, **kwargs) -> bool:
     kwargs_ = dict(kwargs)
     if grad_outputs is not None:
         kwargs_["grad_outputs"] = grad_outputs
-    return _run("gradgradcheck", _agcheck_gradgradcheck, GRADGRADCHECK_KEYWORDS | {"grad_outputs"},
+    return _run("gradgradcheck", dropin_checkers.gradgradcheck, GRADGRADCHECK_KEYWORDS | {"grad_outputs"},
                 func, inputs, kwargs_)
 
 
@@ -103,6 +102,6 @@ def ensure_bound_modules() -> None:
 
 def failure_types() -> tuple:
     """The failures the drop-in observer counts and reports."""
-    from agcheck.report.errors import GradcheckError
+    from agcheck.errors import GradcheckError
 
     return (GradcheckError,)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from agcheck.report.errors import GradcheckError
+from agcheck.errors import GradcheckError
 
 __all__ = ["TorchGradcheckError", "torch_error_type", "adopt"]
 

@@ -45,13 +45,3 @@ def pytest_configure(config):
         except ImportError:
             return
         torch.set_num_threads(1)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_setup_ledger(monkeypatch):
-    """Each test starts with no plain work counted against a one-time setup
-    (``agcheck.engine.cost.setup_worth_paying`` is process-wide: without this, what a
-    test decides would depend on the tests that ran before it in the same worker)."""
-    from agcheck.engine import cost
-
-    monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)

@@ -1,4 +1,4 @@
-"""Diagnoses (agcheck.report.diagnosis): each usual bug is named, and correct functions stay silent.
+"""Diagnoses (agcheck.diagnosis): each usual bug is named, and correct functions stay silent.
 
 Every broken function below is a custom ``torch.autograd.Function`` with one deliberate
 bug in its backward (or a correct function at a non-differentiable point); the test asserts
@@ -14,9 +14,9 @@ import torch
 
 import agcheck
 from agcheck import GradcheckError
-from agcheck.report.diagnosis import Diagnosis, diagnose_block
+from agcheck.diagnosis import Diagnosis, diagnose_block
 from agcheck.report import FailureReport, JacobianBlock
-from agcheck.report.diagnosis import probes
+from agcheck.diagnosis import probes
 
 from .helpers import Snapshot, make
 
@@ -779,7 +779,7 @@ def test_single_nonzero_entry_factor_is_hedged():
 
 
 def test_other_checks_are_named():
-    from agcheck.report.diagnosis import diagnose
+    from agcheck.diagnosis import diagnose
 
     cases = {
         "batched_grad": ({"output": 0, "input": 0, "max_difference": 0.5}, "batched"),
@@ -807,8 +807,8 @@ def test_probes_evaluate_each_distinct_point_once_with_the_rows_of_each_step(dty
     that step alone."""
     from agcheck.backend import get_backend
     from agcheck.core.jacobian import numerical_rows, numerical_rows_at
-    from agcheck.core.stencil import STENCILS
-    from agcheck.report.collect import ONE_SIDED
+    from agcheck.stencil import STENCILS
+    from agcheck.core.report_filling import ONE_SIDED
 
     be = get_backend("torch")
     x = make(6, seed=4, dtype=dtype)
@@ -856,7 +856,7 @@ def test_the_blocks_of_one_input_share_their_probed_points(case, monkeypatch):
     """Two failing blocks of one input (two outputs, the same worst rows) are probed at
     the same points: fn is called once per point, not once per block, and the diagnoses
     are those of probing each block on its own."""
-    import agcheck.report.collect as collect
+    import agcheck.core.report_filling as collect
 
     calls = []
     # 48 elements: the two blocks' probe budget holds two rows each (probe_rows)
@@ -915,7 +915,7 @@ class _WeightedSinPair(torch.autograd.Function):
 def test_a_second_block_failing_in_the_rows_already_probed_probes_only_those(factor, monkeypatch):
     """The second output's worst rows are not the first's, but it fails in the first's
     rows too: its entries there are probed, at no new evaluation of fn."""
-    import agcheck.report.collect as collect
+    import agcheck.core.report_filling as collect
 
     monkeypatch.setattr(_WeightedSinPair, "factor", factor)
     x = make(48, seed=3)
@@ -1126,7 +1126,7 @@ def test_dropout_in_training_mode_is_named_not_a_kink(training):
 def test_state_that_changes_between_calls_is_named(shared, monkeypatch):
     # a counter inside fn; where outputs are too large for the probes to keep their points,
     # the repeat costs one call of fn
-    import agcheck.report.collect as collect
+    import agcheck.core.report_filling as collect
     monkeypatch.setattr(collect, "SHARED_OUTPUT_ELEMENTS", 32768 if shared else 0)
     state = {"calls": 0}
 

@@ -9,7 +9,7 @@ import agcheck
 from torch.autograd.gradcheck import GradcheckError
 from agcheck.core import held_differences
 from agcheck.core import jacobian as jac
-from agcheck.core.stencil import STENCILS
+from agcheck.stencil import STENCILS
 
 from .helpers import Square
 

@@ -658,7 +658,7 @@ def test_a_dense_failure_decided_from_batched_rows_gives_the_reference_engines_m
 
     from agcheck.backends.jax_backend import JaxBackend
 
-    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
     monkeypatch.setattr(JaxBackend, "engine_setup_seconds", 0.0)  # the engine, whatever the loop's estimate
     monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
     w = rand(60, 60, seed=3) / 8
@@ -812,7 +812,7 @@ def test_stencil_combined_on_the_host_is_ieee_and_within_an_ulp_of_xlas(dtype, s
     correctly rounded results, as torch's are: the same dtype, NaN and infinities where
     the same arithmetic on JAX arrays puts them, and finite values within one unit in the
     last place of XLA's (whose division by the step may round the other way)."""
-    from agcheck.core.stencil import STENCILS
+    from agcheck.stencil import STENCILS
 
     be = agcheck.get_backend("jax")
     rng = np.random.default_rng(11)
@@ -1013,7 +1013,7 @@ def test_a_jax_check_whose_loop_costs_less_than_the_engines_compilations_takes_t
         assert plan.figures["loop_estimate"] < cost.ENGINE_WORTH_SECONDS + plan.figures["engine_setup"]
     assert r.verdict is (scale == 1.0)
     monkeypatch.setattr(JaxBackend, "engine_setup_seconds", 0.0)
-    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
     engine = run_check(f, (x,), backend="jax")
     assert not [e for e in engine.engine_log if e.path == "plan"] and engine.engine_log
     assert engine.verdict is (scale == 1.0)

@@ -1,21 +1,20 @@
 """The import layers of the package: framework code only in the backends, imports one way.
 
-Every import counts, also one placed inside a function. The layers, lowest first:
+Every import counts, also one placed inside a function. Each folder is one layer; the
+package's top-level modules are the leaves, the entry points and the public re-exports.
+Lowest first:
 
-    the leaves: agcheck.backends.base (the contract), agcheck.errors (the usage errors),
-    agcheck.warn (warnings at the caller's line), agcheck.options, agcheck.core.stencil, and the report's model:
-    agcheck.report.{values,render,model,context,errors} (the error type)
-    agcheck.backends.*                                 one module per framework
-    agcheck.core.*, agcheck.progress                   the framework-free algorithm
-    agcheck.report.*                                   diagnoses, collection (uses core)
-    agcheck.engine.*                                   faster paths to the same verdicts
-    agcheck.checks.*                                   the checks, each (run, piece)
+    agcheck.report, and the leaves errors, options, stencil, warn, progress   the vocabulary
+    agcheck.diagnosis                                  hypotheses on report data
+    agcheck.backends (backends/)                       the contract (base) and one module
+                                                       per framework, drop-ins' framework side
+    agcheck.core                                       the framework-free algorithm
+    agcheck.engine                                     faster paths to the same verdicts
+    agcheck.checks                                     the checks, each (run, piece)
     agcheck.gradcheck, agcheck.gradgradcheck           the orchestration and public entry
-    agcheck.crosscheck.*                               several backends compared
-    agcheck.frontends.*                                CLI, main job, catalog, pytest plugin,
-                                                       drop-in (and its framework side,
-                                                       agcheck.backends.{torch,jax}_dropin,
-                                                       agcheck.backends.jax_direction_account)
+    agcheck.crosscheck                                 several backends compared
+    agcheck.frontends, agcheck.backend, agcheck        CLI, main job, pytest plugin, drop-ins;
+                                                       the public re-exports
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ FRAMEWORKS = {"torch", "jax", "jaxlib", "tensorflow", "tf_keras", "keras", "cupy
 #: modules whose framework imports are user code, not agcheck's: the main job's catalog
 #: holds hand-written ports of some functions (a torch.autograd.Function, a jax.custom_vjp)
 #: as examples of what users check
-USER_CODE = {"agcheck.frontends.catalog"}
+USER_CODE = {"agcheck.frontends.catalog_ports"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -66,30 +65,24 @@ MODULES = {_module_name(p): p for p in sorted([*PACKAGE.rglob("*.py"), *BACKENDS
 GRAPH = {name: {m for m in _imports(p) if m in MODULES and m != name} for name, p in MODULES.items()}
 
 
+#: each folder of the package is one layer (backends/ is installed as agcheck.backends)
+FOLDER_LAYERS = {"report": 0, "diagnosis": 1, "backends": 2, "core": 3, "engine": 4, "checks": 5,
+                 "crosscheck": 7, "frontends": 8}
+#: the package's own top-level modules: the leaves every layer may use, the two entry
+#: points, and the public re-exports above everything
+TOP_LEVEL_LAYERS = {"errors": 0, "options": 0, "stencil": 0, "warn": 0, "progress": 0,
+                    "gradcheck": 6, "gradgradcheck": 6, "backend": 8, "__main__": 8}
+
+
 def _rank(module: str) -> int:
-    order = [
-        # the framework side of the drop-in: patches a framework to call agcheck's public API
-        ("agcheck.backends.torch_dropin", 8), ("agcheck.backends.jax_dropin", 8),
-        ("agcheck.backends.tensorflow_dropin", 8),
-        ("agcheck.backends.jax_direction_account", 8),  # the JAX drop-in's account of a failure
-        ("agcheck.backends.base", 0), ("agcheck.errors", 0), ("agcheck.warn", 0), ("agcheck.options", 0),
-        ("agcheck.core.stencil", 0),
-        ("agcheck.report.values", 0), ("agcheck.report.render", 0), ("agcheck.report.model", 0),
-        ("agcheck.report.context", 0),
-        ("agcheck.report.errors", 0),
-        ("agcheck.backends", 1),
-        ("agcheck.core", 2), ("agcheck.progress", 2),
-        ("agcheck.report", 3),
-        ("agcheck.engine", 4),
-        ("agcheck.checks", 5),
-        ("agcheck.gradcheck", 6), ("agcheck.gradgradcheck", 6),
-        ("agcheck.crosscheck", 7),
-        ("agcheck.frontends", 8), ("agcheck.backend", 8), ("agcheck.__main__", 8), ("agcheck", 8),
-    ]
-    for prefix, rank in order:
-        if module == prefix or module.startswith(prefix + "."):
-            return rank
-    raise AssertionError(f"{module} is in no layer: add it to the list above")
+    parts = module.split(".")
+    if parts == ["agcheck"]:
+        return max(FOLDER_LAYERS.values())
+    if len(parts) == 2 and parts[1] in TOP_LEVEL_LAYERS:
+        return TOP_LEVEL_LAYERS[parts[1]]
+    if parts[1] in FOLDER_LAYERS:
+        return FOLDER_LAYERS[parts[1]]
+    raise AssertionError(f"{module} is in no layer: add its folder or top-level module above")
 
 
 def test_no_framework_import_outside_the_backends():

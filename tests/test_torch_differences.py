@@ -73,7 +73,7 @@ def test_fast_mode_note_is_torchs_text_where_torch_puts_it():
 
 
 def test_fast_fail_slow_ok_keeps_torchs_first_sentence():
-    from agcheck.report.errors import FAST_FAIL_SLOW_OK
+    from agcheck.report.messages import FAST_FAIL_SLOW_OK
 
     import sys
     torch_text = sys.modules["torch.autograd.gradcheck"].FAST_FAIL_SLOW_OK_MSG

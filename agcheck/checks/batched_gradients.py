@@ -1,7 +1,9 @@
 """Batched (vmapped) gradients must equal the gradients computed one at a time."""
 from __future__ import annotations
 
-from agcheck.report.errors import BATCHED_FWD_HINT, BATCHED_HINT, GradcheckError, batched_mismatch_message
+from agcheck.errors import GradcheckError
+
+from agcheck.report.messages import BATCHED_FWD_HINT, BATCHED_HINT, batched_mismatch_message
 
 BATCHED_SEED = 20211
 _BATCH = 2
@@ -35,7 +37,7 @@ def _check_output(be, trace, output_position, output_index, inputs) -> None:
         if not be.allclose(got, exp, rtol=1e-5, atol=1e-8):
             raise GradcheckError(batched_mismatch_message(output_index, input_index, got, exp),
                                  check="batched_grad", details={"output": output_index, "input": input_index,
-                                                                "max_difference": float(be.max_abs(got - exp))})
+                                                                "max_difference": float(be.max_abs_difference(got, exp))})
 
 
 def check_forward(run, piece) -> None:
@@ -58,5 +60,5 @@ def check_forward(run, piece) -> None:
                     batched_mismatch_message(output_index, checked.index(pos), got, exp, forward=True),
                     check="batched_forward_grad",
                     details={"output": output_index, "input": checked.index(pos),
-                             "max_difference": float(be.max_abs(got - exp))},
+                             "max_difference": float(be.max_abs_difference(got, exp))},
                 )

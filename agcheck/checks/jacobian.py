@@ -13,10 +13,10 @@ from agcheck.core import jacobian as jac
 from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
-from agcheck.engine.compilations import COMPILATIONS
 from agcheck.core.outcome import undecided
-from agcheck.report.collect import attach_jacobian_failure
-from agcheck.report.errors import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, GradcheckError, jacobian_mismatch_message
+from agcheck.core.report_filling import attach_jacobian_failure
+from agcheck.errors import GradcheckError
+from agcheck.report.messages import FAST_FAIL_SLOW_OK, FAST_MODE_NOTE, jacobian_mismatch_message
 
 __all__ = ["check", "MAX_REPORTED_BLOCKS"]
 
@@ -72,8 +72,6 @@ def _compare_slow(run, piece: Piece) -> None:
     run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
     if run.opts.engine == "batched" or run.opts.engine == "auto" and not loop_plan.loop_is_cheap(run, piece, n_in):
         compare = engine.compare_slow_forward if piece.forward else engine.compare_slow_reverse
-        if be.engine_setup_seconds:
-            COMPILATIONS.note_engine_run(loop_plan.checked_function(piece), loop_plan.compiled_signature(be, piece))
         try:
             outcome = compare(run, piece)
         except Exception as error:

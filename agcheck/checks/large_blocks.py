@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from agcheck.core import jacobian as jac
-from agcheck.report.collect import attach_jacobian_failure
-from agcheck.report.errors import GradcheckError
+from agcheck.core.report_filling import attach_jacobian_failure
+from agcheck.errors import GradcheckError
 
 __all__ = ["too_large", "compare_in_chunks", "row_chunks", "budget_of", "WORST_ENTRIES"]
 

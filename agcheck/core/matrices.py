@@ -12,7 +12,7 @@ from typing import Callable
 
 from agcheck.core import jacobian as jac
 from agcheck.core.problem import resolve_problem
-from agcheck.core.stencil import get_stencil
+from agcheck.stencil import get_stencil
 
 __all__ = ["numerical_jacobian", "analytical_jacobian"]
 

@@ -7,7 +7,7 @@ from agcheck.backends.base import Backend
 from agcheck.core.input_guard import InputGuard
 from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.outcome import EngineEvent, Outcome, UserErrors
-from agcheck.core.stencil import Stencil, auto_eps, get_stencil
+from agcheck.stencil import Stencil, auto_eps, get_stencil
 from agcheck.core.stopwatch import Stopwatch
 from agcheck.options import GradcheckOptions
 from agcheck.progress import Progress
@@ -58,8 +58,6 @@ class CheckRun:
         self.numerical_memo = NumericalMemo(
             wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
         self._timed_on_thread = be.computes_on_calling_thread(args)
-        #: seconds of one evaluation of fn with its graph: the engine's first cost figure
-        self.evaluation_seconds: float | None = None
 
     @property
     def memory_budget(self) -> int:

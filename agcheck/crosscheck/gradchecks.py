@@ -8,7 +8,7 @@ from agcheck.crosscheck.result import BackendGradcheck
 from agcheck.crosscheck.sides import BackendPort, second_order_unsupported
 from agcheck.gradcheck import gradcheck
 from agcheck.gradgradcheck import gradgradcheck
-from agcheck.report.errors import GradcheckError
+from agcheck.errors import GradcheckError
 
 __all__ = ["run_gradchecks", "FAILED_PART"]
 

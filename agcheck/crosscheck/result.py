@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from agcheck.report.errors import GradcheckError
+from agcheck.errors import GradcheckError
 
 __all__ = ["CrosscheckResult", "Difference", "BackendGradcheck", "QUANTITIES", "DESCRIPTION",
            "CONVENTION_NOTE", "failure_message", "raise_failure"]

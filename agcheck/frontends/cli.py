@@ -142,7 +142,7 @@ def _run_check(fn, make, gradgrad: bool, kwargs: dict):
     from agcheck.backends.base import BackendUnavailableError
     from agcheck.gradcheck import gradcheck
     from agcheck.gradgradcheck import gradgradcheck
-    from agcheck.report.errors import GradcheckError
+    from agcheck.errors import GradcheckError
 
     try:
         inputs = make()
@@ -223,7 +223,7 @@ def _check(args) -> int:
 def _crosscheck(args) -> int:
     from agcheck.backends.base import BackendUnavailableError
     from agcheck.crosscheck import crosscheck
-    from agcheck.report.errors import GradcheckError
+    from agcheck.errors import GradcheckError
 
     specs = input_specs(args.input)
     check_tolerances(args, ("atol", "rtol"))

@@ -35,6 +35,17 @@ _DROPIN_MODULES = {"torch": "agcheck.backends.torch_dropin", "jax": "agcheck.bac
                    "tensorflow": "agcheck.backends.tensorflow_dropin"}
 
 
+def _dropin_module(framework: str):
+    """The framework's drop-in module, with the checkers it calls handed in (it lives in a
+    layer below them: :mod:`agcheck.backends.dropin_checkers`)."""
+    from agcheck.backends import dropin_checkers
+    from agcheck.gradcheck import gradcheck
+    from agcheck.gradgradcheck import gradgradcheck
+
+    dropin_checkers.install(gradcheck, gradgradcheck)
+    return importlib.import_module(_DROPIN_MODULES[framework])
+
+
 def stats(framework: str | None = None) -> dict:
     """How many checks went through agcheck's drop-ins (and how many failed), per
     framework, or for one framework."""
@@ -140,7 +151,7 @@ class Patch:
         self.failures = 0
         self.rebound = 0
         self.active = False
-        self._module = importlib.import_module(_DROPIN_MODULES[framework])
+        self._module = _dropin_module(framework)
 
     def _install(self) -> "Patch":
         mod = self._module
@@ -252,9 +263,7 @@ def tensorflow_report(result=None, *, atol=None, rtol=None):
     at ``atol`` / ``rtol`` (by default the tolerances of agcheck's comparison after the
     call: ``1e-5`` / ``1e-3`` in double precision, ``1e-2`` in single), or ``None`` where
     that check passes. A ``LookupError`` when no such call was routed."""
-    from agcheck.backends.tensorflow_dropin import report  # patching TensorFlow imports it anyway
-
-    return report(result, atol=atol, rtol=rtol)
+    return _dropin_module("tensorflow").report(result, atol=atol, rtol=rtol)
 
 
 def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=None, *, full=False,
@@ -281,6 +290,4 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
     checks pass, and makes ``"full"`` the default account.
     """
     __tracebackhide__ = True
-    from agcheck.backends.jax_dropin import check_grads as run
-
-    return run(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full, account=account)
+    return _dropin_module("jax").check_grads(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full, account=account)

@@ -139,7 +139,7 @@ def _first_line(text: str) -> str:
 
 
 def _capture(verdict: Verdict, call) -> Verdict:
-    from agcheck.report.errors import GradcheckError
+    from agcheck.errors import GradcheckError
 
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:

@@ -59,7 +59,7 @@ _FAILURE_TYPE = None
 def failure_type() -> type:
     global _FAILURE_TYPE
     if _FAILURE_TYPE is None:
-        from agcheck.report.errors import GradcheckError
+        from agcheck.errors import GradcheckError
 
         class AgcheckFailure(GradcheckError, AssertionError):
             """A check run through the ``agcheck`` fixture failed.
@@ -218,7 +218,7 @@ class AgcheckFixture:
 
     def _call(self, check, fn, inputs, kwargs):
         __tracebackhide__ = True
-        from agcheck.report.errors import GradcheckError
+        from agcheck.errors import GradcheckError
 
         try:
             return check(fn, inputs, **kwargs)

@@ -256,9 +256,9 @@ def _save_pending(item, report) -> None:
 
 
 def _is_agcheck_error(exc) -> bool:
-    if "agcheck.report.errors" not in sys.modules:  # no agcheck error was ever made
+    if "agcheck.errors" not in sys.modules:  # no agcheck error was ever made
         return False
-    from agcheck.report.errors import GradcheckError
+    from agcheck.errors import GradcheckError
 
     return isinstance(exc, GradcheckError)
 

@@ -4,7 +4,7 @@ error carries.
 After a failure, :attr:`GradcheckError.report` (a :class:`FailureReport`) holds what went
 wrong as data: the failing Jacobian blocks (:class:`JacobianBlock`) as NumPy arrays with
 their largest differences, the options and backend of the check, and named diagnoses
-(:class:`Diagnosis`, see :mod:`agcheck.report.diagnosis`), and what reproduces the check
+(:class:`Diagnosis`, see :mod:`agcheck.diagnosis`), and what reproduces the check
 (:class:`CheckContext`: function, test, versions, seeds, inputs, code); its
 :meth:`~FailureReport.summary` follows torch's first line in the exception message, before
 the rest of torch's text.
@@ -16,18 +16,29 @@ The modules, each importing only those above it:
   (matplotlib), both imported when rendering;
 * :mod:`agcheck.report.model` — the report as data: ``FailureReport``, ``JacobianBlock``,
   ``Entry``, ``Diagnosis``, ``CheckContext``;
-* :mod:`agcheck.report.errors` — ``GradcheckError`` and the texts of its messages (what
-  the checks, the core and the backends import);
-* :mod:`agcheck.report.diagnosis` — the hypotheses, on report data alone;
-* :mod:`agcheck.report.collect` — filling in a report after a failure (the only one that
-  imports ``agcheck.core``; not imported here, so that the core can import the errors).
+* :mod:`agcheck.report.messages` — the texts of a failed check's messages.
 
-Nothing here runs on the passing path: reports are filled in only once a check failed.
+The error itself is :class:`agcheck.errors.GradcheckError` (also importable from here);
+the hypotheses live in :mod:`agcheck.diagnosis`, and :mod:`agcheck.core.report_filling`
+fills a report in after a failure. Nothing here runs on the passing path.
 """
 from __future__ import annotations
 
-from agcheck.report.errors import GradcheckError
+from typing import TYPE_CHECKING, Any
+
 from agcheck.report.context import CheckContext
 from agcheck.report.model import Diagnosis, Entry, FailureReport, JacobianBlock
 
+if TYPE_CHECKING:
+    from agcheck.errors import GradcheckError
+
 __all__ = ["GradcheckError", "FailureReport", "JacobianBlock", "Entry", "Diagnosis", "CheckContext"]
+
+
+def __getattr__(name: str) -> Any:
+    # GradcheckError's module imports this package's model: loaded on first use, not here
+    if name == "GradcheckError":
+        from agcheck.errors import GradcheckError
+
+        return GradcheckError
+    raise AttributeError(f"module 'agcheck.report' has no attribute {name!r}")

@@ -2,10 +2,10 @@
 entries (:class:`Entry`) and its named hypotheses (:class:`Diagnosis`).
 
 A report is plain data: NumPy arrays, numbers and strings, built only after a check
-failed (by :mod:`agcheck.report.collect`), written as text (``summary()``), JSON data
+failed (by :mod:`agcheck.core.report_filling`), written as text (``summary()``), JSON data
 (``to_dict()`` / ``from_dict()``) or files (``save()``: JSON here, HTML and PNG through
 :mod:`agcheck.report.render`). It knows nothing of backends or of how the diagnoses are
-found (:mod:`agcheck.report.diagnosis`).
+found (:mod:`agcheck.diagnosis`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from agcheck.options import GradcheckOptions
 from agcheck.report.context import CheckContext
 from agcheck.report.render import write_html, write_png
 from agcheck.report.values import (DICT_ARRAY_LIMIT, abs_difference, decode_array, decode_number, encode_array,
@@ -266,7 +265,7 @@ class Diagnosis:
     Attributes
     ----------
     kind : str
-        ``"factor"``, ``"transposed"``, ``"kink"``, ... (see :mod:`agcheck.report.diagnosis`).
+        ``"factor"``, ``"transposed"``, ``"kink"``, ... (see :mod:`agcheck.diagnosis`).
     message : str
         The hypothesis and its key evidence, in one sentence or two.
     evidence : dict
@@ -343,6 +342,8 @@ class FailureReport:
         self.details = details if details is not None else {}
         self.backend = backend
         self.options = options
+        #: the options' defaults, for the summary to show those that differ
+        self.option_defaults: dict = {}
         self.blocks: list[JacobianBlock] = []
         self.diagnoses: list = []
         self.notes: list[str] = []
@@ -379,7 +380,7 @@ class FailureReport:
         if self.options:
             shown = [f"{k}={self.options[k]}" for k in _KEY_OPTIONS if k in self.options]
             shown += [f"{k}={v}" for k, v in self.options.items()
-                      if k not in _KEY_OPTIONS and k != "raise_exception" and v != _option_default(k)]
+                      if k not in _KEY_OPTIONS and k != "raise_exception" and v != self.option_defaults.get(k)]
             tail.append("options: " + ", ".join(shown))
         if self.context is not None:
             tail += self.context.summary_lines()
@@ -431,6 +432,7 @@ class FailureReport:
             "format": "agcheck-failure-report", "version": REPORT_FORMAT_VERSION,
             "check": self.check, "message": self.message, "backend": self.backend,
             "options": jsonable(self.options) if self.options is not None else None,
+            "option_defaults": jsonable(self.option_defaults),
             "details": jsonable(self.details),
             "blocks": [b.to_dict(include_arrays) for b in self.blocks],
             "diagnoses": [d.to_dict() for d in self.diagnoses],
@@ -446,6 +448,7 @@ class FailureReport:
         rep.blocks = [JacobianBlock.from_dict(b) for b in d["blocks"]]
         rep.diagnoses = [Diagnosis.from_dict(x) for x in d["diagnoses"]]
         rep.notes = list(d["notes"])
+        rep.option_defaults = dict(d.get("option_defaults") or {})
         rep.context = None if d.get("context") is None else CheckContext.from_dict(d["context"])
         rep.completed = True
         return rep
@@ -473,8 +476,4 @@ class FailureReport:
             return path
         raise ValueError(f"cannot save a report as {ext or 'a file without extension'!r}: "
                          "use .html, .png or .json")
-
-
-def _option_default(name):
-    return getattr(GradcheckOptions, name, None)
 

@@ -19,7 +19,7 @@ from .facts import BlockFacts
 __all__ = ["swapped_inputs"]
 
 #: diagnoses the swap may replace: what the block's structure alone suggested (the kinds
-#: :func:`~agcheck.report.diagnosis.structure.structure` names, but for its "precision",
+#: :func:`~agcheck.diagnosis.structure.structure` names, but for its "precision",
 #: which the step-size probes name too)
 STRUCTURAL = {"factor", "sign", "transposed", "adjoint", "conjugate", "ignores_grad_output", "ignores_tangent",
               "permuted", "zero_analytical", "zero_numerical", "few_entries", "localized", "missing_slice",

@@ -1,11 +1,11 @@
 """Whole-block hypotheses: the analytical block is a simple transformation of the numerical
 one (zero, a constant factor, a sign flip, conjugated, transposed, the adjoint, summed
 over grad_output or the tangent, its rows or columns reordered), or it is zero on a slice
-of the output or the input (:mod:`~agcheck.report.diagnosis.slices`), or only a few
-entries, rows or columns are wrong, or (:mod:`~agcheck.report.diagnosis.terms`) the
+of the output or the input (:mod:`~agcheck.diagnosis.slices`), or only a few
+entries, rows or columns are wrong, or (:mod:`~agcheck.diagnosis.terms`) the
 mismatch itself is a simple term the backward leaves out.
 
-Each hypothesis is one function of :class:`~agcheck.report.diagnosis.facts.BlockFacts`
+Each hypothesis is one function of :class:`~agcheck.diagnosis.facts.BlockFacts`
 returning a :class:`~agcheck.report.model.Diagnosis` or ``None``; :func:`structure` tries
 them in order and keeps the first that fits.
 """

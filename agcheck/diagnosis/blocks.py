@@ -26,9 +26,9 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
     ``resample(steps, rows)`` recomputes numerical rows with other steps, at most
     ``max_rows`` of them, or only rows it already evaluated for the input's earlier blocks
     where they hold failing entries of this block (see
-    :mod:`agcheck.report.diagnosis.probes`); without it the kink test is skipped. Its
+    :mod:`agcheck.diagnosis.probes`); without it the kink test is skipped. Its
     ``input_values()``, where it has one, gives the checked input's values (for
-    :func:`~agcheck.report.diagnosis.terms.input_statistics`).
+    :func:`~agcheck.diagnosis.terms.input_statistics`).
     """
     if not block.has_arrays:
         return []

@@ -23,10 +23,11 @@ import weakref
 import numpy as np
 
 from agcheck.core.jacobian import PROBE_SEED, numerical_rows_at, outputs_at_input
-from agcheck.core.stencil import Stencil
+from agcheck.stencil import Stencil
 from agcheck.options import GradcheckOptions
-from agcheck.report.diagnosis import diagnose
-from agcheck.report.errors import GradcheckError, complex_part, message_with_summary
+from agcheck.diagnosis import diagnose
+from agcheck.errors import GradcheckError
+from agcheck.report.messages import complex_part, message_with_summary
 from agcheck.report.context import CheckContext
 from agcheck.report.model import JacobianBlock
 from agcheck.report.values import FLOAT32_SAMPLE, float32_valued
@@ -158,7 +159,7 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
 def complete_report(error: GradcheckError, backend=None, options=None, *, fn=None, inputs=None,
                     call: str = "gradcheck", keywords: dict | None = None) -> None:
     """Fill in backend, options, diagnoses and the check's context, and put the summary in
-    the message (after torch's first line: :func:`~agcheck.report.errors.message_with_summary`).
+    the message (after torch's first line: :func:`~agcheck.report.messages.message_with_summary`).
 
     ``fn`` and ``inputs`` are the caller's, as given to ``call`` (``"gradcheck"`` or
     ``"gradgradcheck"``); ``keywords`` are the call's keywords beyond ``options`` (the
@@ -175,6 +176,7 @@ def complete_report(error: GradcheckError, backend=None, options=None, *, fn=Non
         rep.backend = getattr(backend, "name", backend)
         if options is not None:
             rep.options = options.as_dict() if hasattr(options, "as_dict") else dict(options)
+            rep.option_defaults = {k: getattr(GradcheckOptions, k, None) for k in rep.options}
         try:
             if fn is None and rep in _subjects:
                 fn, inputs = _subjects[rep]

@@ -19,9 +19,9 @@ right but for one term it leaves out (or adds), and that term has a simple form.
   shared quantities (softmax's ``-s s^T``, a norm or sum of the forward) is missing.
 
 Each hypothesis takes the block's facts and its wrong entries
-(:class:`~agcheck.report.diagnosis.structure.WrongEntries`, as the local hypotheses do). One
+(:class:`~agcheck.diagnosis.structure.WrongEntries`, as the local hypotheses do). One
 fits when adding its term to the numerical block gives the analytical one as closely as
-:meth:`~agcheck.report.diagnosis.facts.BlockFacts.fit` asks of the whole-block
+:meth:`~agcheck.diagnosis.facts.BlockFacts.fit` asks of the whole-block
 transformations (1 % of the mismatch, or the error floor).
 """
 from __future__ import annotations

@@ -96,7 +96,7 @@ def missing_slice(facts: BlockFacts, wrong):
     """``missing_slice``: the analytical block is zero on a slice of the output's elements
     (its columns) or of the input's (its rows), at least ``MIN_SLICE`` of them and not all,
     where the numerical block is not, and equals the numerical block elsewhere (as
-    :meth:`~agcheck.report.diagnosis.facts.BlockFacts.fit` asks)."""
+    :meth:`~agcheck.diagnosis.facts.BlockFacts.fit` asks)."""
     if not wrong.count:
         return None
     magnitude = np.abs(facts.A)

@@ -54,17 +54,17 @@ nothing else.
 
 Diagnosis needs nothing but the report: the one thing it cannot do on data alone,
 recomputing numerical entries with other steps, it receives from the caller as a
-``resample`` callable per block (:mod:`agcheck.report.collect` builds them from the
-checked function; see :mod:`agcheck.report.diagnosis.probes`).
+``resample`` callable per block (:mod:`agcheck.core.report_filling` builds them from the
+checked function; see :mod:`agcheck.diagnosis.probes`).
 
-Modules: :mod:`~agcheck.report.diagnosis.blocks` (one Jacobian block, in order),
-:mod:`~agcheck.report.diagnosis.pairs` (two blocks of one output: swapped inputs),
-:mod:`~agcheck.report.diagnosis.probes` (step-size evidence),
-:mod:`~agcheck.report.diagnosis.structure` (whole-block hypotheses, one function each),
-:mod:`~agcheck.report.diagnosis.slices` (a slice the backward leaves at zero),
-:mod:`~agcheck.report.diagnosis.terms` (the mismatch as a term left out),
-:mod:`~agcheck.report.diagnosis.checks` (the other checks),
-:mod:`~agcheck.report.diagnosis.facts` (what they share).
+Modules: :mod:`~agcheck.diagnosis.blocks` (one Jacobian block, in order),
+:mod:`~agcheck.diagnosis.pairs` (two blocks of one output: swapped inputs),
+:mod:`~agcheck.diagnosis.probes` (step-size evidence),
+:mod:`~agcheck.diagnosis.structure` (whole-block hypotheses, one function each),
+:mod:`~agcheck.diagnosis.slices` (a slice the backward leaves at zero),
+:mod:`~agcheck.diagnosis.terms` (the mismatch as a term left out),
+:mod:`~agcheck.diagnosis.checks` (the other checks),
+:mod:`~agcheck.diagnosis.facts` (what they share).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def diagnose(report, resamplers: Mapping[int, Callable] | None = None) -> list:
     ``resamplers`` maps the index of a block in ``report.blocks`` to its ``resample``
     callable (blocks without one, and blocks after the first ``PROBED_BLOCKS``, skip the
     step-size probes). The probed blocks of one input share its probe budget
-    (:func:`~agcheck.report.diagnosis.probes.probe_rows`), and a block with failing
+    (:func:`~agcheck.diagnosis.probes.probe_rows`), and a block with failing
     entries in rows an earlier block of its input probed probes those rows only.
     """
     if report.blocks:

@@ -1,49 +1,13 @@
-"""The error agcheck raises when a check fails, and the texts of its messages.
+"""The texts of a failed check's messages (the error itself: :class:`agcheck.errors.GradcheckError`).
 
 The messages keep the key phrases of ``torch.autograd.gradcheck`` (so tests that match
-torch's messages match agcheck's) in agcheck's own words around them. Every
-:class:`GradcheckError` carries a :class:`~agcheck.report.model.FailureReport` from the
-moment it is made; :mod:`agcheck.report.collect` fills it in once the check has failed.
-
-This is the only part of :mod:`agcheck.report` the checks themselves (``agcheck.core``,
-``agcheck.checks``, the backends) import; it depends on nothing but the report model.
+torch's messages match agcheck's) in agcheck's own words around them.
 """
 from __future__ import annotations
 
-from agcheck.report.model import FailureReport
-
-__all__ = ["GradcheckError", "NONDET_HINT", "FAST_MODE_NOTE", "FAST_FAIL_SLOW_OK", "BATCHED_HINT", "BATCHED_FWD_HINT",
+__all__ = ["NONDET_HINT", "FAST_MODE_NOTE", "FAST_FAIL_SLOW_OK", "BATCHED_HINT", "BATCHED_FWD_HINT",
            "UNDEFINED_GRAD_HINT", "REPORT_POINTER", "jacobian_mismatch_message", "complex_part", "not_reentrant_message",
            "batched_mismatch_message", "message_with_summary"]
-
-
-class GradcheckError(RuntimeError):
-    """A gradient check failed.
-
-    Subclass of ``RuntimeError``, raised by :func:`agcheck.gradcheck` and
-    :func:`agcheck.gradgradcheck` (unless ``raise_exception=False``).
-
-    Attributes
-    ----------
-    check : str or None
-        Short name of the check that failed (``"jacobian"``, ``"reentrant"``, ...).
-    details : dict
-        Structured facts about the failure (indices, max difference, ...).
-    report : FailureReport
-        The structured failure report: failing blocks as NumPy arrays, options, backend,
-        diagnoses; ``report.summary()``, ``report.to_dict()``, ``report.save(path)``.
-    """
-
-    def __init__(self, message: str, *, check: str | None = None, details: dict | None = None):
-        super().__init__(message)
-        self.check = check
-        self.details = dict(details or {})
-        self.report = FailureReport(check=check, message=str(message), details=self.details)
-
-
-# the public name, as tracebacks and ``repr`` show it (and as it was before this module)
-GradcheckError.__module__ = "agcheck.report"
-
 
 NONDET_HINT = (
     "\n\nIf the backward relies on non-deterministic kernels (atomic adds on GPUs, for "

@@ -10,7 +10,7 @@ step ``eps`` — with the check's own stencil (``side="central"``) or a one-side
 (``"right"``, ``"left"``) — as an array ``(len(rows), output.numel)``; its optional
 ``values()`` gives the block's output at the input (the check's own), which tells a jump in
 fn's value from rounding, and ``evaluated_rows()`` the rows whose points it already holds.
-:mod:`agcheck.report.collect` builds it from the checked function; without it (a report
+:mod:`agcheck.core.report_filling` builds it from the checked function; without it (a report
 rebuilt from data, a synthetic block) only the error-floor estimate of noise is made.
 """
 from __future__ import annotations
