@@ -51,3 +51,29 @@ def test_the_sdist_ships_what_its_tests_and_docs_use(built):
                    "bench/README.md"):
         assert needed in names, f"{needed} missing from the sdist"
     assert not any(n.startswith("bench/results/") for n in names)
+
+
+def test_the_wheel_installed_alone_imports_its_backends_as_agcheck_backends(built, tmp_path):
+    """backends/ is the top-level folder of the repository and agcheck.backends in the
+    wheel: unpacked on its own, the package imports its backends from beneath it."""
+    import subprocess
+    import sys
+
+    _, wheel = built
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = ("import agcheck, agcheck.backends.base as base, agcheck.backends.registry as registry\n"
+            "from pathlib import Path\n"
+            "assert Path(base.__file__).parent == Path(agcheck.__file__).parent / 'backends', base.__file__\n"
+            "assert 'torch' in registry.available_backends()\n")
+    subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n" + code],
+                   check=True, cwd=tmp_path)
+
+
+def test_this_editable_install_takes_the_backends_from_the_top_level_folder():
+    """The checkout the tests run from is an editable install (.ci/run: pip install -e):
+    agcheck.backends is the repository's top-level backends/, not a copy."""
+    import agcheck.backends.base as base
+
+    assert Path(base.__file__).resolve().parent == ROOT / "backends"
+    assert not (ROOT / "agcheck" / "backends").exists()
