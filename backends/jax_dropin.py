@@ -40,6 +40,8 @@ import jax
 import numpy as np
 
 from agcheck.backends.quiet import ignoring
+from agcheck.backends.jax_tolerances import (NARROW_INTS, PRECISION_WARNING, UPCAST, gradient_tolerance,
+                                             is_py_scalar, leaf_dtype, tol_for)
 from agcheck.backends.jax_direction_account import Evidence, direction_account, inner_product, same_leaves
 
 __all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"]
@@ -47,93 +49,12 @@ __all__ = ["check_grads", "CheckGradsError", "DEFAULT_EPS", "gradient_tolerance"
 #: JAX's default finite-difference step for check_grads
 DEFAULT_EPS = 1e-4
 
-# -- tolerances ------------------------------------------------------------------------------
-
-#: gradcheck's warning for inputs below double precision (JAX's checks run in any)
-PRECISION_WARNING = r"Input #\d+ requires gradient and is not a double precision"
-
-
-def _named(name):
-    """The NumPy dtype called ``name`` (ml_dtypes' extended ones included), or None."""
-    try:
-        import ml_dtypes  # JAX's own dependency: bfloat16, float8_*, int4, ...
-    except ImportError:  # pragma: no cover
-        ml_dtypes = None
-    kind = getattr(ml_dtypes, name, None) if ml_dtypes is not None else None
-    try:
-        return np.dtype(kind if kind is not None else name)
-    except TypeError:
-        return None  # a dtype this installation does not have
-
-
-def _dtype_table(entries: dict) -> dict:
-    return {_named(name): value for name, value in entries.items() if _named(name) is not None}
-
-
-_LOW_PRECISION = ("float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
-                  "float8_e5m2", "float8_e5m2fnuz")
-
-#: tolerances of values (used where the gradient table has no entry: integers, bool, float0)
-_VALUE_TOL = _dtype_table({
-    "bool": 0, "int8": 0, "int16": 0, "int32": 0, "int64": 0, "uint8": 0, "uint16": 0, "uint32": 0, "uint64": 0,
-    "int2": 0, "int4": 0, "uint2": 0, "uint4": 0, "int1": 0, "uint1": 0,
-    "float4_e2m1fn": 1.0, "float8_e8m0fnu": 1.0, **{n: 0.1 for n in _LOW_PRECISION},
-    "bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-6, "float64": 1e-15, "complex64": 1e-6, "complex128": 1e-15,
-})
-_VALUE_TOL[np.dtype(jax.dtypes.float0)] = 0
-
-#: default tolerances of derivatives by dtype
-_GRAD_TOL = _dtype_table({
-    "float4_e2m1fn": 1.0, "float8_e8m0fnu": 1.0, **{n: 0.1 for n in _LOW_PRECISION},
-    "bfloat16": 0.1, "float16": 1e-2, "float32": 2e-3, "float64": 1e-5, "complex64": 1e-3, "complex128": 1e-5,
-})
-
-_UPCAST = {_named(n) for n in ("bfloat16", "float4_e2m1fn", "float8_e8m0fnu", *_LOW_PRECISION)} - {None}
-_NARROW_INTS = {_named(n): np.int8 if n.startswith("int") else np.uint8
-                for n in ("int1", "int2", "int4", "uint1", "uint2", "uint4") if _named(n) is not None}
-
-_PY_SCALAR_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
-                     complex: np.dtype(np.complex128)}
-
-
-def gradient_tolerance(tol=None) -> dict | float:
-    """The tolerance table a check uses: the default gradient tolerances, overridden by
-    ``tol`` (a dict by dtype), or the number ``tol`` itself."""
-    if tol is None:
-        return dict(_GRAD_TOL)
-    if not isinstance(tol, dict):
-        return tol
-    table = dict(_GRAD_TOL)
-    table.update({np.dtype(k): v for k, v in tol.items()})
-    return table
-
-
-def _tol_for(dtype, tol) -> float:
-    """The tolerance for ``dtype`` from a number or a table of :func:`gradient_tolerance`."""
-    if not isinstance(tol, dict):
-        return tol
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
-    return tol[dtype] if dtype in tol else _VALUE_TOL[dtype]
-
-
 # -- leaf arithmetic (NumPy, as the reference does it) -----------------------------------------
-
-def _is_py_scalar(v) -> bool:
-    return isinstance(v, (bool, int, float, complex)) and not isinstance(v, np.generic)
-
-
-def _leaf_dtype(x) -> np.dtype:
-    if hasattr(x, "dtype"):
-        return np.dtype(x.dtype)
-    if type(x) in _PY_SCALAR_DTYPES:
-        return _PY_SCALAR_DTYPES[type(x)]
-    return np.asarray(x).dtype
-
 
 def _keeping_type(op):
     def apply(*leaves):
-        value = np.array(op(*leaves), dtype=_leaf_dtype(leaves[0]))
-        return value.item() if all(_is_py_scalar(v) for v in leaves) else value
+        value = np.array(op(*leaves), dtype=leaf_dtype(leaves[0]))
+        return value.item() if all(is_py_scalar(v) for v in leaves) else value
     return apply
 
 
@@ -147,28 +68,28 @@ _conj = _tree(_keeping_type(np.conj))
 
 
 def _difference(a, b):
-    dtype = _leaf_dtype(a)
+    dtype = leaf_dtype(a)
     with np.errstate(invalid="ignore"):  # inf - inf counts as no difference
         return np.where(np.equal(a, b), np.array(0, dtype), np.subtract(a, b, dtype=dtype))
 
 
 def _scale(tree, factor):
     def one(x):
-        dtype = _leaf_dtype(x)
+        dtype = leaf_dtype(x)
         value = np.multiply(x, np.array(factor, dtype=dtype), dtype=dtype)
-        return value.item() if _is_py_scalar(x) else value
+        return value.item() if is_py_scalar(x) else value
     return jax.tree_util.tree_map(one, tree)
 
 
 def _random_like(rng, x):
-    dtype = _leaf_dtype(x)
+    dtype = leaf_dtype(x)
     shape = np.shape(x)
 
     def normal():
         return np.asarray(rng.randn(*shape), dtype=dtype)
 
     value = normal() + dtype.type(1j) * normal() if np.issubdtype(dtype, np.complexfloating) else normal()
-    return value.item() if _is_py_scalar(x) else value
+    return value.item() if is_py_scalar(x) else value
 
 
 def _central_difference(f, primals, tangents, eps):
@@ -183,8 +104,8 @@ def _central_difference(f, primals, tangents, eps):
 def _leaf_tolerances(a, b, atol, rtol) -> tuple:
     """``(atol, rtol)`` for comparing the arrays ``a`` and ``b``: the larger of their dtypes'
     tolerances, scaled by the arrays' size, as JAX's check scales them."""
-    return (max(_tol_for(a.dtype, atol), _tol_for(b.dtype, atol)) * a.size,
-            max(_tol_for(a.dtype, rtol), _tol_for(b.dtype, rtol)) * b.size)
+    return (max(tol_for(a.dtype, atol), tol_for(b.dtype, atol)) * a.size,
+            max(tol_for(a.dtype, rtol), tol_for(b.dtype, rtol)) * b.size)
 
 
 def _close_leaf(a, b, atol, rtol, err_msg):
@@ -196,8 +117,8 @@ def _close_leaf(a, b, atol, rtol, err_msg):
     if a.dtype == float0 and b.dtype == float0:
         np.testing.assert_array_equal(a, b, err_msg=err_msg)
         return
-    a, b = (x.astype(np.float32) if x.dtype in _UPCAST else
-            x.astype(_NARROW_INTS[x.dtype]) if x.dtype in _NARROW_INTS else x for x in (a, b))
+    a, b = (x.astype(np.float32) if x.dtype in UPCAST else
+            x.astype(NARROW_INTS[x.dtype]) if x.dtype in NARROW_INTS else x for x in (a, b))
     kw = {}
     if abs_tol:
         kw["atol"] = abs_tol
@@ -215,7 +136,7 @@ def _same_dtypes(xs, ys):
     x64 = bool(jax.config.jax_enable_x64)
 
     def one(x, y):
-        dx, dy = _leaf_dtype(x), _leaf_dtype(y)
+        dx, dy = leaf_dtype(x), leaf_dtype(y)
         if not x64:
             dx, dy = jax.dtypes.canonicalize_dtype(dx), jax.dtypes.canonicalize_dtype(dy)
         if dx != dy:
@@ -362,8 +283,8 @@ def _agcheck_account(f, args, mode, atol, rtol, eps):
         return (f"agcheck: full Jacobians not compared ({n_in} x {n_out} entries is more than "
                 f"{REPORT_MAX_ENTRIES:,}).", None)
     dtype = max((np.dtype(x.dtype) for x in leaves), key=lambda d: d.itemsize)
-    a = _tol_for(dtype, atol)
-    r = _tol_for(dtype, rtol)
+    a = tol_for(dtype, atol)
+    r = tol_for(dtype, rtol)
     forward = mode in ("fwd", "lin")
     jargs = _as_jax_arrays(args)
     try:
@@ -382,7 +303,7 @@ def _agcheck_account(f, args, mode, atol, rtol, eps):
 def _input_elements(args) -> int:
     """The floating-point and complex input elements of a level (what a full account moves)."""
     return sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(args)
-               if np.issubdtype(_leaf_dtype(x), np.inexact))
+               if np.issubdtype(leaf_dtype(x), np.inexact))
 
 
 def _guarded(kind, f, args, atol, rtol, eps, level, run, account):
@@ -474,8 +395,8 @@ def _full_jacobians(f, args, order, modes, atol, rtol, eps):
     leaves = [x for x in jax.tree_util.tree_leaves(args) if hasattr(x, "dtype")
               and np.issubdtype(np.dtype(x.dtype), np.inexact)]
     dtype = max((np.dtype(x.dtype) for x in leaves), key=lambda d: d.itemsize) if leaves else np.dtype(np.float64)
-    a = _tol_for(dtype, gradient_tolerance(atol))
-    r = _tol_for(dtype, gradient_tolerance(rtol))
+    a = tol_for(dtype, gradient_tolerance(atol))
+    r = tol_for(dtype, gradient_tolerance(rtol))
     forward = "fwd" in modes or "lin" in modes
     reverse = "rev" in modes
     jargs = _as_jax_arrays(args)
