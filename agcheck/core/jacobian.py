@@ -10,48 +10,34 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from agcheck.errors import CheckInputError
-from agcheck.report.errors import GradcheckError, not_reentrant_message
+from agcheck.errors import GradcheckError
+from agcheck.report.messages import not_reentrant_message
 from agcheck.core.held_differences import HeldDifferences
 from agcheck.core.row_block import RowBlock
 from agcheck.core.shared_evaluations import sharing
-from agcheck.core.stencil import STENCILS
+from agcheck.stencil import STENCILS
 
-__all__ = [
-    "stencil_difference",
-    "numerical_jacobians",
-    "numerical_rows",
-    "numerical_rows_at",
-    "outputs_at_input",
-    "numerical_directional",
-    "analytical_jacobians_reverse",
-    "analytical_vjps",
-    "analytical_jacobians_forward",
-    "analytical_jvps",
-    "random_vectors",
-    "project_reverse",
-    "GradientShape",
-]
+__all__ = ["stencil_difference", "numerical_jacobians", "numerical_rows", "numerical_rows_at", "outputs_at_input",
+           "numerical_directional", "analytical_jacobians_reverse", "analytical_vjps", "analytical_jacobians_forward",
+           "analytical_jvps", "random_vectors", "project_reverse", "GradientShape"]
 
 #: torch.Generator's default seed: fast mode draws the same vectors as torch on the CPU.
 PROBE_SEED = 67280421310721
 
 
-def _check_same_shape_and_dtype(be, before, after, eps, index=None) -> None:
+def _check_same_shape_and_dtype(before, after, eps, index=None) -> None:
     if before.shape == after.shape and before.dtype == after.dtype:
         return
-    if callable(index):
-        index = index()
-    where = f"on index {index} " if index is not None else ""
-    if tuple(before.shape) != tuple(after.shape):
-        raise AssertionError(
-            f"Expected `func` to return outputs with the same shape when inputs are perturbed "
-            f"{where}by {eps}, but got: shapes {tuple(before.shape)} and {tuple(after.shape)}."
-        )
-    if before.dtype != after.dtype:
-        raise AssertionError(
-            f"Expected `func` to return outputs with the same dtype when inputs are perturbed "
-            f"{where}by {eps}, but got: dtypes {before.dtype} and {after.dtype}."
-        )
+    where = f"on index {_called(index)} " if index is not None else ""
+    for what, a, b in (("shape", tuple(before.shape), tuple(after.shape)), ("dtype", before.dtype, after.dtype)):
+        if a != b:
+            raise AssertionError(f"Expected `func` to return outputs with the same {what} when inputs are perturbed "
+                                 f"{where}by {eps}, but got: {what}s {a} and {b}.")
+
+
+def _called(index):
+    """``index``, or what it returns where it is a callable."""
+    return index() if callable(index) else index
 
 
 def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None, held=(),
@@ -72,11 +58,10 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
             result.append(None)
             continue
         for other in outs[1:]:
-            _check_same_shape_and_dtype(be, outs[0], other, eps, index)
+            _check_same_shape_and_dtype(outs[0], other, eps, index)
         if expected is not None and k < len(expected) and expected[k] is not None and \
                 be.numel(outs[0]) != expected[k][0]:  # a row of another length (torch: an expand error)
-            where = f"element {index() if callable(index) else index} of the input" if index is not None \
-                else "the input"
+            where = f"element {_called(index)} of the input" if index is not None else "the input"
             raise CheckInputError(
                 f"fn's output {k} has shape {tuple(outs[0].shape)} with {where} moved by {eps}, but had shape "
                 f"{expected[k][1]} at the check's first call: a checked function's outputs must keep "
@@ -123,11 +108,8 @@ def _traced_sizes(be, outputs) -> list:
 
 
 def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil, expected=None):
-    def index():
-        return perturber.index(flat)
-
     return _along_axes(be, [stencil_difference(be, perturber.evaluate_element_moves(fn, flat, moves), eps, stencil,
-                                               index, expected=expected)
+                                               lambda: perturber.index(flat), expected=expected)
                             for moves in moves_per_axis])
 
 
@@ -179,7 +161,7 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
     calls on the same ``fn``, ``args`` and ``position`` (the rows of another output, or of
     another part of a complex one, at points already evaluated cost no call of ``fn``).
     Failure reports use it to re-evaluate entries with other steps
-    (:mod:`agcheck.report.collect`).
+    (:mod:`agcheck.core.report_filling`).
     """
     if not steps:
         return []
@@ -214,13 +196,6 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
                                for axis, moves in enumerate(plan)]
                 rows.append(_along_axes(be, differences)[output_position])
     return found
-
-
-def _stack_rows(be, rows: list, n_cols: int, like, dtype):
-    if not rows:
-        return be.zeros((0, n_cols), like=like, dtype=dtype)
-    stacked = be.stack(rows, axis=0)
-    return stacked if stacked.dtype == dtype else be.astype(stacked, dtype)
 
 
 def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float,
@@ -266,7 +241,7 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
                 on_element()
         if held is not None:
             held.flush()
-        placement = _dense_rows(perturber) if elements is None else None
+        placement = getattr(perturber, "dense_rows", lambda: None)() if elements is None else None
     if placement is None:
         return {k: rows[k].result() for k in float_positions}
     return {k: _placed_rows(be, list(rows[k].result()), placement, be.numel(outputs[k]), outputs[k],
@@ -276,11 +251,6 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
 
 def _row_dtype(be, x, out):
     return x.dtype if be.is_complex(x) else out.dtype
-
-
-def _dense_rows(perturber):
-    hook = getattr(perturber, "dense_rows", None)
-    return hook() if hook is not None else None
 
 
 def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
@@ -294,7 +264,9 @@ def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
     full = [zero] * n_rows
     for row, r in zip(rows, where):
         full[r] = row
-    return _stack_rows(be, full, n_cols, like, dtype)
+    if not full:
+        return be.zeros((0, n_cols), like=like, dtype=dtype)
+    return _cast(be, be.stack(full, axis=0), dtype)
 
 
 def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float,
@@ -316,9 +288,7 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
             return be.reshape(v, x.shape) if moved is None else moved
 
         if isinstance(u, tuple):
-            d_real = along(shaped(u[0]) * eps)
-            d_imag = along(be.times_i(shaped(u[1]) * eps))
-            return [None if r is None else be.plus_imaginary(r, i) for r, i in zip(d_real, d_imag)]
+            return _along_axes(be, [along(shaped(u[0]) * eps), along(_times_i(be, shaped(u[1]) * eps))])
         return along(shaped(u) * eps)
 
 
@@ -351,7 +321,7 @@ def _stack_gradients(be, grads_per_cotangent, n_cots: int, inputs: Sequence, sha
             flat = be.flatten(be.to_dense(g))
             if be.numel(flat) != sizes[i]:
                 raise AssertionError(f"a gradient has {be.numel(flat)} elements but its input has {sizes[i]}")
-            blocks[i].add(flat if flat.dtype == x.dtype else be.astype(flat, x.dtype))
+            blocks[i].add(_cast(be, flat, x.dtype))
     return [be.transpose(block.result()) for block in blocks]
 
 
@@ -376,7 +346,7 @@ def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, c
                 not_reentrant_message(nondet_tol, float(diff)),
                 check="reentrant",
                 details={"max_run_to_run_difference": float(diff), "nondet_tol": nondet_tol, "input": i,
-                         "gradient_scale": float(be.max_abs(a)), "dtype": be.dtype_name(a)},
+                         "gradient_scale": _max_abs(be, a), "dtype": be.dtype_name(a)},
             )
     return first
 
@@ -423,8 +393,12 @@ def _check_forward_dtypes(be, results) -> None:
 def _flat_tangent(be, primal, tangent):
     if tangent is None:
         return be.zeros((be.numel(primal),), like=primal)
-    flat = be.flatten(tangent)
-    return flat if flat.dtype == primal.dtype else be.astype(flat, primal.dtype)
+    return _cast(be, be.flatten(tangent), primal.dtype)
+
+
+def _cast(be, a, dtype):
+    """``a`` in ``dtype`` (``a`` itself where it has it)."""
+    return a if a.dtype == dtype else be.astype(a, dtype)
 
 
 def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False,
@@ -465,8 +439,7 @@ def _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes) -> dict:
     """``{i: rows}`` for each ``(i, elements)`` of ``wanted`` with elements (as
     :func:`analytical_rows_forward`), input by input in order, through one
     :meth:`Backend.jvp_elements`."""
-    wanted = [(i, list(elements)) for i, elements in wanted]
-    wanted = [(i, elements) for i, elements in wanted if elements]
+    wanted = [(i, elements) for i, elements in ((i, list(elements)) for i, elements in wanted) if elements]
     blocks = {i: [] for i, _ in wanted}
     sizes = {i: len(elements) for i, elements in wanted}
 
@@ -486,11 +459,7 @@ def _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes) -> dict:
 
 def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:
     """Forward-mode ``J u``: ``[input][float output]`` flat vectors, one JVP per input."""
-    tangents = []
-    for pos, u in zip(checked, all_u):
-        x = args[pos]
-        t = be.reshape(u, x.shape)
-        tangents.append(t if t.dtype == x.dtype else be.astype(t, x.dtype))
+    tangents = [_cast(be, be.reshape(u, args[pos].shape), args[pos].dtype) for pos, u in zip(checked, all_u)]
     result = []
 
     def receive(results):
@@ -509,20 +478,34 @@ def random_vectors(be, inputs: Sequence, outputs: Sequence | None):
     is ``None``, as in forward mode) and one per input (a pair for a complex input).
     """
     gen = be.generator(inputs[0] if inputs else None, PROBE_SEED)
-    all_u = []
-    for x in inputs:
-        u_re = be.uniform_unit_vector(x, gen, real=True)
-        if be.is_complex(x):
-            all_u.append((u_re, be.uniform_unit_vector(x, gen, real=True)))
-        else:
-            all_u.append(u_re)
+    # a complex input's real part is drawn first, then its imaginary part
+    all_u = [tuple(be.uniform_unit_vector(x, gen, real=True) for _ in range(2)) if be.is_complex(x)
+             else be.uniform_unit_vector(x, gen, real=True) for x in inputs]
     all_v = None if outputs is None else [be.uniform_unit_vector(o, gen, real=False) for o in outputs]
     return all_v, all_u
 
 
 def adjusted_atol(be, atol: float, u, v) -> float:
     """The elementwise ``atol`` carried over to ``v^T (A - B) u``: scaled by sum(u) sum(v)."""
-    sum_v = 1.0 if v is None else be.sum_as_float(v)
+    sum_v = 1.0 if v is None else _sum(be, v)
     if isinstance(u, tuple):
-        return atol * (be.sum_as_float(u[0]) + be.sum_as_float(u[1])) * sum_v
-    return atol * be.sum_as_float(u) * sum_v
+        return atol * (_sum(be, u[0]) + _sum(be, u[1])) * sum_v
+    return atol * _sum(be, u) * sum_v
+
+
+def _sum(be, x) -> float:
+    """The sum of ``x``'s entries (their real parts) as a Python float."""
+    xp = be.xp(x)
+    total = xp.sum(x)
+    return float(xp.real(total) if be.is_complex(total) else total)
+
+
+def _max_abs(be, x) -> float:
+    xp = be.xp(x)
+    return float(xp.max(xp.abs(x)))
+
+
+def _times_i(be, x):
+    """``x * 1j``, complex (in the framework's arithmetic: JAX's strict promotion refuses
+    a real array times ``1j``)."""
+    return be.plus_imaginary(be.xp(x).zeros_like(x), x)
