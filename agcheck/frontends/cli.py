@@ -59,6 +59,7 @@ from agcheck.frontends.command import (
     UsageError,
     add_shared_flags,
     check_report_path,
+    version,
 )
 
 __all__ = ["main", "build_parser", "parse_input_spec", "load_function", "make_inputs", "SUBCOMMANDS", "UsageError"]
@@ -277,15 +278,6 @@ def _function_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtol", type=number_argument, default=None, help="relative tolerance")
 
 
-def _version() -> str:
-    try:
-        from agcheck import __version__
-
-        return __version__
-    except Exception:
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The one ``agcheck`` parser: the main job's options, the flags every level shares, and
     the subcommands ``check`` and ``crosscheck``."""
@@ -302,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples: agcheck --only linalg,softmax; agcheck check ops.py:my_fn --input 3x4; "
                "agcheck crosscheck ops.py:my_fn --input 3 --backends torch,jax. " + EXIT_STATUS_TEXT,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     mainjob.add_arguments(parser)
     add_shared_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", title="subcommands", metavar="{check,crosscheck}",

@@ -19,7 +19,7 @@ import importlib.util
 import os
 
 __all__ = ["EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "UsageError", "add_shared_flags", "check_report_path",
-           "EXIT_STATUS_TEXT"]
+           "EXIT_STATUS_TEXT", "version"]
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -31,6 +31,13 @@ EXIT_STATUS_TEXT = ("Exit status: 0 every check passed, 1 a check failed (or the
 
 #: the report formats of ``agcheck check --report`` and whether they need matplotlib
 REPORT_FORMATS = {".html": True, ".htm": True, ".png": True, ".json": False}
+
+
+def version() -> str:
+    """agcheck's version, as ``--version`` and the main job's header give it."""
+    from agcheck import __version__
+
+    return __version__
 
 
 class UsageError(Exception):

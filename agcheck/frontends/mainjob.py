@@ -36,7 +36,7 @@ import sys
 import time
 
 from agcheck.frontends import catalog as _catalog
-from agcheck.frontends.command import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, UsageError, check_report_path
+from agcheck.frontends.command import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, UsageError, check_report_path, version
 from agcheck.frontends.mainjob_checks import (
     BACKENDS,
     EntryResult,
@@ -170,15 +170,6 @@ def _failure_text(v: Verdict, verbose: bool = False) -> str:
 
 # -- the command ----------------------------------------------------------------------------
 
-def _version() -> str:
-    try:
-        from agcheck import __version__
-
-        return __version__
-    except Exception:
-        return "unknown"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The main job's own options (``--fast``, ``--report``, ``--quiet``, ``--verbose`` and
     ``--plain`` are every command's: :func:`agcheck.frontends.command.add_shared_flags`)."""
@@ -310,7 +301,7 @@ def _header(args, backends: list, runnable: list, installed: dict) -> str:
 
     versions = ", ".join(f"{b} {installed[b]}{count(b)}" for b in backends)
     mode = "fast mode" if args.fast else "slow mode"
-    header = f"agcheck {_version()} main job: {len(runnable)} functions on {versions}\n"
+    header = f"agcheck {version()} main job: {len(runnable)} functions on {versions}\n"
     if len(backends) > 1:
         header += (f"gradcheck in {mode} (reverse and forward AD) on each backend, crosscheck "
                    f"({'fast mode' if args.fast else 'full Jacobians'}) across them")
@@ -363,7 +354,7 @@ def _loading_line(args) -> str:
     wanted = _wanted_backends(args)
     frameworks = [b for b in wanted if b != "numpy"]
     what = ", ".join(frameworks) if frameworks else "numpy"
-    return f"agcheck {_version()}: loading {what} (importing the frameworks takes a few seconds) ..."
+    return f"agcheck {version()}: loading {what} (importing the frameworks takes a few seconds) ..."
 
 
 def run_job(args) -> int:
@@ -397,7 +388,7 @@ def run_job(args) -> int:
     status = EXIT_FAIL if any(not r.ok for r in results) else EXIT_PASS
     if report is not None:
         meta = {"header": header, "notes": notes, "verdict": verdict,
-                "footer": f"written by agcheck {_version()} on {time.strftime('%Y-%m-%d %H:%M:%S')}"}
+                "footer": f"written by agcheck {version()} on {time.strftime('%Y-%m-%d %H:%M:%S')}"}
         if not _write_report(console, report, results, backends, meta) and status == EXIT_PASS:
             status = EXIT_USAGE
     return status
