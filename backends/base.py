@@ -567,24 +567,34 @@ class Backend:
         Capability :attr:`Capability.FORWARD`."""
         raise UnsupportedError("part_as_input")
 
-    # -- array algebra ----------------------------------------------------------------
-    def flatten(self, x):
-        return self.xp(x).reshape(x, (-1,))
-
-    def reshape(self, x, shape):
-        return self.xp(x).reshape(x, tuple(shape))
-
-    def clone(self, x):
-        return self.xp(x).asarray(x, copy=True)
-
+    # -- complex parts (of values ``fn`` may be traced through) ----------------------------
     def real(self, x):
         return self.xp(x).real(x)
 
     def imag(self, x):
         return self.xp(x).imag(x)
 
-    def conj(self, x):
-        return self.xp(x).conj(x)
+    def plus_imaginary(self, a, b):
+        """``a + 1j * b`` for real or complex arrays ``a`` and ``b`` (differentiable: ``fn``'s
+        complex arguments are rebuilt with it, :class:`InputPart`)."""
+        return a + b * 1j
+
+    # -- arrays made, rows kept and combined --------------------------------------------
+    def zeros(self, shape, like, dtype=None):
+        """Zeros of ``shape`` and ``dtype`` (by default ``like``'s), placed as ``like`` is."""
+        import array_api_compat
+
+        xp = self.xp(like)
+        return xp.zeros(tuple(shape), dtype=dtype or like.dtype, device=array_api_compat.device(like))
+
+    def array_like(self, values, like):
+        """The NumPy array ``values`` as an array of ``like``'s framework, on its device."""
+        import array_api_compat
+
+        return self.xp(like).asarray(values, device=array_api_compat.device(like))
+
+    def to_device_of(self, x, like):
+        return x
 
     def row_block(self, n_rows: int, n_cols: int, like, dtype):
         """An uninitialised ``(n_rows, n_cols)`` array of ``dtype`` on ``like``'s device
@@ -601,17 +611,7 @@ class Backend:
     def write_rows(self, block, start: int, rows: Sequence) -> None:
         """Copy the flat ``rows`` into ``block[start:start + len(rows)]`` (converted to the
         block's dtype)."""
-        block[start:start + len(rows)] = self.stack(rows, axis=0)
-
-    def stack(self, arrays: Sequence, axis: int = 0):
-        return self.xp(arrays[0]).stack(list(arrays), axis=axis)
-
-    def unstack(self, x) -> list:
-        """The sub-arrays ``x[0], x[1], ...`` along the first axis."""
-        return [x[i] for i in range(x.shape[0])]
-
-    def concatenate(self, arrays: Sequence, axis: int = 0):
-        return self.xp(arrays[0]).concat(list(arrays), axis=axis)
+        block[start:start + len(rows)] = self.xp(block).stack(list(rows), axis=0)
 
     def combine(self, stencil, values: Sequence, eps: float):
         """``stencil.combine(values, eps)``: the finite-difference estimate from ``fn``'s
@@ -619,12 +619,27 @@ class Backend:
         host, where no new shape compiles)."""
         return stencil.combine(list(values), eps)
 
+    # -- algebra the engine and checks/jacobian.py still call (one line each on ``xp``) ----
+    def flatten(self, x):
+        return self.xp(x).reshape(x, (-1,))
+
+    def reshape(self, x, shape):
+        return self.xp(x).reshape(x, tuple(shape))
+
+    def clone(self, x):
+        return self.xp(x).asarray(x, copy=True)
+
+    def stack(self, arrays: Sequence, axis: int = 0):
+        return self.xp(arrays[0]).stack(list(arrays), axis=axis)
+
+    def unstack(self, x) -> list:
+        return list(self.xp(x).unstack(x, axis=0))
+
+    def concatenate(self, arrays: Sequence, axis: int = 0):
+        return self.xp(arrays[0]).concat(list(arrays), axis=axis)
+
     def zeros_like(self, x):
         return self.xp(x).zeros_like(x)
-
-    def zeros(self, shape, like, dtype=None):
-        xp = self.xp(like)
-        return xp.zeros(tuple(shape), dtype=dtype or like.dtype, device=getattr(like, "device", None))
 
     def astype(self, x, dtype):
         return self.xp(x).astype(x, dtype)
@@ -632,6 +647,21 @@ class Backend:
     def transpose(self, x):
         return self.xp(x).permute_dims(x, (1, 0))
 
+    def dot(self, u, v):
+        return self.xp(u).sum(u * v)
+
+    def max_abs_difference(self, a, b):
+        xp = self.xp(a)
+        return xp.max(xp.abs(a - b))
+
+    def count_nonzero(self, x) -> int:
+        return int(self.xp(x).count_nonzero(x))
+
+    def all_finite(self, x) -> bool:
+        xp = self.xp(x)
+        return bool(xp.all(xp.isfinite(x)))
+
+    # -- inspection of dtypes and devices (for plans and messages) -------------------------
     def itemsize(self, x) -> int:
         """Bytes per element of ``x``."""
         import numpy as np
@@ -644,6 +674,20 @@ class Backend:
 
         return float(np.finfo(np.dtype(str(x.dtype))).eps)
 
+    def summarized_edge_items(self, numel: int) -> int | None:
+        """How many leading and trailing items per dimension a message shows of an array
+        of ``numel`` elements when the framework's printing summarises it, or ``None``
+        when it prints every element (the default, which is never wrong); see
+        :func:`summary_edges`."""
+        return None
+
+    def device_name(self, x) -> str:
+        return str(getattr(x, "device", "cpu"))
+
+    def same_device(self, a, b) -> bool:
+        return getattr(a, "device", None) == getattr(b, "device", None)
+
+    # -- comparison, snapshots, conversion --------------------------------------------
     def one_hot(self, like, flat: int):
         """An array shaped like ``like`` with a one at flat position ``flat``."""
         import array_api_compat
@@ -652,59 +696,9 @@ class Backend:
         hot = xp.arange(self.numel(like), device=array_api_compat.device(like)) == flat
         return xp.reshape(xp.astype(hot, like.dtype), tuple(like.shape))
 
-    def sum_as_float(self, x) -> float:
-        return float(self.xp(x).sum(x))
-
-    def dot(self, u, v):
-        return self.xp(u).sum(u * v)
-
-    def max_abs(self, x):
-        xp = self.xp(x)
-        return xp.max(xp.abs(x))
-
-    def times_i(self, x):
-        """``x * 1j``, complex."""
-        return x * 1j
-
-    def plus_imaginary(self, a, b):
-        """``a + 1j * b`` for real or complex arrays ``a`` and ``b`` (differentiable: ``fn``'s
-        complex arguments are rebuilt with it, :class:`InputPart`)."""
-        return a + b * 1j
-
-    def max_abs_difference(self, a, b):
-        """``max |a - b|`` (the largest difference between two gradients or Jacobians)."""
-        return self.max_abs(a - b)
-
-    def all_zero(self, x) -> bool:
-        return bool(self.xp(x).all(x == 0))
-
-    def count_nonzero(self, x) -> int:
-        xp = self.xp(x)
-        return int(xp.sum(xp.astype(x != 0, xp.int64)))
-
     def allclose(self, a, b, rtol: float, atol: float) -> bool:
         """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails."""
         raise NotImplementedError
-
-    def summarized_edge_items(self, numel: int) -> int | None:
-        """How many leading and trailing items per dimension a message shows of an array
-        of ``numel`` elements when the framework's printing summarises it, or ``None``
-        when it prints every element (the default, which is never wrong); see
-        :func:`summary_edges`."""
-        return None
-
-    def all_finite(self, x) -> bool:
-        xp = self.xp(x)
-        return bool(xp.all(xp.isfinite(x)))
-
-    def device_name(self, x) -> str:
-        return str(getattr(x, "device", "cpu"))
-
-    def same_device(self, a, b) -> bool:
-        return getattr(a, "device", None) == getattr(b, "device", None)
-
-    def to_device_of(self, x, like):
-        return x
 
     def content_digest(self, x):
         """A hashable digest of ``x``'s shape, dtype and values (equal digests: equal
@@ -720,7 +714,7 @@ class Backend:
 
     def snapshot(self, x):
         """A copy of ``x`` to tell later whether ``x`` was modified (see :meth:`unchanged`)."""
-        return self.clone(x)
+        return self.xp(x).asarray(x, copy=True)
 
     def unchanged(self, x, snapshot) -> bool:
         xp = self.xp(x)
@@ -734,12 +728,6 @@ class Backend:
         import numpy as np
 
         return np.asarray(x)
-
-    def array_like(self, values, like):
-        """The NumPy array ``values`` as an array of ``like``'s framework, on its device."""
-        import array_api_compat
-
-        return self.xp(like).asarray(values, device=array_api_compat.device(like))
 
     # -- randomness -------------------------------------------------------------------
     def generator(self, like, seed: int):

@@ -1,11 +1,99 @@
-"""The comparisons of a backend whose arrays are read on the host as NumPy arrays
-(TensorFlow's and MLX's): one implementation of ``max_abs``, ``all_zero``,
-``count_nonzero``, ``all_finite`` and ``allclose`` over the backend's own view."""
+"""Algebra on the host for backends whose arrays NumPy can read (JAX's, TensorFlow's, MLX's):
+the array API computed by NumPy on host views (:class:`HostNamespace`, what such a backend's
+``xp`` returns), and one ``allclose`` over those views (:class:`HostChecks`)."""
 from __future__ import annotations
 
+from typing import Callable
+
+import array_api_compat.numpy as host_xp
 import numpy as np
 
-__all__ = ["HostChecks"]
+__all__ = ["HostChecks", "HostNamespace"]
+
+
+def _is_array(a) -> bool:
+    return hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, np.generic)
+
+
+class HostNamespace:
+    """The array API on the host, for a framework that would compile every new shape or
+    that hands the core NumPy arrays.
+
+    Each function computes with NumPy (``array_api_compat``'s namespace) on the host views
+    of its array arguments and hands array results back through ``back(result, like)``,
+    ``like`` the first array argument (a framework array again, or the NumPy result
+    itself). Where an argument has no host view (``host(x)`` is ``None``: a traced value,
+    an array on an accelerator), the framework's own namespace ``native`` computes.
+
+    Parameters
+    ----------
+    host : callable
+        ``x`` as a NumPy array (a view where it can), or ``None``.
+    back : callable
+        ``back(values, like, dtype)``: a NumPy result as the framework's array (``dtype``:
+        the framework dtype the call asked for, or ``None``).
+    native : namespace, optional
+        The framework's array-API namespace, for arguments without a host view.
+    dtype : callable, optional
+        A framework dtype as NumPy's (for ``dtype=`` and ``astype``).
+    """
+
+    def __init__(self, host: Callable, back: Callable, native=None, dtype: Callable = np.dtype):
+        self._host, self._back, self._native, self._dtype = host, back, native, dtype
+
+    def __getattr__(self, name):
+        on_host = getattr(host_xp, name)
+        if not callable(on_host):
+            return on_host
+        call = self._function(name, on_host)
+        setattr(self, name, call)  # found without __getattr__ from now on
+        return call
+
+    def _function(self, name, on_host):
+        host, back, to_dtype = self._host, self._back, self._dtype
+        native = getattr(self._native, name, None)
+
+        def on_views(args):
+            """``args`` with each array (or sequence of arrays) as its host view; ``None``
+            where one has none."""
+            views, like = [], None
+            for a in args:
+                if isinstance(a, (list, tuple)) and a and all(_is_array(e) for e in a):
+                    hs = [host(e) for e in a]
+                    if any(h is None for h in hs):
+                        return None, None
+                    like = a[0] if like is None else like
+                    views.append(hs)
+                elif _is_array(a):
+                    h = host(a)
+                    if h is None:
+                        return None, None
+                    like = a if like is None else like
+                    views.append(h)
+                else:
+                    views.append(a)
+            return views, like
+
+        def call(*args, **kwargs):
+            views, like = on_views(args)
+            if views is None:
+                if native is None:
+                    raise TypeError(f"{name} needs the host view of an array that has none")
+                return native(*args, **kwargs)
+            kwargs.pop("device", None)
+            asked = views[1] if name == "astype" else kwargs.get("dtype")
+            if asked is not None:
+                if name == "astype":
+                    views[1] = to_dtype(asked)
+                else:
+                    kwargs["dtype"] = to_dtype(asked)
+            result = on_host(*views, **kwargs)
+            if isinstance(result, (list, tuple)):
+                return type(result)(back(r, like, asked) for r in result)
+            return back(result, like, asked) if isinstance(result, (np.ndarray, np.generic)) else result
+
+        call.__name__ = name
+        return call
 
 
 class HostChecks:
@@ -15,19 +103,6 @@ class HostChecks:
     @staticmethod
     def host(x) -> np.ndarray:
         raise NotImplementedError
-
-    def max_abs(self, x):
-        h = self.host(x)
-        return float(np.max(np.abs(h))) if h.size else 0.0
-
-    def all_zero(self, x) -> bool:
-        return bool(np.all(self.host(x) == 0))
-
-    def count_nonzero(self, x) -> int:
-        return int(np.count_nonzero(self.host(x)))
-
-    def all_finite(self, x) -> bool:
-        return bool(np.all(np.isfinite(self.host(x))))
 
     def allclose(self, a, b, rtol, atol) -> bool:
         """``|a - b| <= atol + rtol * |b|`` everywhere, after type promotion; NaN fails

@@ -31,6 +31,7 @@ import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.base import Backend, BatchedForms, Perturber, Trace, summary_edges
+from agcheck.backends.host_checks import HostNamespace
 from agcheck.warn import warn_caller
 
 __all__ = ["JaxBackend", "JaxTrace", "JaxPerturber", "BACKEND_CLASS", "owns"]
@@ -95,6 +96,10 @@ def _back(values, like=None):
     compiled anew for every shape.
     """
     return jax.device_put(np.asarray(values), _committed_device(like))
+
+
+#: the core's algebra: NumPy on the views of CPU arrays, jax.numpy for the others (see _host)
+_XP = HostNamespace(_host, lambda values, like, dtype: _back(values, like), native=jnp)
 
 
 def _committed_device(like):
@@ -638,18 +643,7 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
 
     # -- array algebra (NumPy views of CPU arrays: see _host) --------------------------
     def xp(self, x):
-        return jnp
-
-    def flatten(self, x):
-        return self.reshape(x, (-1,))
-
-    def reshape(self, x, shape):
-        h = _host(x)
-        return _back(h.reshape(tuple(shape)), x) if h is not None else jnp.reshape(x, tuple(shape))
-
-    def clone(self, x):
-        h = _host(x)
-        return _back(np.array(h), x) if h is not None else jnp.array(x, copy=True)
+        return _XP
 
     def real(self, x):
         h = _host(x)
@@ -659,23 +653,8 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
         h = _host(x)
         return _back(np.imag(h), x) if h is not None else jnp.imag(x)
 
-    def conj(self, x):
-        return _conj(x)
-
     def part_as_input(self, x, part):
         return self.real(x) if part == "real" else self.imag(x)
-
-    def stack(self, arrays, axis=0):
-        return _joined(np.stack, jnp.stack, arrays, axis)
-
-    def unstack(self, x):
-        h = _host(x)
-        if h is None:
-            return [x[i] for i in range(x.shape[0])]
-        return jax.device_put(list(h), _committed_device(x))
-
-    def concatenate(self, arrays, axis=0):
-        return _joined(np.concatenate, jnp.concatenate, arrays, axis)
 
     def combine(self, stencil, values, eps):
         # real float32/64 entries on the host: NumPy's correctly rounded IEEE arithmetic, in
@@ -686,22 +665,11 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
             return _back(stencil.combine(hosts, eps), values[0])
         return stencil.combine(values, eps)
 
-    def zeros_like(self, x):
-        h = _host(x)
-        return _back(np.zeros(h.shape, h.dtype), x) if h is not None else jnp.zeros_like(x)
-
     def zeros(self, shape, like, dtype=None):
         dtype = np.dtype(dtype or like.dtype)
         if _host(like) is not None:
             return _back(np.zeros(tuple(shape), dtype), like)
         return self.to_device_of(jnp.zeros(tuple(shape), dtype=dtype), like)
-
-    def astype(self, x, dtype):
-        return _astype(x, dtype)
-
-    def transpose(self, x):
-        h = _host(x)
-        return _back(h.T, x) if h is not None else jnp.transpose(x)
 
     def one_hot(self, like, flat):
         if _host(like) is not None:
@@ -711,41 +679,17 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
         z = jnp.zeros((self.numel(like),), dtype=like.dtype).at[flat].set(1)
         return jnp.reshape(z, like.shape)
 
-    @staticmethod
-    def _host_or_jnp(x):
-        h = _host(x)
-        return (h, np) if h is not None else (x, jnp)
-
-    def sum_as_float(self, x) -> float:
-        x, xp = self._host_or_jnp(x)
-        return float(xp.sum(x))
-
     def dot(self, u, v):
         hu, hv = _host(u), _host(v)
         if hu is not None and hv is not None:
             return _back(np.sum(hu * hv), u)
         return jnp.sum(u * v)
 
-    def max_abs(self, x):
-        x, xp = self._host_or_jnp(x)
-        return float(xp.max(xp.abs(x)))
-
-    def all_finite(self, x) -> bool:
-        x, xp = self._host_or_jnp(x)
-        return bool(xp.all(xp.isfinite(x)))
-
     def unchanged(self, x, snapshot) -> bool:
         hx, hs = _host(x), _host(snapshot)
         if hx is None or hs is None:
             return super().unchanged(x, snapshot)
         return bool(np.all((hx == hs) | (np.isnan(hx) & np.isnan(hs))))
-
-    def times_i(self, x):
-        h = _host(x)
-        if h is not None:
-            return _back(h * 1j, x)
-        dtype = np.promote_types(np.dtype(x.dtype), np.complex64)  # strict promotion: explicitly
-        return x.astype(dtype) * jnp.asarray(1j, dtype)
 
     def plus_imaginary(self, a, b):
         # not a + b * 1j on JAX arrays: under jax_numpy_dtype_promotion="strict" a real array
@@ -765,14 +709,6 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
             return super().max_abs_difference(a, b)
         with np.errstate(invalid="ignore", over="ignore"):
             return float(np.max(np.abs(ha - hb)))
-
-    def all_zero(self, x) -> bool:
-        x, xp = self._host_or_jnp(x)
-        return bool(xp.all(x == 0))
-
-    def count_nonzero(self, x) -> int:
-        x, xp = self._host_or_jnp(x)
-        return int(xp.count_nonzero(x))
 
     def summarized_edge_items(self, numel: int) -> int | None:
         # jax arrays print through NumPy's array2string, which formats a summarised array

@@ -35,7 +35,7 @@ from functools import cached_property
 import mlx.core as mx
 import numpy as np
 
-from agcheck.backends.host_checks import HostChecks
+from agcheck.backends.host_checks import HostChecks, HostNamespace
 from agcheck.backends.base import Backend, BatchedForms, Perturber, Trace
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 
@@ -94,6 +94,20 @@ def _back(values, dtype=None):
     if target != mx.bfloat16:
         values = values.astype(_np_dtype(target), copy=False)
     return mx.array(values, dtype=target)
+
+
+def _back_like(values, like=None, dtype=None):
+    """A NumPy result of the core's algebra as an MLX array: of ``dtype`` when one was asked
+    for, else of ``like``'s dtype where ``like``'s values were read in the result's (a
+    bfloat16 array stays bfloat16)."""
+    values = np.asarray(values)
+    if dtype is None and owns(like) and _np_dtype(like.dtype) == values.dtype:
+        dtype = like.dtype
+    return _back(values, dtype)
+
+
+#: the core's algebra: NumPy on the arrays' host views, results made MLX arrays
+_XP = HostNamespace(_view, _back_like, dtype=_np_dtype)
 
 
 def _as_mx(x, dtype=None, shape=None):
@@ -472,16 +486,7 @@ class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
 
     # -- array algebra: NumPy copies made MLX arrays again (see the module's docstring) --
     def xp(self, x):
-        return np
-
-    def flatten(self, x):
-        return mx.reshape(_as_mx(x), (-1,))
-
-    def reshape(self, x, shape):
-        return mx.reshape(_as_mx(x), tuple(int(s) for s in shape))
-
-    def clone(self, x):
-        return _back(_view(x), x.dtype if owns(x) else None)
+        return _XP
 
     def real(self, x):
         # MLX operations where fn's arrays may be traced (OutputPart, InputPart)
@@ -496,12 +501,6 @@ class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
                 return mx.imag(x)
         return _back(np.imag(_view(x)))
 
-    def conj(self, x):
-        if owns(x):
-            with _on_cpu_for([x]):
-                return mx.conj(x)
-        return _back(np.conj(_view(x)))
-
     def plus_imaginary(self, a, b):
         """``a + 1j * b`` in MLX's arithmetic (differentiable; complex64, MLX's only
         complex dtype)."""
@@ -512,55 +511,23 @@ class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     def part_as_input(self, x, part):
         return self.real(x) if part == "real" else self.imag(x)
 
-    def times_i(self, x):
-        return _back(_view(x) * 1j)
-
-    def stack(self, arrays, axis=0):
-        return self._joined(np.stack, arrays, axis)
-
-    def concatenate(self, arrays, axis=0):
-        return self._joined(np.concatenate, arrays, axis)
-
-    @staticmethod
-    def _joined(join, arrays, axis):
-        arrays = list(arrays)
-        dtype = arrays[0].dtype if owns(arrays[0]) else None
-        return _back(join([_view(a) for a in arrays], axis=axis), dtype)
-
-    def unstack(self, x) -> list:
-        return [x[i] for i in range(int(x.shape[0]))]
-
     def combine(self, stencil, values, eps):
         # on the host: NumPy's correctly rounded IEEE arithmetic in the values' dtype
         values = list(values)
         return _back(stencil.combine([_view(v) for v in values], eps), values[0].dtype if owns(values[0]) else None)
 
-    def zeros_like(self, x):
-        return mx.zeros(tuple(x.shape), _mx_dtype(x.dtype))
-
     def zeros(self, shape, like, dtype=None):
         return mx.zeros(tuple(int(s) for s in shape), _mx_dtype(dtype if dtype is not None else like.dtype))
-
-    def astype(self, x, dtype):
-        return _back(_view(x), dtype)
-
-    def transpose(self, x):
-        return _back(_view(x).T, x.dtype if owns(x) else None)
 
     def one_hot(self, like, flat):
         z = np.zeros(tuple(like.shape), _np_dtype(like.dtype))
         z.reshape(-1)[flat] = 1
         return _back(z, like.dtype)
 
-    def sum_as_float(self, x) -> float:
-        return float(np.sum(_view(x)))
-
-    def dot(self, u, v):
-        return _back(np.sum(_view(u) * _view(v)))
-
     def max_abs_difference(self, a, b):
         with np.errstate(invalid="ignore", over="ignore"):
-            return self.max_abs(_view(a) - _view(b))
+            difference = _view(a) - _view(b)
+            return float(np.max(np.abs(difference))) if difference.size else 0.0
 
     def summarized_edge_items(self, numel: int) -> int | None:
         # MLX prints every dimension longer than 6 as its first and last 3 items (fixed: its

@@ -140,7 +140,7 @@ class NumpyTrace(Trace):
             elif k in given and given[k] is not None:
                 cots.append(given[k])
             else:
-                cots.append(be.zeros_like(o))
+                cots.append(be.xp(o).zeros_like(o))
         return be.vjp_of(self.fn, self.args, self.checked, cots)
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
@@ -155,7 +155,8 @@ class NumpyTrace(Trace):
                 result.append(None)
                 continue
             x = self.args[p]
-            result.append(be.stack([be.zeros_like(x) if g is None else g for g in column], axis=0))
+            xp = be.xp(x)
+            result.append(xp.stack([xp.zeros_like(x) if g is None else g for g in column], axis=0))
         return result
 
 
@@ -183,7 +184,7 @@ class NumpyPerturber(Perturber):
         be, x = self.backend, self.x
         moved = x - step if sign < 0 else x + step
         if moved.dtype != x.dtype:
-            moved = be.astype(moved, x.dtype)
+            moved = be.xp(moved).astype(moved, x.dtype)
         return self._call(fn, moved)
 
 
@@ -299,9 +300,6 @@ class NumpyBackend(Backend):
     def is_bool(self, x) -> bool:
         return x.dtype == self.xp(x).bool
 
-    def as_int(self, x):
-        return self.astype(x, self.xp(x).int8)
-
     def real_dtype_of(self, x):
         xp = self.xp(x)
         return {xp.complex64: xp.float32, xp.complex128: xp.float64}.get(x.dtype, x.dtype)
@@ -351,7 +349,7 @@ class NumpyBackend(Backend):
             for c, o in zip(cotangents, inner_outputs):
                 if c is not None and self.is_complex(o):
                     # d Re(y) pulls back as the cotangent c, d Im(y) as i c (torch's convention)
-                    c = self.astype(c, o.dtype)
+                    c = self.xp(c).astype(c, o.dtype)
                     c = c if part == "real" else c * 1j
                 mapped.append(c)
             return self.vjp_of(inner, args, checked, mapped)
@@ -379,7 +377,7 @@ class NumpyBackend(Backend):
         mapped = []
         for t, p in zip(tangents, checked):
             if t is not None and p in positions:
-                t = self.astype(t, originals[p].dtype)
+                t = self.xp(t).astype(t, originals[p].dtype)
                 t = t if part == "real" else t * 1j
             mapped.append(t)
         return self.jvp_of(inner, rebuilt, checked, mapped)
@@ -397,7 +395,7 @@ class NumpyBackend(Backend):
             raise _reverse_missing()
         cots = tuple(cotangents)
         if uf.convention == "jax":
-            cots = tuple(None if c is None else self.conj(c) for c in cots)
+            cots = tuple(None if c is None else self.xp(c).conj(c) for c in cots)
         full = self._all_checked(args, checked)
         grads = self._one_per_checked(uf.vjp(_read_only(args), cots), args, full, "vjp", "gradients")
         by_position = dict(zip(full, grads))
@@ -410,7 +408,7 @@ class NumpyBackend(Backend):
             x = args[p]
             g = self._as_array(g, x, f"vjp's gradient for input {i} (argument {p})")
             if uf.convention == "jax" and self.is_complex(g):
-                g = self.conj(g)
+                g = self.xp(g).conj(g)
             if tuple(g.shape) != tuple(x.shape):
                 raise GradcheckError(
                     f"vjp returned a gradient of shape {tuple(g.shape)} for input {i} (argument "
@@ -425,7 +423,7 @@ class NumpyBackend(Backend):
                 )
             # converted as torch's autograd engine does, else copied as torch's checker copies
             # each gradient: a vjp may hand back one buffer it fills again at every call
-            g = self.astype(g, x.dtype) if g.dtype != x.dtype else self.clone(g)
+            g = self.xp(g).astype(g, x.dtype) if g.dtype != x.dtype else self.xp(g).asarray(g, copy=True)
             result.append(g)
         return result
 
@@ -433,7 +431,8 @@ class NumpyBackend(Backend):
         if uf.jvp is None:
             raise _forward_missing()
         given = {p: t for p, t in zip(checked, tangents) if t is not None}
-        ts = tuple(given[p] if p in given else self.zeros_like(args[p]) for p in self._all_checked(args, checked))
+        ts = tuple(given[p] if p in given else self.xp(args[p]).zeros_like(args[p])
+                   for p in self._all_checked(args, checked))
         outputs = self.outputs_of(uf, args)
         result = uf.jvp(_read_only(args), ts)
         if isinstance(result, (tuple, list)):
@@ -462,7 +461,7 @@ class NumpyBackend(Backend):
                     f"jvp returned a complex tangent ({t.dtype}) for the real output {k}",
                     check="grad_dtype", details={"output": k},
                 )
-            t = self.astype(t, o.dtype) if t.dtype != o.dtype else self.clone(t)  # a copy, as above
+            t = self.xp(t).astype(t, o.dtype) if t.dtype != o.dtype else self.xp(t).asarray(t, copy=True)  # a copy, as above
             mapped.append(t)
         return mapped
 
@@ -498,19 +497,20 @@ class NumpyBackend(Backend):
 
     def jvp_wrt(self, fn, args, position, tangent) -> tuple:
         checked = self.checked_positions(args)
-        tangents = [tangent if p == position else self.zeros_like(args[p]) for p in checked]
-        return tuple(self.zeros_like(o) if t is None else t for o, t in self.jvp(fn, args, checked, tangents))
+        tangents = [tangent if p == position else self.xp(args[p]).zeros_like(args[p]) for p in checked]
+        return tuple(self.xp(o).zeros_like(o) if t is None else t for o, t in self.jvp(fn, args, checked, tangents))
 
     def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
         """A loop of JVPs over the leading dimension (NumPy has no vmap)."""
         rows = [self.jvp_wrt(fn, args, position, stacked_tangents[b, ...])
                 for b in range(int(stacked_tangents.shape[0]))]
-        return tuple(self.stack(list(per_output), axis=0) for per_output in zip(*rows))
+        xp = self.xp(stacked_tangents)
+        return tuple(xp.stack(list(per_output), axis=0) for per_output in zip(*rows))
 
     def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
         """NumPy has no "undefined" gradient: undefined output gradients are zero cotangents."""
         outputs = trace.outputs if trace is not None else self.outputs_of(fn, args)
-        cots = [self.zeros_like(o) if self.is_differentiable_output(o) else None for o in outputs]
+        cots = [self.xp(o).zeros_like(o) if self.is_differentiable_output(o) else None for o in outputs]
         return self.vjp_of(fn, tuple(args), list(checked), cots)
 
     # -- second order ------------------------------------------------------------------
@@ -529,28 +529,19 @@ class NumpyBackend(Backend):
         )
 
     # -- array algebra ----------------------------------------------------------------
-    def numel(self, x) -> int:
-        n = 1
-        for s in x.shape:
-            n *= int(s)
-        return n
-
     def real(self, x):
         return self.xp(x).real(x) if self.is_complex(x) else x
 
     def imag(self, x):
-        return self.xp(x).imag(x) if self.is_complex(x) else self.zeros_like(x)
+        return self.xp(x).imag(x) if self.is_complex(x) else self.xp(x).zeros_like(x)
 
     def part_as_input(self, x, part):
-        return self.clone(self.real(x) if part == "real" else self.imag(x))
+        piece = self.real(x) if part == "real" else self.imag(x)
+        return self.xp(piece).asarray(piece, copy=True)
 
     def row_block(self, n_rows, n_cols, like, dtype):
         # this backend writes into arrays elsewhere too (one_hot): its namespaces are mutable
         return self.xp(like).empty((n_rows, n_cols), dtype=dtype, device=array_api_compat.device(like))
-
-    def zeros(self, shape, like, dtype=None):
-        xp = self.xp(like)
-        return xp.zeros(tuple(shape), dtype=dtype or like.dtype, device=array_api_compat.device(like))
 
     def owned_rows(self, rows):
         # NumPy itself: an array that owns its data; other namespaces' arrays are copied
@@ -559,12 +550,6 @@ class NumpyBackend(Backend):
             return rows
         return None
 
-    def one_hot(self, like, flat):
-        xp = self.xp(like)
-        z = xp.zeros((self.numel(like),), dtype=like.dtype, device=array_api_compat.device(like))
-        z[flat] = 1
-        return xp.reshape(z, tuple(like.shape))
-
     def one_hots(self, like, flat):
         xp = self.xp(like)
         n = self.numel(like)
@@ -572,12 +557,6 @@ class NumpyBackend(Backend):
         for row, f in enumerate(flat):
             z[row, f] = 1
         return xp.reshape(z, (len(flat), *tuple(like.shape)))
-
-    def sum_as_float(self, x) -> float:
-        s = self.xp(x).sum(x)
-        if self.is_complex(s):
-            s = self.xp(s).real(s)
-        return float(s)
 
     def allclose(self, a, b, rtol, atol) -> bool:
         """``|a - b| <= atol + rtol * |b|`` everywhere (equal infinities pass, NaN fails)."""
@@ -608,12 +587,6 @@ class NumpyBackend(Backend):
             x[...] = snapshot
         except (TypeError, ValueError):  # immutable or read-only: nothing was modified
             pass
-
-    def to_dense(self, x):
-        return x
-
-    def gradient_layout_problem(self, g, x):
-        return None
 
     def to_numpy(self, x):
         if isinstance(x, (np.ndarray, np.generic)):

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
-from agcheck.backends.host_checks import HostChecks
+from agcheck.backends.host_checks import HostChecks, HostNamespace
 from agcheck.backends.base import Backend, BatchedForms, InputPart, OutputPart, Perturber, Trace
 from agcheck.backends.tensorflow_loading import import_tensorflow
 
@@ -81,6 +81,10 @@ def _host(x):
     if owns(x):
         return np.asarray(x.numpy() if hasattr(x, "numpy") else x)  # 0-d: an array, not a scalar
     return np.asarray(x)
+
+
+#: the core's algebra: NumPy on the host (the core computes on NumPy arrays, see the module)
+_XP = HostNamespace(_host, lambda values, like, dtype: values, dtype=_np_dtype)
 
 
 def _device(x) -> str | None:
@@ -636,20 +640,7 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
 
     # -- array algebra: NumPy on the host (see the module's docstring) -------------------
     def xp(self, x):
-        return np
-
-    def flatten(self, x):
-        return _host(x).reshape(-1)
-
-    def reshape(self, x, shape):
-        if owns(x):
-            return tf.reshape(x, tuple(int(s) for s in shape))
-        return _host(x).reshape(tuple(int(s) for s in shape))
-
-    def clone(self, x):
-        if owns(x):
-            return tf.identity(_to_tf(x))
-        return np.array(x, copy=True)
+        return _XP
 
     def real(self, x):
         return tf.math.real(x) if owns(x) else np.real(_host(x))
@@ -657,53 +648,23 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     def imag(self, x):
         return tf.math.imag(x) if owns(x) else np.imag(_host(x))
 
-    def conj(self, x):
-        return tf.math.conj(x) if owns(x) else np.conj(_host(x))
-
     def part_as_input(self, x, part):
         """The real or imaginary part of the complex ``x`` as a new ``tf.Tensor`` (a copy;
         a closure over a complex ``tf.Variable`` does not see it move)."""
         value = _to_tf(x)
         return tf.identity(tf.math.real(value) if part == "real" else tf.math.imag(value))
 
-    def stack(self, arrays, axis=0):
-        return np.stack([_host(a) for a in arrays], axis=axis)
-
-    def concatenate(self, arrays, axis=0):
-        return np.concatenate([_host(a) for a in arrays], axis=axis)
-
-    def times_i(self, x):
-        return _host(x) * 1j
-
     def plus_imaginary(self, a, b):
         return _host(a) + _host(b) * 1j
-
-    def zeros_like(self, x):
-        h = _host(x)
-        return np.zeros(h.shape, h.dtype)
 
     def zeros(self, shape, like, dtype=None):
         dtype = _np_dtype(dtype) if dtype is not None else _np_dtype(self._kind(like))
         return np.zeros(tuple(int(s) for s in shape), dtype)
 
-    def astype(self, x, dtype):
-        if owns(x):
-            return tf.cast(x, tf.as_dtype(dtype))
-        return _host(x).astype(_np_dtype(dtype))
-
-    def transpose(self, x):
-        return _host(x).T
-
     def one_hot(self, like, flat):
         z = np.zeros(tuple(int(s) for s in like.shape), _np_dtype(self._kind(like)))
         z.reshape(-1)[flat] = 1
         return z
-
-    def sum_as_float(self, x) -> float:
-        return float(np.sum(_host(x)))
-
-    def dot(self, u, v):
-        return np.sum(_host(u) * _host(v))
 
     def device_name(self, x) -> str:
         return _device(x) or "cpu"

@@ -7,8 +7,10 @@ import hashlib
 import re
 import sys
 import threading
+import types
 from contextlib import contextmanager
 
+import array_api_compat.torch
 import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -109,6 +111,20 @@ def _fresh(t):
 #: from this many entries on, allclose decides finite values in fewer passes than
 #: torch.allclose; below it torch.allclose's one call is cheaper (12 against 22 µs)
 _FEWER_PASSES_NUMEL = 4096
+
+
+def _zeros_like(x):
+    """Zeros shaped like ``x``: contiguous for a strided tensor (as torch's gradcheck makes
+    them), in ``x``'s layout for a sparse one, strided for MKL-DNN (which has no zeros)."""
+    if x.layout == torch._mkldnn:
+        return torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)
+    if x.layout != torch.strided:
+        return torch.zeros_like(x)
+    return torch.zeros_like(x, memory_format=torch.legacy_contiguous_format)
+
+
+#: the core's algebra: array_api_compat's torch namespace, with torch's gradcheck zeros
+_XP = types.SimpleNamespace(**{**vars(array_api_compat.torch), "zeros_like": _zeros_like})
 
 
 #: a graph property not yet looked up (``None`` is an answer)
@@ -552,9 +568,6 @@ class TorchBackend(BatchedForms, Backend):
     def array_like(self, values, like):
         return torch.as_tensor(values, device=like.device)
 
-    def transpose(self, x):
-        return x.transpose(0, 1)
-
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):
         """Uniform values in [-1, 1) shaped like ``like`` (doubles for non-floating outputs)."""
@@ -684,33 +697,15 @@ class TorchBackend(BatchedForms, Backend):
         return trace.batching_obstacle()
 
     # -- array algebra ----------------------------------------------------------------
-    def flatten(self, x):
-        return x.reshape(-1)
-
-    def reshape(self, x, shape):
-        return x.reshape(tuple(shape))
-
-    def clone(self, x):
-        return x.clone()
-
     def real(self, x):
         return torch.real(x)
 
     def imag(self, x):
         return torch.imag(x)
 
-    def conj(self, x):
-        return x.conj()
-
     def part_as_input(self, x, part):
         piece = x.real if part == "real" else x.imag
         return piece.detach().clone().requires_grad_(x.requires_grad)
-
-    def stack(self, arrays, axis=0):
-        return torch.stack(list(arrays), dim=axis)
-
-    def concatenate(self, arrays, axis=0):
-        return torch.cat(list(arrays), dim=axis)
 
     def row_block(self, n_rows, n_cols, like, dtype):
         if like.layout != torch.strided:
@@ -727,38 +722,16 @@ class TorchBackend(BatchedForms, Backend):
         rows = [(r if r.dtype == block.dtype else r.to(block.dtype)).detach() for r in rows]
         torch.stack(rows, out=block[start:start + len(rows)])
 
-    def zeros_like(self, x):
-        if x.layout == torch._mkldnn:  # no MKL-DNN zeros: a strided stand-in
-            return torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)
-        if x.layout != torch.strided:
-            return torch.zeros_like(x)
-        return torch.zeros_like(x, memory_format=torch.legacy_contiguous_format)
+    def xp(self, x):
+        return _XP
 
     def zeros(self, shape, like, dtype=None):
         return torch.zeros(tuple(shape), dtype=dtype or like.dtype, device=like.device)
-
-    def astype(self, x, dtype):
-        return x.to(dtype)
 
     def one_hot(self, like, flat):
         z = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
         z.view(-1)[flat] = 1
         return z
-
-    def sum_as_float(self, x) -> float:
-        return float(x.sum())
-
-    def dot(self, u, v):
-        return (u * v).sum()
-
-    def max_abs(self, x):
-        return x.abs().max()
-
-    def all_zero(self, x) -> bool:
-        return bool(x.eq(0).all())
-
-    def count_nonzero(self, x) -> int:
-        return int(torch.ne(x, 0).sum())
 
     def all_finite(self, x) -> bool:
         if not (x.dtype.is_floating_point or x.dtype.is_complex):
