@@ -23,50 +23,43 @@ def _ns(*arrays):
     return xp
 
 
+def _real_elementwise(derivative):
+    """The NumPy ``vjp`` and ``jvp`` of a real elementwise function of one input, from
+    ``derivative(x)``: the cotangent or tangent times the derivative."""
+
+    def vjp(inputs, cots):
+        (x,), (g,) = inputs, cots
+        return (derivative(x) * g,)
+
+    def jvp(inputs, tangents):
+        (x,), (t,) = inputs, tangents
+        return derivative(x) * t
+
+    return vjp, jvp
+
+
 # -- elementwise ----------------------------------------------------------------------------
 
 def sin(x):
     return _ns(x).sin(x)
 
 
-def sin_vjp(inputs, cots):
-    (x,), (g,) = inputs, cots
-    return (_ns(x).cos(x) * g,)
-
-
-def sin_jvp(inputs, tangents):
-    (x,), (t,) = inputs, tangents
-    return _ns(x).cos(x) * t
-
-
 def exp(x):
     return _ns(x).exp(x)
-
-
-def exp_vjp(inputs, cots):
-    (x,), (g,) = inputs, cots
-    return (_ns(x).exp(x) * g,)
-
-
-def exp_jvp(inputs, tangents):
-    (x,), (t,) = inputs, tangents
-    return _ns(x).exp(x) * t
 
 
 def tanh(x):
     return _ns(x).tanh(x)
 
 
-def tanh_vjp(inputs, cots):
-    (x,), (g,) = inputs, cots
-    y = _ns(x).tanh(x)
-    return ((1 - y * y) * g,)
+def _tanh_derivative(x):
+    y = tanh(x)
+    return 1 - y * y
 
 
-def tanh_jvp(inputs, tangents):
-    (x,), (t,) = inputs, tangents
-    y = _ns(x).tanh(x)
-    return (1 - y * y) * t
+sin_vjp, sin_jvp = _real_elementwise(lambda x: _ns(x).cos(x))
+exp_vjp, exp_jvp = _real_elementwise(exp)
+tanh_vjp, tanh_jvp = _real_elementwise(_tanh_derivative)
 
 
 def log1p(x):
@@ -86,16 +79,12 @@ def sigmoid(x):
     return 1.0 / (1.0 + xp.exp(-x))
 
 
-def sigmoid_vjp(inputs, cots):
-    (x,), (g,) = inputs, cots
+def _sigmoid_derivative(x):
     s = sigmoid(x)
-    return (s * (1 - s) * g,)
+    return s * (1 - s)
 
 
-def sigmoid_jvp(inputs, tangents):
-    (x,), (t,) = inputs, tangents
-    s = sigmoid(x)
-    return s * (1 - s) * t
+sigmoid_vjp, sigmoid_jvp = _real_elementwise(_sigmoid_derivative)
 
 
 def softplus(x):
@@ -353,14 +342,7 @@ def softplus_custom(x):
     return softplus(x)
 
 
-def softplus_custom_vjp(inputs, cots):
-    (x,), (g,) = inputs, cots
-    return (sigmoid(x) * g,)
-
-
-def softplus_custom_jvp(inputs, tangents):
-    (x,), (t,) = inputs, tangents
-    return sigmoid(x) * t
+softplus_custom_vjp, softplus_custom_jvp = _real_elementwise(sigmoid)
 
 
 def cube_custom_vjp(x):
