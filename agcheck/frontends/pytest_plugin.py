@@ -116,8 +116,6 @@ _REPORTS = Stash("_agcheck_reports")    # config: the reports saved (and not) in
 _DROPIN = Stash("_agcheck_dropin")      # config: the drop-in session
 
 
-
-
 # -- options ----------------------------------------------------------------------------------
 
 def pytest_addoption(parser):
