@@ -8,8 +8,12 @@ agcheck's docstrings are NumPy style with two habits that Griffe renders badly:
   default in the parameter table (so ``rtol`` would show ``1e-05``), and, when the
   docstring gives no type, the first name's annotation. Each parameter's default (and
   such a borrowed annotation) is taken from the signature by its own name instead.
+
+And the repository keeps ``agcheck.backends`` in its top-level ``backends/`` folder (the
+package maps it there when installed): it is loaded as the package's member here.
 """
 import re
+from pathlib import Path
 
 import griffe
 
@@ -17,6 +21,14 @@ _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|exc|data|obj):`~?\.?([
 
 
 class AgcheckDocstrings(griffe.Extension):
+    def on_package(self, *, pkg, loader, **kwargs):
+        if pkg.name != "agcheck" or "backends" in pkg.members:
+            return
+        folder = Path(pkg.filepath).parent.parent / "backends"
+        backends = loader._visit_module("backends", folder / "__init__.py", pkg)  # noqa: SLF001 - no public hook
+        pkg.set_member("backends", backends)
+        loader._load_submodules(backends)  # noqa: SLF001
+
     def on_object(self, *, obj, loader, **kwargs):
         doc = obj.docstring
         if doc is None:
