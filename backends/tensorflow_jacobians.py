@@ -303,7 +303,8 @@ class Problem:
         """TensorFlow's check of a value with no elements: its gradient is zero, of the
         argument's shape."""
         trace = self.trace()
-        grads = trace.vjp([0], [self.be.zeros_like(trace.outputs[0])])
+        out = trace.outputs[0]
+        grads = trace.vjp([0], [self.be.xp(out).zeros_like(out)])
         for x, grad in zip(self.xs, grads):
             if grad is None:
                 continue

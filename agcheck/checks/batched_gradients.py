@@ -10,7 +10,7 @@ _BATCH = 2
 
 
 def _zeros_for_undefined(be, grads, inputs):
-    return [be.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+    return [be.xp(x).zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
 
 
 def check_backward(run, piece) -> None:
@@ -24,9 +24,10 @@ def _check_output(be, trace, output_position, output_index, inputs) -> None:
     gen = be.generator(out, BATCHED_SEED + output_index)
     cotangents = [be.normal_like(out, gen) for _ in range(_BATCH)]
     one_by_one = [_zeros_for_undefined(be, trace.vjp([output_position], [c]), inputs) for c in cotangents]
-    expected = [be.stack(list(per_input), axis=0) for per_input in zip(*one_by_one)]
+    xp = be.xp(out)
+    expected = [xp.stack(list(per_input), axis=0) for per_input in zip(*one_by_one)]
     try:
-        batched = trace.vjp_batched(output_position, be.stack(cotangents, axis=0))
+        batched = trace.vjp_batched(output_position, xp.stack(cotangents, axis=0))
     except RuntimeError as ex:
         raise GradcheckError(f"While computing batched gradients, got: {ex}\n\n{BATCHED_HINT}",
                              check="batched_grad") from ex
@@ -48,9 +49,10 @@ def check_forward(run, piece) -> None:
         gen = be.generator(x, BATCHED_SEED + pos)
         tangents = [be.normal_like(x, gen) for _ in range(_BATCH)]
         one_by_one = [be.jvp_wrt(fn, args, pos, t) for t in tangents]
-        expected = [be.stack(list(per_output), axis=0) for per_output in zip(*one_by_one)]
+        xp = be.xp(x)
+        expected = [xp.stack(list(per_output), axis=0) for per_output in zip(*one_by_one)]
         try:
-            batched = be.jvp_batched(fn, args, pos, be.stack(tangents, axis=0))
+            batched = be.jvp_batched(fn, args, pos, xp.stack(tangents, axis=0))
         except RuntimeError as ex:
             raise GradcheckError(f"While computing batched gradients, got: {ex}\n\n{BATCHED_FWD_HINT}",
                                  check="batched_forward_grad") from ex

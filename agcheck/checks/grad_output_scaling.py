@@ -9,7 +9,7 @@ def check(run, piece) -> None:
     input's type, device, size and layout."""
     be, masked = run.be, run.opts.masked
     outs = [piece.outputs[p] for p in piece.diff]
-    grads = piece.trace.vjp(piece.diff, [be.zeros_like(o) for o in outs])
+    grads = piece.trace.vjp(piece.diff, [be.xp(o).zeros_like(o) for o in outs])
     for i, (g, x) in enumerate(zip(grads, piece.inputs)):
         if g is None:
             continue
@@ -19,7 +19,7 @@ def check(run, piece) -> None:
         g, x = be.to_dense(g), be.to_dense(x)
         xp = be.xp(g)
         if masked:
-            scaled = be.allclose(g, be.zeros_like(g), rtol=1e-5, atol=1e-8)
+            scaled = be.allclose(g, xp.zeros_like(g), rtol=1e-5, atol=1e-8)
         else:
             scaled = bool(xp.all(g == 0))
         if not scaled:

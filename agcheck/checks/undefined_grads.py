@@ -58,11 +58,12 @@ def check_forward(run, piece) -> None:
     _, all_u = random_vectors(be, inputs, None)
     tangents = []
     for x, u in zip(inputs, all_u):
-        t = be.reshape(u, x.shape)
-        tangents.append(t if t.dtype == x.dtype else be.astype(t, x.dtype))
+        xp = be.xp(u)
+        t = xp.reshape(u, tuple(x.shape))
+        tangents.append(t if t.dtype == x.dtype else xp.astype(t, x.dtype))
     for i, x in enumerate(inputs):
         with_zero = list(tangents)
-        with_zero[i] = be.zeros_like(x)
+        with_zero[i] = be.xp(x).zeros_like(x)
         without = list(tangents)
         without[i] = None
         zero_results = be.jvp(fn, args, checked, with_zero)

@@ -63,8 +63,9 @@ class HeldDifferences:
             return
         be = self.be
         for k, held in self._held.items():
-            combined = be.combine(self.stencil, [be.stack(at_point, axis=0) for at_point in held], self.eps)
-            self.rows[k].add_rows(be.reshape(combined, (self._count, self._numel[k])))
+            xp = be.xp(held[0][0])
+            combined = be.combine(self.stencil, [xp.stack(at_point, axis=0) for at_point in held], self.eps)
+            self.rows[k].add_rows(be.xp(combined).reshape(combined, (self._count, self._numel[k])))
             for at_point in held:
                 at_point.clear()
         self._count = 0

@@ -72,7 +72,8 @@ def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"]
             continue
         if be.is_bool(outs[0]):
             outs = [be.as_int(o) for o in outs]
-        result.append(be.flatten(be.combine(stencil, outs, eps)))
+        combined = be.combine(stencil, outs, eps)
+        result.append(be.xp(combined).reshape(combined, (-1,)))
     return result
 
 
@@ -260,13 +261,14 @@ def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
     n_rows, where = placement
     if not rows:
         return be.zeros((n_rows, n_cols), like=like, dtype=dtype)
-    zero = be.zeros_like(rows[0])
+    xp = be.xp(rows[0])
+    zero = xp.zeros_like(rows[0])
     full = [zero] * n_rows
     for row, r in zip(rows, where):
         full[r] = row
     if not full:
         return be.zeros((0, n_cols), like=like, dtype=dtype)
-    return _cast(be, be.stack(full, axis=0), dtype)
+    return _cast(be, xp.stack(full, axis=0), dtype)
 
 
 def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float,
@@ -285,10 +287,11 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
         def shaped(v):  # the probe as the perturber moves the input (a sparse input: its stored values)
             own = getattr(perturber, "direction", None)
             moved = own(v) if own is not None else None
-            return be.reshape(v, x.shape) if moved is None else moved
+            return be.xp(v).reshape(v, tuple(x.shape)) if moved is None else moved
 
-        if isinstance(u, tuple):
-            return _along_axes(be, [along(shaped(u[0]) * eps), along(_times_i(be, shaped(u[1]) * eps))])
+        if isinstance(u, tuple):  # i d as a + i d (JAX's strict promotion refuses d * 1j)
+            d = shaped(u[1]) * eps
+            return _along_axes(be, [along(shaped(u[0]) * eps), along(be.plus_imaginary(be.xp(d).zeros_like(d), d))])
         return along(shaped(u) * eps)
 
 
@@ -318,11 +321,12 @@ def _stack_gradients(be, grads_per_cotangent, n_cots: int, inputs: Sequence, sha
                 shape_report.sizes_ok = False
             elif g.dtype != x.dtype:
                 shape_report.dtypes_ok = False
-            flat = be.flatten(be.to_dense(g))
+            dense = be.to_dense(g)
+            flat = be.xp(dense).reshape(dense, (-1,))
             if be.numel(flat) != sizes[i]:
                 raise AssertionError(f"a gradient has {be.numel(flat)} elements but its input has {sizes[i]}")
             blocks[i].add(_cast(be, flat, x.dtype))
-    return [be.transpose(block.result()) for block in blocks]
+    return [be.xp(m).permute_dims(m, (1, 0)) for m in (block.result() for block in blocks)]
 
 
 def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, check_grad_dtypes):
@@ -346,7 +350,7 @@ def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, c
                 not_reentrant_message(nondet_tol, float(diff)),
                 check="reentrant",
                 details={"max_run_to_run_difference": float(diff), "nondet_tol": nondet_tol, "input": i,
-                         "gradient_scale": _max_abs(be, a), "dtype": be.dtype_name(a)},
+                         "gradient_scale": float(be.xp(a).max(be.xp(a).abs(a))), "dtype": be.dtype_name(a)},
             )
     return first
 
@@ -371,10 +375,10 @@ def analytical_jacobians_reverse(be, trace, output_position: int, inputs: Sequen
 def analytical_vjps(be, trace, output_position: int, v, inputs: Sequence, *, nondet_tol, check_grad_dtypes) -> list:
     """``v^T J`` for one output and every input, flat (checked like the full Jacobian)."""
     out = trace.outputs[output_position]
-    cot = be.reshape(v, out.shape)
+    cot = be.xp(v).reshape(v, tuple(out.shape))
     stacked = _checked_gradients(be, lambda: [trace.vjp([output_position], [cot])], 1, inputs,
                                  nondet_tol, check_grad_dtypes)
-    return [be.flatten(j) for j in stacked]
+    return [be.xp(j).reshape(j, (-1,)) for j in stacked]
 
 
 def project_reverse(be, vJ, u):
@@ -393,12 +397,13 @@ def _check_forward_dtypes(be, results) -> None:
 def _flat_tangent(be, primal, tangent):
     if tangent is None:
         return be.zeros((be.numel(primal),), like=primal)
-    return _cast(be, be.flatten(tangent), primal.dtype)
+    return _cast(be, be.xp(tangent).reshape(tangent, (-1,)), primal.dtype)
 
 
 def _cast(be, a, dtype):
     """``a`` in ``dtype`` (``a`` itself where it has it)."""
-    return a if a.dtype == dtype else be.astype(a, dtype)
+    return a if a.dtype == dtype else be.xp(a).astype(a, dtype)
+
 
 
 def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False,
@@ -419,7 +424,7 @@ def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_
         rows = computed.get(i)
         if rows is None:  # an empty input: no JVP, only the outputs' shapes
             if outputs is None:
-                zero_tangents = [be.zeros_like(args[p]) for p in checked]
+                zero_tangents = [be.xp(args[p]).zeros_like(args[p]) for p in checked]
                 outputs = tuple(p for p, _ in be.jvp(fn, args, checked, zero_tangents))
             rows = [RowBlock(be, 0, be.numel(o), o, o.dtype).result() for o in outputs if be.is_floating_or_complex(o)]
         jacobians.append(rows)
@@ -459,7 +464,7 @@ def _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes) -> dict:
 
 def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, check_grad_dtypes=False) -> list:
     """Forward-mode ``J u``: ``[input][float output]`` flat vectors, one JVP per input."""
-    tangents = [_cast(be, be.reshape(u, args[pos].shape), args[pos].dtype) for pos, u in zip(checked, all_u)]
+    tangents = [_cast(be, be.xp(u).reshape(u, tuple(args[p].shape)), args[p].dtype) for p, u in zip(checked, all_u)]
     result = []
 
     def receive(results):
@@ -486,26 +491,10 @@ def random_vectors(be, inputs: Sequence, outputs: Sequence | None):
 
 
 def adjusted_atol(be, atol: float, u, v) -> float:
-    """The elementwise ``atol`` carried over to ``v^T (A - B) u``: scaled by sum(u) sum(v)."""
-    sum_v = 1.0 if v is None else _sum(be, v)
-    if isinstance(u, tuple):
-        return atol * (_sum(be, u[0]) + _sum(be, u[1])) * sum_v
-    return atol * _sum(be, u) * sum_v
+    """The elementwise ``atol`` carried over to ``v^T (A - B) u``: scaled by sum(u) sum(v)
+    (of the entries' real parts)."""
+    def total(x) -> float:
+        s = be.xp(x).sum(x)
+        return float(be.real(s) if be.is_complex(s) else s)
 
-
-def _sum(be, x) -> float:
-    """The sum of ``x``'s entries (their real parts) as a Python float."""
-    xp = be.xp(x)
-    total = xp.sum(x)
-    return float(xp.real(total) if be.is_complex(total) else total)
-
-
-def _max_abs(be, x) -> float:
-    xp = be.xp(x)
-    return float(xp.max(xp.abs(x)))
-
-
-def _times_i(be, x):
-    """``x * 1j``, complex (in the framework's arithmetic: JAX's strict promotion refuses
-    a real array times ``1j``)."""
-    return be.plus_imaginary(be.xp(x).zeros_like(x), x)
+    return atol * sum(total(p) for p in (u if isinstance(u, tuple) else (u,))) * (1.0 if v is None else total(v))

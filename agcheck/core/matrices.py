@@ -40,7 +40,7 @@ def _forward_rows(be, fn, args, checked, i) -> list:
     per element; a complex input's row is ``J e + i J (i e)``, the numerical side's
     ``d/dx + i d/dy``."""
     x = args[checked[i]]
-    zero = [be.zeros_like(args[p]) for p in checked]
+    zero = [be.xp(args[p]).zeros_like(args[p]) for p in checked]
 
     def tangent_outputs(t):
         tangents = list(zero)
@@ -60,7 +60,7 @@ def _forward_rows(be, fn, args, checked, i) -> list:
     if rows is None:  # an empty input
         primals = [p for p, _ in be.jvp(fn, args, checked, zero)]
         return [be.zeros((0, be.numel(p)), like=p) for p in primals]
-    return [be.stack(r, axis=0) for r in rows]
+    return [be.xp(r[0]).stack(r, axis=0) for r in rows]
 
 
 def _as_result(be, matrices, as_numpy):

@@ -100,7 +100,7 @@ def _float32_valued(be, out):
     try:
         if not be.is_double_precision(out):
             return True
-        return float32_valued(be.to_numpy(be.flatten(out)[:FLOAT32_SAMPLE]))
+        return float32_valued(be.to_numpy(be.xp(out).reshape(out, (-1,))[:FLOAT32_SAMPLE]))
     except Exception:  # noqa: BLE001 - a hint for the diagnosis, never a reason to lose the block
         return None
 

@@ -68,11 +68,13 @@ class RowBlock:
             return self._block if self._written == self._block.shape[0] else self._block[:self._written]
         if not self._rows:
             return be.zeros((0, self._n_cols), like=self._like, dtype=self._dtype)
+        first = self._rows[0]
+        xp = be.xp(first.array if isinstance(first, _Rows) else first)
         if any(isinstance(r, _Rows) for r in self._rows):
-            stacked = be.concatenate(_pieces(be, self._rows), axis=0)
+            stacked = xp.concat(_pieces(xp, self._rows), axis=0)
         else:
-            stacked = be.stack(self._rows, axis=0)
-        return stacked if stacked.dtype == self._dtype else be.astype(stacked, self._dtype)
+            stacked = xp.stack(self._rows, axis=0)
+        return stacked if stacked.dtype == self._dtype else xp.astype(stacked, self._dtype)
 
 
 class _Rows:
@@ -82,17 +84,17 @@ class _Rows:
         self.array = array
 
 
-def _pieces(be, rows: list) -> list:
+def _pieces(xp, rows: list) -> list:
     """2-D arrays of the rows in order: each run of single rows stacked, added arrays as they are."""
     pieces, run = [], []
     for r in rows:
         if isinstance(r, _Rows):
             if run:
-                pieces.append(be.stack(run, axis=0))
+                pieces.append(xp.stack(run, axis=0))
                 run = []
             pieces.append(r.array)
         else:
             run.append(r)
     if run:
-        pieces.append(be.stack(run, axis=0))
+        pieces.append(xp.stack(run, axis=0))
     return pieces

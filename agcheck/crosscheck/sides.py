@@ -194,7 +194,7 @@ def reverse_derivatives(side: BackendPort, fast: bool, probes: dict) -> dict:
 def _pushforward(side: BackendPort):
     """``(j, tangent) -> {output: flat NumPy tangent}`` for the checked input ``j``."""
     be = side.be
-    zeros = [be.zeros_like(x) for x in side.checked_inputs()]
+    zeros = [be.xp(x).zeros_like(x) for x in side.checked_inputs()]
     floats = side.inexact_outputs()
 
     def push(j, t):
