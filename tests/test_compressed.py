@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import agcheck
-from agcheck.engine import coloured, compressed
+from agcheck.engine import coloured
 from agcheck.core.outcome import EngineEvent
 from .helpers import property_settings
 from .helpers import run_check as run
@@ -20,10 +20,10 @@ def _engine_always_runs(monkeypatch):
     cost (the plan that sends such checks to the reference engine is tested on its own)."""
     from agcheck.engine import cost
 
-    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
 
 
-N = 600  # 600 x 600 Jacobian entries: above compressed.MIN_ENTRIES
+N = 600  # 600 x 600 Jacobian entries: above coloured.MIN_ENTRIES
 
 
 
@@ -114,7 +114,7 @@ BROKEN = {
     # derivatives off the pattern: stray entries in the compressed sums
     "spurious dependence": custom(lambda x: x.sin(), lambda x, g: g * x.cos() + 0.01 * g.roll(3)),
     "one spurious entry": custom(lambda x: x.sin(), lambda x, g: g * x.cos() + 0.01 * g[3] * at(N, 7)),
-    # a stray entry well inside rtol * |entry|: only the rounds' signs reveal it
+    # a stray entry well inside rtol * |entry|: only the sign patterns reveal it
     "stray masked by rtol": custom(lambda x: 1000 * x.sin(),
                                    lambda x, g: 1000 * g * x.cos() + 1e-3 * g.roll(1)),
     # strays that cancel when every sign is + (round 0)
@@ -136,49 +136,29 @@ def test_broken_backwards_fail_with_the_reference_verdict(name):
     assert run(fn, (x_of(),), engine="reference").verdict is False
 
 
-@pytest.mark.parametrize("setup_pending", [False, True])
-def test_compressed_vjps_are_plain_while_batching_them_would_cost_a_setup(monkeypatch, setup_pending):
-    """The compressed pass's few dozen VJPs are batched once batching is set up; before
-    (torch: the first batched VJP of a process imports sympy) they are plain VJPs, and
-    the pass decides the same: the right backward passes, the wrong one fails."""
-    from agcheck.backends.torch_backend import TorchBackend, TorchTrace
+@pytest.mark.parametrize("loop_from", [0, 10**9])
+def test_compressed_vjps_are_batched_where_the_checks_vjps_are(monkeypatch, loop_from):
+    """The compressed pass's few dozen VJPs are batched where the check's loop of VJPs is
+    long enough for batched VJPs (``cost.BATCHED_VJPS_FROM_CALLS``), else plain; either
+    way the right backward passes and the wrong one fails."""
+    from agcheck.backends.torch_backend import TorchTrace
     from agcheck.engine import cost
 
-    monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.7 if setup_pending else 0.0)
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", loop_from)
     batched = []
     original = TorchTrace.vjp_many
     monkeypatch.setattr(TorchTrace, "vjp_many", lambda self, *a: (batched.append(1), original(self, *a))[1])
     fn, make = CORRECT["two inputs"]
     r = run(fn, make())
     assert r.verdict is True and "passed" in compressed_log(r) and not r.engine_fallbacks
-    assert bool(batched) is not setup_pending
+    assert bool(batched) is (loop_from == 0)
     r = run(BROKEN["one spurious entry"], (x_of(),))
     assert r.verdict is False and compressed_log(r) and "passed" not in compressed_log(r)
 
 
-def test_plain_vjps_stop_once_they_have_cost_the_setup(monkeypatch):
-    from agcheck.backends.torch_backend import TorchBackend, TorchTrace
-    from agcheck.engine import cost
-
-    monkeypatch.setattr(cost, "_spent_instead_of_setup", 0.0)
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.02)
-    batched = []
-    original = TorchTrace.vjp_many
-    monkeypatch.setattr(TorchTrace, "vjp_many", lambda self, *a: (batched.append(1), original(self, *a))[1])
-    fn, make = CORRECT["elementwise"]
-    for _ in range(100):
-        before = cost._spent_instead_of_setup
-        assert run(fn, make()).verdict is True
-        if batched:
-            break
-        assert cost._spent_instead_of_setup > before  # each plain pass counts its time
-    assert batched and cost._spent_instead_of_setup >= 0.02  # batched only once the rent reached the price
-
-
-def test_stray_masked_by_rtol_is_caught_by_the_rounds():
+def test_stray_masked_by_rtol_is_caught_by_the_sign_patterns():
     r = run(BROKEN["stray masked by rtol"], (x_of(),))
-    assert compressed_log(r) == ["disagreement: output 0, input 0: rounds disagree"]
+    assert compressed_log(r) == ["disagreement: output 0, input 0: sign patterns disagree"]
 
 
 def test_forward_mode_broken_jvp_fails():
@@ -225,16 +205,16 @@ def test_dense_functions_are_not_compressed():
 
 
 def test_index_signs_separate_every_pair():
-    signs = compressed.index_signs(1000, 1 + compressed.bits_for(1000) + 4, np.random.default_rng(0))
+    signs = coloured.index_signs(1000, 1 + coloured.bits_for(1000) + 4, np.random.default_rng(0))
     assert (signs[0] == 1).all()
     # any two indices get opposite relative signs in some round
-    codes = signs[1:1 + compressed.bits_for(1000)].T
+    codes = signs[1:1 + coloured.bits_for(1000)].T
     assert len({tuple(c) for c in codes}) == 1000
 
 
 def test_pattern_colours_separate_outputs_sharing_an_input_element():
     dep = np.array([2, 0, 2, -1, 1, 2, 0])
-    pat = compressed._Pattern(dep, 3)
+    pat = coloured._Pattern(dep)
     for j in range(3):
         colours = pat.colour[dep == j]
         assert len(set(colours)) == len(colours)
@@ -243,12 +223,7 @@ def test_pattern_colours_separate_outputs_sharing_an_input_element():
 
 # -- gradgradcheck: the VJP of an elementwise function is elementwise in (x, v) ---------
 
-def _logged_gradgradcheck(monkeypatch, fn, x, first_cost):
-    import importlib
-
-    # importing by name: the backend module is loaded lazily, maybe not yet in this process
-    torch_backend = importlib.import_module("agcheck.backends.torch_backend")
-    monkeypatch.setattr(torch_backend, "_func_vjp_first_cost", lambda: first_cost)
+def _logged_gradgradcheck(monkeypatch, fn, x):
     gradcheck_module = importlib.import_module("agcheck.gradcheck")
     runs = []
     original = gradcheck_module.all_checks
@@ -262,15 +237,9 @@ def _logged_gradgradcheck(monkeypatch, fn, x, first_cost):
     return verdict, [f"{e.decision}: {e.detail}" if e.detail else e.decision for r in runs for e in r.engine_log]
 
 
-def test_gradgradcheck_is_compressed_once_batching_is_set_up(monkeypatch):
-    verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of(), first_cost=0.0)
+def test_gradgradcheck_is_compressed(monkeypatch):
+    verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of())
     assert verdict is True and "passed" in log
-
-
-def test_gradgradcheck_compresses_one_call_at_a_time_when_setting_up_batching_costs_more(monkeypatch):
-    # no vmap (its first use would import torch._dynamo), but still a few dozen plain calls
-    verdict, log = _logged_gradgradcheck(monkeypatch, lambda t: t.sin() * t, x_of(), first_cost=100.0)
-    assert verdict is True and "looped: batching setup not worth it" in log and "passed" in log
 
 
 class _WrongSecondDerivative(torch.autograd.Function):
@@ -290,9 +259,8 @@ class _WrongSecondDerivative(torch.autograd.Function):
         return g * x.cos().detach()  # first derivative right, its derivative lost
 
 
-@pytest.mark.parametrize("first_cost", [0.0, 100.0])
-def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch, first_cost):
-    verdict, log = _logged_gradgradcheck(monkeypatch, _WrongSecondDerivative.apply, x_of(), first_cost=first_cost)
+def test_gradgradcheck_broken_second_derivative_fails_like_torch(monkeypatch):
+    verdict, log = _logged_gradgradcheck(monkeypatch, _WrongSecondDerivative.apply, x_of())
     assert verdict is False and "passed" not in log
     assert torch.autograd.gradgradcheck(_WrongSecondDerivative.apply, (x_of(),), raise_exception=False) is False
 
@@ -381,7 +349,7 @@ def test_correct_custom_matmul_passes_coloured(monkeypatch):
 @pytest.mark.parametrize("factor", [1.0, 1.1])
 def test_a_coloured_pass_dearer_than_the_loop_by_samples_gives_way_to_it(factor):
     # a: 48 independent rows, so 96 calls move every element of every row; the coloured
-    # pass needs 48 colours x 2 points x 19 rounds = 1,824 moved copies
+    # pass needs 48 colours x 2 points x 19 sign patterns = 1,824 moved copies
     fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2) * factor)
     r = run(fn, mats())
     assert r.verdict is (factor == 1.0)
@@ -394,35 +362,19 @@ def test_a_coloured_pass_dearer_than_the_loop_by_samples_gives_way_to_it(factor)
         assert all(x[1] == y[0] for x, y in zip(blocks, blocks[1:]))
 
 
-def test_a_coloured_pass_gives_way_after_a_small_first_batch(monkeypatch):
-    # its first batch used to be as large as the memory budget allowed (576 of the 1,824
-    # moves here on this project's machine), so that giving way came late
-    from agcheck.engine import cost
-    from agcheck.engine.compressed import CompressedSides
-
-    told, evaluate = [], CompressedSides.evaluate
-
-    def recorded(self, q, move_rows, n_rows, reduce=None, group=1, after_chunk=None):
-        def tell(seconds_per_move, moves_left):
-            told.append((q, n_rows, moves_left))
-            after_chunk(seconds_per_move, moves_left)
-
-        return evaluate(self, q, move_rows, n_rows, reduce, group, tell if after_chunk else None)
-
-    monkeypatch.setattr(CompressedSides, "evaluate", recorded)
-    fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2))
+@pytest.mark.parametrize("factor", [1.0, 1.1])
+def test_a_coloured_pass_gives_way_before_it_moves_anything(monkeypatch, factor):
+    # the choice follows from the counts (1,824 moved copies against 96 calls moving the
+    # samples together): a's colour classes are never moved; b (whose rows are not
+    # samples) is coloured
+    moved, differences = [], coloured._differences
+    monkeypatch.setattr(coloured, "_differences", lambda p, q, *a: moved.append(q) or differences(p, q, *a))
+    fn = _matmul_with_backward(lambda gz, a, b: gz @ b.transpose(-1, -2) * factor)
     r = run(fn, mats())
-    assert r.verdict is True
+    assert r.verdict is (factor == 1.0) is torch.autograd.gradcheck(fn, mats(), raise_exception=False)
     assert EngineEvent("coloured", "declined", 0, "not compressible: the loop moving samples together is cheaper") \
         in r.engine_log
-    # a gave way when first told, after one small batch; b (whose rows are not samples)
-    # was coloured in batches that grew from a small first one
-    ((_, n_rows, moves_left),) = [t for t in told if t[0] == 0]
-    assert n_rows - moves_left <= cost.RAMP[-1]
-    b_rows = [t[1] for t in told if t[0] == 1][0]
-    done = [b_rows - t[2] for t in told if t[0] == 1]
-    batches = [done[0]] + [y - x for x, y in zip(done, done[1:])]
-    assert batches[0] <= cost.RAMP[-1] and batches == sorted(batches) and len(batches) > 1, batches
+    assert 0 not in moved and (factor != 1.0 or 1 in moved)
 
 
 def test_colouring_separates_elements_that_meet():
@@ -756,7 +708,7 @@ def test_one_call_at_a_time_moves_are_the_sequential_moves_to_the_bit(dtype, mon
     assert coloured_log(r) == ["passed"] and "vmap: custom Function" in looped_detail(r, 0)
     eps = kw.get("eps", 1e-6)
     seen = _RecordingMatmulTanh.seen
-    # each input: 48 colours x 2 points x (1 + 6 bit rounds + 12 random rounds), with the
+    # each input: 48 colours x 2 points x (1 + 6 bit patterns + 12 random ones), with the
     # other input unmoved; at most 2 x 25 pattern-probe moves besides
     assert _only_moved_by_eps([s[0] for s in seen], a, eps) >= 2 * 48 * 19
     assert _only_moved_by_eps([s[1] for s in seen], b, eps) >= 2 * 48 * 19
@@ -774,11 +726,8 @@ def test_coloured_second_pass_batches_follow_the_memory_budget(monkeypatch):
     from agcheck.backends import torch_backend
     from agcheck.engine import cost
 
-    # what is tested is the memory limit: batched VJPs are used (their one-time setup as
-    # once paid) and grow as far as memory allows, whatever the timings say
-    importlib.import_module("torch.fx.experimental.symbolic_shapes")  # the setup, paid
-    monkeypatch.setattr(torch_backend.TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
-    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
+    # what is tested is the memory limit: batched VJPs are used, however short the loop
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     batches = []
     original = torch_backend.TorchTrace.vjp_many
 

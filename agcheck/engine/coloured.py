@@ -1,25 +1,357 @@
-"""Coloured differences: the numerical side against a full analytical Jacobian.
+"""Coloured differences: a Jacobian's entries from a few dozen evaluations.
 
-When the analytical Jacobian is computed in full anyway (it fits the memory budget), its
-nonzero pattern tells which input elements never meet in an output element. Those are
-moved together (Curtis-Powell-Reid colouring); the finite differences of each colour
-class give every entry of the pattern, and the rounds of signs expose a numerical
-derivative outside the pattern (a dependence the backward forgot), as in
-:mod:`agcheck.engine.compressed`.
+Input elements that never meet in an output element form a colour class and move together
+(Curtis, Powell and Reid), each by ``+h`` or ``-h`` by sign patterns (all ``+``, one per bit
+of its rank in the class, random ones): an output's quotient is then the entry of the one
+element it depends on, under every pattern, where a stray entry ``e`` summed into ``a``
+shows as ``a + e`` under one and ``a - e`` under another. One colour where each output
+element depends on at most one input element, found by probing (elementwise, reshapes,
+indexing; the analytical side is compressed alike); else the colouring of the analytical
+Jacobian's pattern. These paths only pass checks: the exact engines decide the rest.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from agcheck.engine.compressed import RANDOM_ROUNDS, SIGN_SEED, NotCompressible, CompressedSides, bits_for, index_signs, all_small, stencil_reduce, allclose_like_torch
 from agcheck.core.outcome import EngineEvent
 
-class DenseBlock:
-    """One analytical Jacobian block held whole, as NumPy, rows by output element.
+__all__ = ["try_compressed_reverse", "try_compressed_forward", "try_from_analytical", "DenseBlock", "RowsDiffer",
+           "colour_columns", "allclose_like_torch", "MIN_ENTRIES", "SIGN_SEED"]
 
-    ``by_output`` is ``(m, n)`` (output element, input element), C-contiguous, so that
-    a block of output columns is written and its pattern read without strided copies;
-    ``by_input`` is the ``(n, m)`` view the comparisons use."""
+#: Jacobians of fewer entries (summed over inputs) are left to the exact engine
+MIN_ENTRIES = 1 << 16
+#: random sign patterns after those of the rank's bits
+RANDOM_SIGNS = 12
+#: how many times less work (evaluations plus VJPs) compression must take to be tried
+_MIN_SAVING = 4
+_PROBE_STEP = 2.0 ** -6  # relative size of the probe's moves
+_COPY_FACTOR = 4  # bytes of a moved copy's evaluation, in multiples of its input and outputs
+SIGN_SEED = 8191
+
+
+class Declined(Exception):
+    """No colouring holds, or none pays: the exact engine takes over."""
+
+
+class RowsDiffer(Exception):
+    """Exact rows differ from the analytical Jacobian; ``where``: ``(input, output, start, stop)``."""
+
+    def __init__(self, q, k, start, stop):
+        super().__init__(f"input {q}, output {k}, rows {start}:{stop}")
+        self.where = (q, k, start, stop)
+
+
+def bits_for(n: int) -> int:
+    return max(1, math.ceil(math.log2(max(n, 2))))
+
+
+def index_signs(count: int, n_patterns: int, rng) -> np.ndarray:
+    """``(n_patterns, count)`` signs: all +1, then one pattern per index bit, then random."""
+    signs = np.empty((n_patterns, count), dtype=np.int8)
+    signs[0] = 1
+    index = np.arange(count)
+    b = 0
+    for r in range(1, n_patterns):
+        if b < bits_for(count) and (1 << b) < count:
+            signs[r] = 1 - 2 * ((index >> b) & 1)
+            b += 1
+        else:
+            signs[r] = 1 - 2 * rng.integers(0, 2, size=count)
+    return signs
+
+
+def allclose_like_torch(a, b, rtol, atol) -> bool:
+    """torch.allclose's rule, ``|a - b| <= atol + rtol |b|``, on NumPy arrays."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=False))
+
+
+def _small(values, bound) -> bool:
+    return not values.size or bool(np.all(np.abs(values) <= bound))
+
+
+def _disagreement(n_entries, a_entries, opts, numerical_strays, analytical_strays) -> str:
+    """Why the entries read off under every sign pattern (``(patterns, entries)``) do not
+    establish a pass, or ``""``."""
+    if not allclose_like_torch(a_entries, n_entries, opts.rtol, opts.atol):
+        return "entries differ"
+    if not _small(numerical_strays, opts.atol):
+        return "numerical derivative where none was expected"
+    if not _small(analytical_strays, opts.atol):
+        return "analytical derivative where none was expected"
+    if not _small(n_entries - n_entries[:1], opts.atol / 2) or not _small(a_entries - a_entries[:1], opts.atol / 2):
+        return "sign patterns disagree"
+    return ""
+
+
+def _read_off(compressed, colour, signs, own, other):
+    """``(entries, strays)``: from ``compressed`` values ``(patterns, colours, size)`` of
+    signed colour classes of ``own`` elements, each pattern entry ``(own[i], other[i])``
+    unsigned, and the sums where no entry is expected."""
+    c = 0 if colour is None else colour[own]  # None: one colour
+    entries = compressed[:, c, other] * signs[:, own]
+    expected = np.zeros(compressed.shape[1:], dtype=bool)
+    expected[c, other] = True
+    return entries, compressed[:, ~expected]
+
+
+def _attempt(p, path: str, decide) -> bool:
+    """Whether ``decide()`` passed (``""``, or the event saying how), logged on ``path``."""
+    run = p.run
+    try:
+        why = decide()
+    except RowsDiffer:
+        raise
+    except Declined as reason:
+        run.engine_log.append(EngineEvent(path, "declined", None, str(reason)))
+        return False
+    except Exception as reason:  # noqa: BLE001 - the exact engine meets it again, and reports it
+        if reason in run.user_errors:
+            raise
+        run.engine_log.append(EngineEvent(path, "declined", None, f"{type(reason).__name__}: {reason}"))
+        return False
+    if isinstance(why, EngineEvent):  # passed another way
+        run.engine_log.append(why)
+        return True
+    run.engine_log.append(EngineEvent(path, "disagreement", None, why) if why else EngineEvent(path, "passed"))
+    return not why
+
+
+def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
+    """``{k: NumPy array}``: ``fn`` at ``n_rows`` moves of ``args[q]`` (``move_rows(start, stop,
+    as_deltas)``: flat NumPy rows, the moved input or the move), a row per move or per
+    ``group`` that ``reduce`` combines; in batches within the batch memory, or one plain
+    call each where ``args[q]`` cannot be batched."""
+    be, x = p.be, p.args[q]
+    per_row = (be.numel(x) + p.out_numel) * p.itemsize * _COPY_FACTOR
+    size = max(group, p.batch_bytes // max(per_row, 1) // group * group)
+    batched = p.batched_ok(q)
+    parts = {k: [] for k in outputs}
+    for start in range(0, n_rows, size):
+        stop = min(n_rows, start + size)
+        if batched:
+            stacked = be.reshape(be.array_like(move_rows(start, stop, False), x), (stop - start, *x.shape))
+            outs = p.evaluate(q, stacked)
+            outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in outputs}
+        else:
+            outs = p.evaluate_looped(q, move_rows(start, stop, True), outputs)
+        for k in outputs:
+            parts[k].append(outs[k] if reduce is None else reduce(outs[k]))
+    return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
+
+
+def _differences(p, q, colour, n_colours, signs, outputs) -> dict:
+    """``{k: (patterns, n_colours, m)}``: the difference quotients of ``fn`` along each colour
+    class of ``args[q]`` (``colour``: per element) moved by each sign pattern (``signs``:
+    ``(patterns, n)``); a complex input's are those of both axes, combined."""
+    stencil, eps = p.run.stencil, p.run.eps_for(p.args[q])
+    xs = p.be.to_numpy(p.args[q]).reshape(-1)
+    points, offsets = len(stencil.offsets), np.asarray(stencil.offsets)
+
+    def moves(step):
+        def move_rows(start, stop, as_deltas):
+            # row i: sign pattern i // (C P), colour (i // P) % C, stencil point i % P; that
+            # colour's elements move by +h or -h as the sequential perturbation moves one
+            # (x + (-h) is x - h to the bit), the others stay
+            i = np.arange(start, stop)
+            m = offsets[i % points]
+            h = np.where(np.abs(m) == 1, step, np.abs(m) * step).astype(xs.dtype)[:, None]
+            deltas = np.where((signs[i // (n_colours * points)] > 0) == (m > 0)[:, None], h, -h)
+            if n_colours == 1:
+                return deltas if as_deltas else xs + deltas
+            moved = colour == ((i // points) % n_colours)[:, None]
+            return np.where(moved, deltas, 0) if as_deltas else np.where(moved, xs + deltas, xs)
+
+        def reduce(o):
+            o = o.reshape(-1, points, o.shape[-1])
+            return stencil.combine([o[:, i] for i in range(points)], eps)
+
+        return _evaluate(p, q, move_rows, signs.shape[0] * n_colours * points, outputs, reduce, points)
+
+    rows = moves(eps)
+    if np.iscomplexobj(xs):
+        imag = moves(eps * 1j)
+        rows = {k: (rows[k] + imag[k] * 1j).astype(xs.dtype) for k in rows}
+    return {k: v.reshape(signs.shape[0], n_colours, -1) for k, v in rows.items()}
+
+
+def _rank_in_class(colour) -> np.ndarray:
+    """Each element's rank among the elements of its colour, in index order."""
+    order = np.argsort(colour, kind="stable")
+    sizes = np.bincount(colour)
+    ranks = np.empty(len(colour), dtype=np.int64)
+    ranks[order] = np.arange(len(colour)) - (np.cumsum(sizes) - sizes)[colour[order]]
+    return ranks
+
+
+class _Pattern:
+    """Which element of one input each output element depends on (``dep``; ``-1``: none),
+    and a colouring of the output elements: those sharing an input element differ."""
+
+    def __init__(self, dep: np.ndarray):
+        self.dep = dep
+        self.rows = np.flatnonzero(dep >= 0)
+        self.colour = np.zeros(len(dep), dtype=np.int64)
+        self.colour[self.rows] = _rank_in_class(dep[self.rows])
+        self.n_colours = int(self.colour.max()) + 1 if len(dep) else 1
+
+
+def _probe(p, q, outputs) -> dict:
+    """``{k: _Pattern}`` for ``args[q]``, found by moving each half of its elements by
+    index bit; raises :class:`Declined` where an output element depends on several."""
+    x = p.args[q]
+    n = p.be.numel(x)
+    xs = p.be.to_numpy(x).reshape(-1)
+    step = _PROBE_STEP * np.maximum(np.abs(xs), 1.0)
+    bits = bits_for(n)
+    on = (np.arange(n)[None, :] >> np.arange(bits)[:, None]) & 1
+    masks = np.concatenate([np.zeros((1, n)), np.stack([on, 1 - on], axis=1).reshape(2 * bits, n)])
+
+    def move_rows(start, stop, as_deltas):
+        deltas = (step * masks[start:stop]).astype(xs.dtype, copy=False)
+        return deltas if as_deltas else (xs + deltas).astype(xs.dtype, copy=False)
+
+    outs = _evaluate(p, q, move_rows, len(masks), outputs)
+    patterns = {}
+    for k in outputs:
+        base = outs[k][0]  # changed: neither equal nor both NaN
+        high, low = (~((o == base) | np.isnan(o) & np.isnan(base)) for o in (outs[k][1::2], outs[k][2::2]))
+        either = high | low
+        if (high & low).any():
+            raise Declined("not compressible: an output element depends on several input elements")
+        empty = ~either.any(axis=0)
+        if not (empty | either.all(axis=0)).all():
+            raise Declined("not compressible: dependence not seen consistently")
+        dep = (high.astype(np.int64) << np.arange(bits)[:, None]).sum(axis=0)
+        dep[empty] = -1
+        if (dep >= n).any():
+            raise Declined("not compressible: dependence decoded out of range")
+        patterns[k] = _Pattern(dep)
+    return patterns
+
+
+def try_compressed_reverse(p, checked, diff) -> bool:
+    """Whether a slow reverse-mode comparison passed by compressed differences (False: no
+    colouring applies, it does not pay, or anything disagreed; the exact engine decides)."""
+    be = p.be
+    entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in diff)
+    return entries >= MIN_ENTRIES and _attempt(p, "compressed", lambda: _compressed_reverse(p, checked, diff))
+
+
+def _compressed_reverse(p, checked, diff) -> str:
+    be = p.be
+    patterns = {q: _probe(p, q, diff) for q in checked}
+    sizes = [be.numel(p.args[q]) for q in checked] + [be.numel(p.outputs[k]) for k in diff]
+    n_patterns = 1 + max(bits_for(s) for s in sizes) + RANDOM_SIGNS
+    if not _reverse_worth_it(p, checked, diff, patterns, n_patterns):
+        raise Declined("not worth it")
+    rng = np.random.default_rng(SIGN_SEED)
+    col_signs = {q: index_signs(be.numel(p.args[q]), n_patterns, rng) for q in checked}
+    numerical = {q: _differences(p, q, None, 1, col_signs[q], diff) for q in checked}
+    for k in diff:
+        row_signs = index_signs(be.numel(p.outputs[k]), n_patterns, rng)
+        vjps = {}  # shared by the inputs whose colourings of the outputs coincide
+        for j, q in enumerate(checked):
+            pat = patterns[q][k]
+            if pat.colour.tobytes() not in vjps:
+                vjps[pat.colour.tobytes()] = [_compressed_vjps(p, k, checked, pat, row_signs) for _ in range(2)]
+            first, second = (v[j] for v in vjps[pat.colour.tobytes()])
+            with np.errstate(invalid="ignore", over="ignore"):
+                if first.size and np.max(np.abs(first - second)) > p.opts.nondet_tol:
+                    return "backward not reentrant"
+            n = _read_off(numerical[q][k], None, col_signs[q], pat.dep[pat.rows], pat.rows)
+            a = _read_off(first, pat.colour, row_signs, pat.rows, pat.dep[pat.rows])
+            why = _disagreement(n[0], a[0], p.opts, n[1], a[1])
+            if why:
+                return f"output {k}, input {q}: {why}"
+    return ""
+
+
+def _reverse_worth_it(p, checked, diff, patterns, n_patterns) -> bool:
+    """Compressed work (evaluations plus VJPs) ``_MIN_SAVING`` times below the exact
+    engine's, its largest batch of cotangents within the memory budget."""
+    be = p.be
+    points = len(p.run.stencil.offsets) * (2 if any(be.is_complex(p.args[q]) for q in checked) else 1)
+    exact = sum(2 * be.numel(p.args[q]) for q in checked) + 2 * sum(be.numel(p.outputs[k]) for k in diff)
+    colours = 0
+    for k in diff:
+        widest = max(patterns[q][k].n_colours for q in checked)
+        if n_patterns * widest * be.numel(p.outputs[k]) * p.itemsize > p.budget // 4:
+            return False
+        colours += sum(patterns[q][k].n_colours for q in checked)
+    compressed = sum(2 * bits_for(be.numel(p.args[q])) + 1 for q in checked) + n_patterns * (
+        points * len(checked) + 2 * colours)
+    return compressed * _MIN_SAVING <= exact
+
+
+def _compressed_vjps(p, k, checked, pat, signs) -> list:
+    """Per checked input, ``(patterns, colours, n)``: VJPs of the signed colour classes of
+    output ``k``'s elements, batched where the check's VJPs are (``Problem._vjp_batched``)."""
+    be, out = p.be, p.outputs[k]
+    n_patterns, m = signs.shape
+    count = n_patterns * pat.n_colours
+    cot = np.zeros((n_patterns, pat.n_colours, m))
+    cot[:, pat.colour, np.arange(m)] = signs
+    stacked = be.reshape(be.array_like(cot.reshape(count, m).astype(be.to_numpy(out).dtype), out), (count, *out.shape))
+    try:
+        grads = p.vjps(k, stacked, count, batched=p._vjp_batched is not False)
+    except ValueError as e:
+        if e in p.run.user_errors:
+            raise
+        raise Declined(f"not compressible: {e}") from None
+    result = []
+    for g, x in zip(grads, (p.args[q] for q in checked)):
+        if g is not None and (tuple(g.shape) != (count, *x.shape) or g.dtype != x.dtype):
+            raise Declined("not compressible: gradient of unexpected shape or dtype")
+        shape = (n_patterns, pat.n_colours, be.numel(x))
+        result.append(np.zeros(shape, be.to_numpy(x).dtype) if g is None else be.to_numpy(be.to_dense(g)).reshape(shape))
+    return result
+
+
+def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
+    """:func:`try_compressed_reverse` in forward mode: ``jvp_signed(j, signs)`` gives the JVPs
+    along the signed moves, per floating output an ``(patterns, m)`` NumPy array."""
+    be = p.be
+    if not all(p.batched_ok(q) for q in checked) or any(be.is_complex(p.args[q]) for q in checked):
+        return False  # forward-mode rows of complex inputs pair two directions: the exact engine's
+    entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in p.floats)
+    return entries >= MIN_ENTRIES and _attempt(p, "compressed",
+                                               lambda: _compressed_forward(p, checked, diff, jvp_signed))
+
+
+def _compressed_forward(p, checked, diff, jvp_signed) -> str:
+    be = p.be
+    patterns = {q: _probe(p, q, p.floats) for q in checked}
+    n_patterns = 1 + max(bits_for(be.numel(p.args[q])) for q in checked) + RANDOM_SIGNS
+    exact = sum(2 * be.numel(p.args[q]) for q in checked)
+    if sum(2 * bits_for(be.numel(p.args[q])) + 1 + 3 * n_patterns for q in checked) * _MIN_SAVING > exact:
+        raise Declined("not worth it")
+    rng = np.random.default_rng(SIGN_SEED)
+    for j, q in enumerate(checked):
+        signs = index_signs(be.numel(p.args[q]), n_patterns, rng)
+        numerical = _differences(p, q, None, 1, signs, p.floats)
+        analytical = jvp_signed(j, signs)
+        if len(analytical) != len(p.floats):
+            raise Declined("not compressible: outputs changed")
+        for i, k in enumerate(diff):  # torch pairs the i-th differentiable output with the i-th floating one
+            num = numerical[k]
+            ana = np.zeros_like(num) if analytical[i] is None else analytical[i][:, None]
+            if ana.shape != num.shape:
+                return "entries differ"
+            pat = patterns[q][k]
+            n, a = (_read_off(d, None, signs, pat.dep[pat.rows], pat.rows) for d in (num, ana))
+            why = _disagreement(n[0], a[0], p.opts, n[1], a[1])
+            if why:
+                return why
+    return ""
+
+
+class DenseBlock:
+    """One analytical Jacobian block held whole: ``by_output`` ``(m, n)``, C-contiguous (a
+    block of output columns is written, and its pattern read, without strided copies), and
+    ``by_input`` the ``(n, m)`` view the comparisons use."""
 
     def __init__(self, by_output: np.ndarray):
         self.by_output = by_output
@@ -30,22 +362,17 @@ class DenseBlock:
         return self.by_output.T
 
     def widest(self, axis: int) -> int:
-        """The most nonzero (or NaN) entries in one output element's row (``axis=1``) or
-        one input element's column (``axis=0``): a colouring needs at least that many
-        colours, which is known before the pattern's indices are built."""
-        if not self.by_output.size:
-            return 0
-        return int(np.count_nonzero(self.by_output, axis=axis).max())
+        """The most nonzero (or NaN) entries of an output element's row (``axis=1``) or an
+        input element's column (``axis=0``): the fewest colours, known without the pattern."""
+        return int(np.count_nonzero(self.by_output, axis=axis).max()) if self.by_output.size else 0
 
-    def forget_pattern(self) -> None:
-        """Rows were written since :meth:`pattern` was read."""
+    def forget_pattern(self) -> None:  # rows were written since the pattern was read
         self._pattern = None
 
     def pattern(self):
         """``(output indices, input indices)`` of the nonzero (or NaN) entries."""
         if self._pattern is None:
-            flat = np.flatnonzero(self.by_output != 0)
-            self._pattern = np.divmod(flat, self.by_output.shape[1])
+            self._pattern = np.divmod(np.flatnonzero(self.by_output != 0), self.by_output.shape[1])
         return self._pattern
 
 
@@ -56,11 +383,8 @@ def _valid_colouring(colour, rows, cols) -> bool:
 
 def colour_columns(rows, cols, n_cols, limit):
     """A colouring of the input elements ``cols`` such that no output element (``rows``)
-    meets two of one colour; ``None`` if more than ``limit`` colours are needed.
-
-    Strided colourings (element index modulo, or divided by, the widest row) are tried
-    first, as they fit banded and blocked patterns with the fewest colours; otherwise
-    greedy colouring."""
+    meets two of one colour (``None``: more than ``limit`` colours needed): strided (index
+    modulo, or divided by, the widest row: banded and blocked patterns), else greedy."""
     if not len(rows):
         return np.zeros(n_cols, dtype=np.int64)
     width = int(np.bincount(rows).max())
@@ -73,14 +397,13 @@ def colour_columns(rows, cols, n_cols, limit):
     order = np.argsort(cols, kind="stable")
     rows, cols = rows[order], cols[order]
     bounds = np.searchsorted(cols, np.arange(n_cols + 1))
-    used = np.zeros((int(rows.max()) + 1 if len(rows) else 1, limit + 1), dtype=bool)
+    used = np.zeros((int(rows.max()) + 1, limit + 1), dtype=bool)
     colour = np.zeros(n_cols, dtype=np.int64)
     for j in range(n_cols):
         r = rows[bounds[j]:bounds[j + 1]]
         if not len(r):
             continue
-        free = np.flatnonzero(~used[r].any(axis=0))
-        c = int(free[0])
+        c = int(np.flatnonzero(~used[r].any(axis=0))[0])
         if c >= limit:
             return None
         colour[j] = c
@@ -88,158 +411,86 @@ def colour_columns(rows, cols, n_cols, limit):
     return colour
 
 
-def _rank_in_class(colour):
-    order = np.argsort(colour, kind="stable")
-    ranks = np.empty(len(colour), dtype=np.int64)
-    sorted_colour = colour[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_colour)) + 1]
-    first = np.zeros(len(colour), dtype=np.int64)
-    first[starts] = starts
-    first = np.maximum.accumulate(first)
-    ranks[order] = np.arange(len(colour)) - first
-    return ranks
-
-
-class RowsDiffer(Exception):
-    """Rows computed exactly (element by element, or batched on an input that could not be
-    coloured) differ from the analytical Jacobian: the check fails, no other path can
-    decide otherwise. ``where`` is ``(input position, output position, start, stop)`` of
-    the first row block seen to differ."""
-
-    def __init__(self, q, k, start, stop):
-        super().__init__(f"input {q}, output {k}, rows {start}:{stop}")
-        self.where = (q, k, start, stop)
-
-
 def try_from_analytical(p, checked, diff, analytical, kept=None) -> bool:
-    """Numerical side by coloured compressed differences, against the full analytical
-    Jacobian ``analytical[k][j]`` (a :class:`DenseBlock`, input ``checked[j]``, output ``k``).
+    """Whether the numerical side, by coloured differences (inputs that cannot be coloured:
+    exact rows), matched the analytical Jacobian ``analytical[k][j]`` (a
+    :class:`DenseBlock`) under every sign pattern. Raises :class:`RowsDiffer` at the first
+    exact row block that differs, once that input's rows are all in ``kept`` (a
+    :class:`~agcheck.engine.failure.KeptRows`), where given."""
+    return _attempt(p, "coloured", lambda: _from_analytical(p, checked, diff, analytical, kept))
 
-    True when every pattern entry matched in every round (inputs that cannot be coloured
-    are compared row by row, exactly); False when the colouring could not decide. Raises
-    :class:`RowsDiffer` at the first row block that differs, or, given ``kept`` (a
-    :class:`~agcheck.engine.failure.KeptRows`, which receives the rows computed), once
-    the rest of that input's rows are computed too."""
-    be, run, opts = p.be, p.run, p.opts
+
+def _from_analytical(p, checked, diff, analytical, kept):
     coloured = 0
-    try:
-        for j, q in enumerate(checked):
-            jac = {k: analytical[k][j] for k in diff}
-            try:
-                if not _input_from_analytical(p, q, diff, jac):
-                    return False
-                coloured += 1
-            except NotCompressible as reason:
-                # this input's rows exactly, the others' still coloured
-                run.engine_log.append(EngineEvent("coloured", "declined", q, f"not compressible: {reason}"))
-                differs = None
-                for s, e, rows in p.numerical_row_chunks(q, report=False):
-                    if kept is not None:
-                        kept.add(q, s, e, rows)
-                    for k in diff if differs is None else ():
-                        if not allclose_like_torch(jac[k].by_input[s:e], be.to_numpy(rows[k]), opts.rtol,
-                                                   opts.atol):
-                            differs = RowsDiffer(q, k, s, e)
-                            break
-                    if differs is not None and kept is None:
-                        break
-                if differs is not None:
-                    raise differs
-                if kept is not None:
-                    kept.passed.add(q)
-    except RowsDiffer:
-        raise
-    except Exception as reason:  # noqa: BLE001 - the exact path meets it again
-        if reason in run.user_errors:
-            raise
-        run.engine_log.append(EngineEvent("coloured", "declined", None, f"{type(reason).__name__}: {reason}"))
-        return False
-    if not coloured:
-        # no input could be coloured, and every input's rows, computed exactly, matched
-        run.engine_log.append(EngineEvent("exact", "passed", None, "rows against the full analytical Jacobian"))
-        return True
-    run.engine_log.append(EngineEvent("coloured", "passed"))
-    return True
+    for j, q in enumerate(checked):
+        jac = {k: analytical[k][j] for k in diff}
+        try:
+            why = _coloured_input(p, q, diff, jac)
+        except Declined as reason:  # this input's rows exactly, the others' still coloured
+            p.run.engine_log.append(EngineEvent("coloured", "declined", q, str(reason)))
+            _exact_rows_against(p, q, diff, jac, kept)
+            continue
+        if why:
+            return f"input {q}, {why}"
+        coloured += 1
+    return "" if coloured else EngineEvent("exact", "passed", None, "rows against the full analytical Jacobian")
 
 
-def _input_from_analytical(p, q, diff, jac) -> bool:
-    be, run, opts = p.be, p.run, p.opts
-    x = p.args[q]
-    n = be.numel(x)
-    if be.is_complex(x):
-        raise NotCompressible("complex input")
-    points = len(run.stencil.offsets)
+def _exact_rows_against(p, q, diff, jac, kept) -> None:
+    """Input ``q``'s rows, computed exactly, against ``jac`` (:func:`try_from_analytical`)."""
+    opts, differs = p.opts, None
+    for s, e, rows in p.numerical_row_chunks(q, report=False):
+        if kept is not None:
+            kept.add(q, s, e, rows)
+        differs = differs or next((RowsDiffer(q, k, s, e) for k in diff if not allclose_like_torch(
+            jac[k].by_input[s:e], p.be.to_numpy(rows[k]), opts.rtol, opts.atol)), None)
+        if differs is not None and kept is None:
+            break
+    if differs is not None:
+        raise differs
+    if kept is not None:
+        kept.passed.add(q)
+
+
+def _colouring(p, q, diff, jac):
+    """``(colour per element of args[q], {k: (input indices, output indices)})`` of the
+    pattern of ``jac``; raises :class:`Declined` where it cannot pay."""
+    n = p.be.numel(p.args[q])
+    if p.be.is_complex(p.args[q]):
+        raise Declined("not compressible: complex input")
     limit = n // 4
-    if max(jac[k].widest(axis=1) for k in diff) > limit:  # before the pattern's indices
-        raise NotCompressible("too many colours")
-    rows, cols, offset = [], [], 0
-    entries = {k: jac[k].pattern()[::-1] for k in diff}  # input element, output element
-    for k in diff:
-        c_idx, r_idx = entries[k]
-        rows.append(r_idx + offset)
-        cols.append(c_idx)
-        offset += jac[k].by_output.shape[0]
-    rows, cols = np.concatenate(rows), np.concatenate(cols)
-    colour = colour_columns(rows, cols, n, limit) if limit else None
+    if not limit or max(jac[k].widest(axis=1) for k in diff) > limit:  # before the pattern's indices
+        raise Declined("not compressible: too many colours")
+    entries = {k: jac[k].pattern()[::-1] for k in diff}
+    offsets = np.cumsum([0] + [jac[k].by_output.shape[0] for k in diff])
+    rows = np.concatenate([entries[k][1] + offsets[i] for i, k in enumerate(diff)])
+    cols = np.concatenate([entries[k][0] for k in diff])
+    colour = colour_columns(rows, cols, n, limit)
     if colour is None:
-        raise NotCompressible("too many colours")
-    n_colours = int(colour.max()) + 1
+        raise Declined("not compressible: too many colours")
+    return colour, entries
+
+
+def _coloured_input(p, q, diff, jac) -> str:
+    """Input ``q``'s rows by coloured differences against ``jac``: ``""`` when every entry
+    matched, else the disagreement."""
+    colour, entries = _colouring(p, q, diff, jac)
+    n, n_colours = len(colour), int(colour.max()) + 1
     rank = _rank_in_class(colour)
-    n_rounds = 1 + bits_for(int(rank.max()) + 1) + RANDOM_ROUNDS
-    evaluations = n_rounds * n_colours * points
-    if 2 * evaluations > points * n or evaluations * (n + p.out_numel) * p.itemsize > p.budget // 2:
-        raise NotCompressible("not worth it")
-    rng = np.random.default_rng(SIGN_SEED)
-    rank_signs = index_signs(int(rank.max()) + 1, n_rounds, rng)
-    signs = rank_signs[:, rank]  # (R, n): each element signed by the bits of its rank in its class
-    xs = be.to_numpy(x).reshape(-1)
-    eps = run.eps_for(x)
-    offsets = np.asarray(run.stencil.offsets)
-    by_colour = np.argsort(colour, kind="stable")
-    colour_size = np.bincount(colour, minlength=n_colours)
-    colour_start = np.cumsum(colour_size) - colour_size
-
-    def move_rows(start, stop, as_deltas):
-        # row i: round i // (C P), colour (i // P) % C, stencil point i % P; the elements
-        # of that colour move by +h or -h by their signs (x + (-h) is x - h to the bit),
-        # the others stay
-        i = np.arange(start, stop)
-        m = offsets[i % points]
-        c = (i // points) % n_colours
-        sizes = colour_size[c]
-        row = np.repeat(np.arange(stop - start), sizes)
-        first = np.repeat(np.cumsum(sizes) - sizes, sizes)
-        element = by_colour[np.repeat(colour_start[c], sizes) + np.arange(int(sizes.sum())) - first]
-        h = np.where(np.abs(m) == 1, eps, np.abs(m) * eps).astype(xs.dtype)[row]
-        forward = (signs[(i // (n_colours * points))[row], element] > 0) == (m[row] > 0)
-        out = np.zeros((stop - start, n), dtype=xs.dtype) if as_deltas else np.tile(xs, (stop - start, 1))
-        out[row, element] += np.where(forward, h, -h)
-        return out
-
-    def give_way(seconds_per_move, moves_left):
-        # measured on this pass's own batches, as they grow: a large batch of convolutions
-        # costs several times per copy what the batching probe's two copies did
-        if p.samples_loop_cheaper(q, seconds_per_move * moves_left):
-            raise NotCompressible("the loop moving samples together is cheaper")
-
-    side = CompressedSides(p, [q], diff)
-    outs = side.evaluate(q, move_rows, n_rounds * n_colours * points, reduce=stencil_reduce(run.stencil, eps),
-                         group=points, after_chunk=give_way)
-    tau = opts.atol / 2
+    n_patterns = 1 + bits_for(int(rank.max()) + 1) + RANDOM_SIGNS
+    points = len(p.run.stencil.offsets)
+    moves = n_patterns * n_colours * points
+    if 2 * moves > points * n or moves * (n + p.out_numel) * p.itemsize > p.budget // 2:
+        raise Declined("not compressible: not worth it")
+    if p.samples_loop_cheaper(q, moves):
+        raise Declined("not compressible: the loop moving samples together is cheaper")
+    signs = index_signs(int(rank.max()) + 1, n_patterns, np.random.default_rng(SIGN_SEED))[:, rank]
+    differences = _differences(p, q, colour, n_colours, signs, diff)
     for k in diff:
-        diffs = outs[k].reshape(n_rounds, n_colours, -1)  # (R, C, m)
         c_idx, r_idx = entries[k]
-        n_entries = diffs[:, colour[c_idx], r_idx] * signs[:, c_idx]
-        a_entries = jac[k].by_output[r_idx, c_idx]
-        if not allclose_like_torch(np.broadcast_to(a_entries, n_entries.shape), n_entries, opts.rtol, opts.atol):
-            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: entries differ"))
-            return False
-        expected = np.zeros(diffs.shape[1:], dtype=bool)
-        expected[colour[c_idx], r_idx] = True
-        if not all_small(diffs[:, ~expected], opts.atol):
-            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: derivative where none expected"))
-            return False
-        if not all_small(n_entries - n_entries[:1], tau):
-            run.engine_log.append(EngineEvent("coloured", "disagreement", q, f"output {k}: rounds disagree"))
-            return False
-    return True
+        n_entries, strays = _read_off(differences[k], colour, signs, c_idx, r_idx)
+        a_entries = np.broadcast_to(jac[k].by_output[r_idx, c_idx], n_entries.shape)
+        why = _disagreement(n_entries, a_entries, p.opts, strays, np.empty(0))
+        if why:
+            return f"output {k}: {why}"
+    return ""

@@ -23,7 +23,7 @@ import numpy as np
 
 from agcheck.core import jacobian as jac
 from agcheck.core.numerical_memo import MemoRows
-from agcheck.engine.compressed import allclose_like_torch
+from agcheck.engine.coloured import allclose_like_torch
 from agcheck.core.outcome import EngineEvent, Outcome, undecided
 
 __all__ = ["RowStore", "KeptRows", "may_decide", "decide", "decide_forward"]
