@@ -159,6 +159,13 @@ def test_select_names_and_kinds():
         catalog.select(["sin", "nope"])
 
 
+def test_ports_are_built_once_and_only_for_their_frameworks():
+    for e in ENTRIES:
+        if e.ports is not None:
+            assert e.ports("torch") is e.ports("torch"), e.name  # built on first use, then kept
+            assert e.ports("cupy") is None and not e.supports("cupy"), e.name
+
+
 def test_importing_catalog_and_progress_imports_no_framework():
     code = ("import sys, agcheck.frontends.catalog, agcheck.progress, agcheck.frontends.mainjob, "
             "agcheck.frontends.cli\n"
