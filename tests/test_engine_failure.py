@@ -45,12 +45,10 @@ class _TwoByTwo(torch.autograd.Function):
 
 @pytest.fixture(autouse=True)
 def _engine_runs(monkeypatch):
-    """The engine runs however cheap the loop, and batches rows at the size the memory
-    allows (timings on a loaded machine would otherwise decide)."""
+    """The engine runs however few calls the loop would make."""
     from agcheck.engine import cost
 
-    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
-    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
+    monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
 
 
 @pytest.fixture
@@ -203,7 +201,7 @@ def test_a_check_no_input_of_which_can_be_batched_is_decided_from_the_engines_ro
     # of batched numbers
     from agcheck.engine import cost
 
-    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)  # however cheap its VJPs
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # however cheap its VJPs
     monkeypatch.setattr(ScaledSin, "factor", factor)
     fn = lambda x: ScaledSin.apply(_W100 @ x)  # noqa: E731
     args = (make(10, seed=11),)
@@ -356,7 +354,7 @@ def test_a_failure_with_a_complex_input_is_decided_from_the_engines_rows(factor,
 
     # the input cannot be batched (a custom Function without a vmap rule): the engine's
     # path however cheap the VJPs
-    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     fn = _complex_dense(factor)
     z = torch.randn(40, dtype=torch.complex128, generator=torch.Generator().manual_seed(18)).requires_grad_()
     r = run(fn, (z,))
@@ -433,33 +431,6 @@ def test_rows_computed_in_one_block_are_compared_in_jvp_blocks_within_the_budget
             torch.autograd.gradcheck(_LoopedForward.apply, (x,), **_FORWARD)
         assert first_paragraph(agcheck.gradcheck, _LoopedForward.apply, (x,), engine="batched",
                                memory_budget=1 << 20, **_FORWARD) == str(info.value).rstrip("\n")
-
-
-@pytest.mark.parametrize("factor", [1.0, 1.01])
-def test_jvp_blocks_follow_the_memory_a_jvp_row_took_as_measured(factor, monkeypatch):
-    # the first JVP block is sized from the estimate; the next ones from what a row of it
-    # took, made here 64 kB (a quarter of the 256 kB a batched call may take: 4 rows)
-    from agcheck.engine import memory
-
-    monkeypatch.setattr(_LoopedForward, "factor", factor)
-    be_type = type(agcheck.get_backend("torch"))
-    sizes, original_jvp, original_measured = [], be_type.jvp_rows, memory.measured
-    monkeypatch.setattr(be_type, "jvp_rows", lambda self, fn, args, checked, j, flat:
-                        (sizes.append(len(flat)), original_jvp(self, fn, args, checked, j, flat))[1])
-    monkeypatch.setattr(be_type, "jvp_setup_cost", lambda self: 0.0)
-
-    def measured(call, *args):
-        result = original_measured(call, *args)
-        if getattr(call, "__name__", "") == "<lambda>":  # the recording jvp_rows above
-            return memory.MeasuredCall(result.result, (64 << 10) * len(args[-1]))
-        return result
-
-    monkeypatch.setattr(memory, "measured", measured)
-    x = make(50, seed=19)
-    r = run(_LoopedForward.apply, (x,), engine="batched", memory_budget=1 << 20, **_FORWARD)
-    # a one-row JVP probes first (fn cannot be batched), then the blocks
-    assert sizes[0] == 1 and sizes[1] > 4 and len(sizes) > 3 and max(sizes[2:]) <= 4, sizes
-    assert r.verdict is (factor == 1.0)
 
 
 @pytest.mark.parametrize("forward", [False, True], ids=["reverse", "forward"])

@@ -161,52 +161,31 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
     if numerical is None:
         return _unconfirmed(run, "rows missing")
     exact_rows = _overlay_exact_rows(p, numerical)
-    exact_cols = {k: np.zeros(be.numel(p.outputs[k]), dtype=bool) for k in diff}
-    for k, (ranges, rows) in (p.exact_analytical() or {}).items():
-        if k in exact_cols:
-            for c0, c1 in ranges:
-                for block, r in zip(analytical[k], rows):
-                    block.by_output[c0:c1] = r[c0:c1]
-                exact_cols[k][c0:c1] = True
-
-    failing = _first_failing(p, diff, analytical, numerical, kept.passed, where)
+    exact_cols = _overlay_exact_columns(p, diff, analytical)
+    failing = _first_failing(p, diff, lambda i, j: analytical[diff[i]][j].by_input, numerical, kept.passed, where)
     if failing is None:  # the block seen to differ is not among those kept
         return _unconfirmed(run, "rows missing")
     i, j = failing
     k, q = diff[i], p.checked[j]
-    a, n = analytical[k][j].by_input, numerical[q][k]
-    start = where[2] if (q, k) == where[:2] else 0
-    stop = where[3] if (q, k) == where[:2] else a.shape[0]
-    r, c = _worst_entry(a[start:stop], n[start:stop], run.opts.rtol, run.opts.atol)
-    r += start
+    a = analytical[k][j].by_input
+    r, c = _worst_entry(p, a, numerical[q][k], where, (q, k))
     edge = be.summarized_edge_items(a.size)
     rows = sorted(set(_printed(a.shape[0], edge)) | {r})
     cols = sorted(set(_printed(a.shape[1], edge)) | {c})
-
-    for start, stop in _runs([x for x in rows if not exact_rows[q][x]]):
-        for s, e, computed in p.rows_element_by_element(q, start, stop):
-            for kk in p.floats:
-                numerical[q][kk][s:e] = be.to_numpy(computed[kk])
-            exact_rows[q][s:e] = True
-    inputs = [p.args[x] for x in p.checked]
+    _compute_exact_rows(p, q, rows, numerical, exact_rows)
     for c0, c1 in _runs([x for x in cols if not exact_cols[k][x]]):
         for block, computed in zip(analytical[k], exact_columns(k, c0, c1)):
             block.by_output[c0:c1] = be.to_numpy(computed).T
         exact_cols[k][c0:c1] = True
-
     if _moved_first_failing(p, diff, analytical, numerical, (i, j), rows, cols):
         return _unconfirmed(run, "the exact rows and columns move the first failing block")
-    a, n = analytical[k][j].by_input, numerical[q][k]
     exact = np.ix_(np.flatnonzero(exact_rows[q]), np.flatnonzero(exact_cols[k]))
-    if _allclose(be, a[exact], n[exact], inputs[j], run.opts):
+    if _allclose(be, a[exact], numerical[q][k][exact], p.args[q], run.opts):
         return _unconfirmed(run, "no entry computed exactly fails")
-    run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
-        "exact_rows": int(exact_rows[q].sum()), "exact_columns": int(exact_cols[k].sum())}))
-    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], _like(p, x, kk)) for kk in p.floats})]
-              for x in p.checked}
+    _confirmed(run, i, j, int(exact_rows[q].sum()), int(exact_cols[k].sum()))
     columns = {kk: ([(0, be.numel(p.outputs[kk]))], [block.by_output for block in analytical[kk]]) for kk in diff}
-    inexact = not (all(e.all() for e in exact_rows.values()) and all(e.all() for e in exact_cols.values()))
-    return undecided("Jacobian mismatch", blocks, columns, whole=True, inexact=inexact)
+    inexact = not (_all_set(exact_rows) and _all_set(exact_cols))
+    return undecided("Jacobian mismatch", _whole_rows(p, numerical), columns, whole=True, inexact=inexact)
 
 
 def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
@@ -226,47 +205,94 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
     if numerical is None or analytical is None:
         return _unconfirmed(run, "rows missing")
     exact_rows = _overlay_exact_rows(p, numerical)
-    exact_jvps = {j: np.zeros(be.numel(p.args[q]), dtype=bool) for j, q in enumerate(p.checked)}
-
-    failing = _first_failing_forward(p, diff, analytical, numerical, kept.passed, where)
+    failing = _first_failing(p, diff, lambda i, j: analytical[j][i], numerical, kept.passed, where)
     if failing is None:
         return _unconfirmed(run, "rows missing")
     i, j = failing
     k, q = diff[i], p.checked[j]
-    a, n = analytical[j][i], numerical[q][k]
-    start = where[2] if (q, k) == where[:2] else 0
-    stop = where[3] if (q, k) == where[:2] else a.shape[0]
-    r, _ = _worst_entry(a[start:stop], n[start:stop], opts.rtol, opts.atol)
-    rows = sorted(set(_printed(a.shape[0], be.summarized_edge_items(a.size))) | {r + start})
+    a = analytical[j][i]
+    r, _ = _worst_entry(p, a, numerical[q][k], where, (q, k))
+    rows = sorted(set(_printed(a.shape[0], be.summarized_edge_items(a.size))) | {r})
+    _compute_exact_rows(p, q, rows, numerical, exact_rows)
+    exact_jvps = {jj: np.zeros(be.numel(p.args[x]), dtype=bool) for jj, x in enumerate(p.checked)}
+    if not _compute_exact_jvps(p, j, rows, analytical, exact_jvps):
+        return _unconfirmed(run, "outputs changed")
+    # the rows replaced also belong to earlier outputs' blocks of this input
+    if any(not allclose_like_torch(analytical[j][before][rows], numerical[q][diff[before]][rows], opts.rtol, opts.atol)
+           for before in range(i)):
+        return _unconfirmed(run, "the exact rows move the first failing block")
+    both = np.flatnonzero(exact_rows[q] & exact_jvps[j])
+    if _allclose(be, a[both], numerical[q][k][both], p.args[q], opts):
+        return _unconfirmed(run, "no entry computed exactly fails")
+    _confirmed(run, i, j, len(both), 0)
+    whole = {jj: [be.array_like(m, p.outputs[kk]) for m, kk in zip(analytical[jj], p.floats)] for jj in analytical}
+    inexact = not (_all_set(exact_rows) and _all_set(exact_jvps))
+    return undecided("Jacobian mismatch", _whole_rows(p, numerical), whole, whole=True, inexact=inexact)
 
-    for s, e in _runs([x for x in rows if not exact_rows[q][x]]):
-        for s2, e2, computed in p.rows_element_by_element(q, s, e):
-            for kk in p.floats:
-                numerical[q][kk][s2:e2] = be.to_numpy(computed[kk])
-            exact_rows[q][s2:e2] = True
+
+def _all_set(flags: dict) -> bool:
+    return all(f.all() for f in flags.values())
+
+
+def _confirmed(run, i, j, exact_rows, exact_columns) -> None:
+    run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
+        "exact_rows": exact_rows, "exact_columns": exact_columns}))
+
+
+def _whole_rows(p, numerical) -> dict:
+    """The kept numerical rows as the reference engine takes them: per input, one block."""
+    be = p.be
+    return {x: [(0, be.numel(p.args[x]), {k: be.array_like(numerical[x][k], _like(p, x, k)) for k in p.floats})]
+            for x in p.checked}
+
+
+def _worst_entry(p, a, n, where, block) -> tuple[int, int]:
+    """``(row, column)`` of the entry of ``a`` (against ``n``) exceeding ``atol + rtol |n|``
+    the most (any NaN first), within the row block seen to differ where it is ``block``'s."""
+    start, stop = where[2:] if block == where[:2] else (0, a.shape[0])
+    opts = p.run.opts
+    with np.errstate(invalid="ignore", over="ignore"):
+        excess = np.abs(a[start:stop] - n[start:stop]) - (opts.atol + opts.rtol * np.abs(n[start:stop]))
+    excess = np.where(np.isnan(excess), np.inf, excess)
+    r, c = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    return int(r) + start, int(c)
+
+
+def _compute_exact_rows(p, q, rows, numerical, exact_rows) -> None:
+    """Input ``q``'s ``rows`` not yet exact, computed as the reference engine computes them,
+    in place in ``numerical``."""
+    for start, stop in _runs([x for x in rows if not exact_rows[q][x]]):
+        for s, e, computed in p.rows_element_by_element(q, start, stop):
+            for k in p.floats:
+                numerical[q][k][s:e] = p.be.to_numpy(computed[k])
+            exact_rows[q][s:e] = True
+
+
+def _compute_exact_jvps(p, j, rows, analytical, exact_jvps) -> bool:
+    """Input ``p.checked[j]``'s JVP ``rows``, computed as the reference engine computes them,
+    in place in ``analytical``; False where the outputs changed."""
+    be, opts = p.be, p.run.opts
     for s, e in _runs(rows):
-        exact = run.user_errors.call(jac.analytical_rows_forward, be, p.fn, p.args, p.checked, j, range(s, e),
-                                     check_grad_dtypes=opts.check_grad_dtypes)
+        exact = p.run.user_errors.call(jac.analytical_rows_forward, be, p.fn, p.args, p.checked, j, range(s, e),
+                                       check_grad_dtypes=opts.check_grad_dtypes)
         if exact is None or len(exact) != len(p.floats):
-            return _unconfirmed(run, "outputs changed")
+            return False
         for ii, block in enumerate(exact):
             analytical[j][ii][s:e] = be.to_numpy(block).reshape(e - s, -1)
         exact_jvps[j][s:e] = True
+    return True
 
-    for before in range(i):  # the rows replaced also belong to earlier outputs' blocks of this input
-        if not allclose_like_torch(analytical[j][before][rows], numerical[q][diff[before]][rows],
-                                   opts.rtol, opts.atol):
-            return _unconfirmed(run, "the exact rows move the first failing block")
-    both = np.flatnonzero(exact_rows[q] & exact_jvps[j])
-    if _allclose(be, analytical[j][i][both], numerical[q][k][both], p.args[q], opts):
-        return _unconfirmed(run, "no entry computed exactly fails")
-    run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
-        "exact_rows": int(len(both)), "exact_columns": 0}))
-    blocks = {x: [(0, be.numel(p.args[x]), {kk: be.array_like(numerical[x][kk], _like(p, x, kk)) for kk in p.floats})]
-              for x in p.checked}
-    whole = {jj: [be.array_like(m, p.outputs[kk]) for m, kk in zip(analytical[jj], p.floats)] for jj in analytical}
-    inexact = not all(exact_rows[x].all() for x in p.checked) or not all(e.all() for e in exact_jvps.values())
-    return undecided("Jacobian mismatch", blocks, whole, whole=True, inexact=inexact)
+
+def _overlay_exact_columns(p, diff, analytical) -> dict:
+    """Lays the columns the engine computed as the reference engine does over the
+    ``analytical`` Jacobians (in place); per output, which columns are so exact."""
+    exact_cols = {k: np.zeros(p.be.numel(p.outputs[k]), dtype=bool) for k in diff}
+    for k, (ranges, rows) in (p.exact_analytical() or {}).items():
+        for c0, c1 in ranges if k in exact_cols else ():
+            for block, r in zip(analytical[k], rows):
+                block.by_output[c0:c1] = r[c0:c1]
+            exact_cols[k][c0:c1] = True
+    return exact_cols
 
 
 def _overlay_exact_rows(p, numerical) -> dict:
@@ -294,20 +320,6 @@ def _whole_jvp_rows(p, jvp_rows: RowStore) -> dict | None:
     return whole
 
 
-def _first_failing_forward(p, diff, analytical, numerical, passed, where) -> tuple[int, int] | None:
-    """:func:`_first_failing` for forward mode's pairing: the i-th differentiable output
-    with the i-th floating one's JVP rows, as torch pairs them."""
-    opts = p.run.opts
-    for i, k in enumerate(diff):
-        for j, q in enumerate(p.checked):
-            if q in passed:
-                continue
-            if (q, k) == where[:2] or not allclose_like_torch(analytical[j][i], numerical[q][k],
-                                                              opts.rtol, opts.atol):
-                return i, j
-    return None
-
-
 def _unconfirmed(run, why: str) -> None:
     run.engine_log.append(EngineEvent("failure", "unconfirmed", None, why))
     return None
@@ -315,15 +327,14 @@ def _unconfirmed(run, why: str) -> None:
 
 def _first_failing(p, diff, analytical, numerical, passed, where) -> tuple[int, int] | None:
     """``(output index, input index)`` of the first block in torch's order whose
-    Jacobians differ (torch's rule, as the engine's passes apply it): blocks of the
-    ``passed`` inputs agree, the block of ``where`` differs, the others are compared."""
+    Jacobians (``analytical(i, j)``, ``numerical[q][k]``) differ (torch's rule, as the
+    engine's passes apply it): blocks of the ``passed`` inputs agree, the block of
+    ``where`` differs, the others are compared."""
     opts = p.run.opts
     for i, k in enumerate(diff):
         for j, q in enumerate(p.checked):
-            if q in passed:
-                continue
-            if (q, k) == where[:2] or not allclose_like_torch(analytical[k][j].by_input, numerical[q][k],
-                                                              opts.rtol, opts.atol):
+            if q not in passed and ((q, k) == where[:2] or not allclose_like_torch(
+                    analytical(i, j), numerical[q][k], opts.rtol, opts.atol)):
                 return i, j
     return None
 
@@ -347,14 +358,6 @@ def _moved_first_failing(p, diff, analytical, numerical, failing, rows, cols) ->
 def _allclose(be, a, n, like, opts) -> bool:
     return be.allclose(be.array_like(np.ascontiguousarray(a), like), be.array_like(np.ascontiguousarray(n), like),
                        opts.rtol, opts.atol)
-
-
-def _worst_entry(a, n, rtol, atol) -> tuple[int, int]:
-    """The entry exceeding ``atol + rtol |n|`` the most (any NaN first)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        excess = np.abs(a - n) - (atol + rtol * np.abs(n))
-    excess = np.where(np.isnan(excess), np.inf, excess)
-    return tuple(int(x) for x in np.unravel_index(int(np.argmax(excess)), a.shape))
 
 
 def _printed(size: int, edge: int | None) -> range | list:
