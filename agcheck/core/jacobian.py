@@ -266,8 +266,6 @@ def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
     full = [zero] * n_rows
     for row, r in zip(rows, where):
         full[r] = row
-    if not full:
-        return be.zeros((0, n_cols), like=like, dtype=dtype)
     return _cast(be, xp.stack(full, axis=0), dtype)
 
 
@@ -403,7 +401,6 @@ def _flat_tangent(be, primal, tangent):
 def _cast(be, a, dtype):
     """``a`` in ``dtype`` (``a`` itself where it has it)."""
     return a if a.dtype == dtype else be.xp(a).astype(a, dtype)
-
 
 
 def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False,
