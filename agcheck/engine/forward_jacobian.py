@@ -18,18 +18,18 @@ independent rounds. Several wrong entries of one input element add with independ
 weights, and do not cancel but by chance of the same order. Rounding (about ``1e-16 |u|``
 for float64 convolutions) stays far below the bound, which is why the path is taken for
 double precision only. What the projections cannot tie (they differ, the backward is
-not reentrant, forward mode is missing or dearer than the VJPs it would replace) leaves
-the Jacobian to the VJPs, as before.
+not reentrant, forward mode is missing) leaves the Jacobian to the VJPs, as does a check
+whose counts say the path cannot pay: the VJPs it saves (the reverse passes' less the
+JVP rows) must be well above the projections' own.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from agcheck.backends.base import Capability
-from agcheck.engine import cost, memory
-from agcheck.engine.coloured import DenseBlock
 from agcheck.core.outcome import EngineEvent
-from agcheck.engine.rows import INTERMEDIATES
+from agcheck.engine.coloured import DenseBlock
+from agcheck.engine.cost import INTERMEDIATES
 
 __all__ = ["try_forward_jacobian", "ROUNDS", "BOUND"]
 
@@ -42,15 +42,9 @@ _MIN_OUTPUT_SHARE = 2
 #: VJPs per output element the reverse first and reentrancy passes cost (the second pass
 #: is coloured when it can be, about half the columns on a CNN)
 _REVERSE_PASSES = 1.5
-#: JVP rows per batched call at most (more saves nothing on convolutions, and holds more)
-_MAX_ROWS = 128
 PROJECTION_SEED = 4099
 #: the VJPs the path may save must be at least this many times the projections' VJPs
 _MIN_SAVED_SHARE = 2
-#: forward mode's one-time setup declines the path before any projection when it costs
-#: this many times the reverse passes as estimated from one evaluation (the estimate may be
-#: low by that much: a backward can cost more than its forward)
-_SETUP_MARGIN = 4
 
 
 class _Declined(Exception):
@@ -89,13 +83,11 @@ def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
         return None
     try:
         _require_applicable(p, diff, inputs)
-        _require_worth_projecting(p, n_in, m_total)
-        projections, reverse_seconds = _projections(p, diff, inputs, vjps)
-        # a JVP row costs about what a VJP column does; a first use may cost an import
-        setup = p.be.jvp_setup_cost()
-        if setup + reverse_seconds * n_in / (_REVERSE_PASSES * m_total) >= reverse_seconds:
-            raise _Declined(f"forward-mode setup not worth it ({setup:.3g} s against {reverse_seconds:.3g} s)")
-        blocks, figures = _forward_blocks(p, diff, inputs, reverse_seconds)
+        saved = _REVERSE_PASSES * m_total - n_in
+        if saved < _MIN_SAVED_SHARE * 2 * ROUNDS:
+            raise _Declined(f"too small: {saved:.0f} VJPs to save against {2 * ROUNDS} for the projections")
+        projections = _projections(p, diff, inputs, vjps)
+        blocks = _forward_blocks(p, diff, inputs)
         _tie(p, diff, blocks, projections)
     except _Declined as reason:
         p.run.engine_log.append(EngineEvent("forward", "declined", None, str(reason)))
@@ -103,7 +95,7 @@ def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
     except _Disagreement as reason:
         p.run.engine_log.append(EngineEvent("forward", "disagreement", None, str(reason)))
         return None
-    p.run.engine_log.append(EngineEvent("forward", "passed", None, "", figures=figures))
+    p.run.engine_log.append(EngineEvent("forward", "passed"))
     return {k: [DenseBlock(b) for b in blocks[k]] for k in diff}
 
 
@@ -120,40 +112,16 @@ def _require_applicable(p, diff, inputs) -> None:
         raise _Declined("a differentiable output is not floating")
 
 
-def _require_worth_projecting(p, n_in, m_total) -> None:
-    """Declines before any projection where none could pay: the ``2 * ROUNDS`` VJPs of the
-    projections must be well below the VJPs the path saves (the reverse passes' less the
-    JVP rows), and forward mode's one-time setup below the reverse passes, estimated from
-    the check's first evaluation (a VJP costing about an evaluation, as the plan assumes)."""
-    saved = _REVERSE_PASSES * m_total - n_in
-    if saved < _MIN_SAVED_SHARE * 2 * ROUNDS:
-        raise _Declined(f"too small: {saved:.0f} VJPs to save against {2 * ROUNDS} for the projections")
-    setup, evaluation = p.be.jvp_setup_cost(), getattr(p.run, "evaluation_seconds", None)
-    if setup and evaluation is not None:
-        reverse = _REVERSE_PASSES * m_total * (evaluation + cost.LOOP_CALL_SECONDS)
-        if setup >= _SETUP_MARGIN * reverse:
-            raise _Declined(f"forward-mode setup not worth it ({setup:.3g} s against about {reverse:.3g} s)")
-
-
-def _projections(p, diff, inputs, vjps):
-    """``{k: (U, |u| per row, [U J_b per input])}``, each VJP computed twice (reentrancy),
-    and the seconds the reverse passes would take, estimated from these VJPs."""
+def _projections(p, diff, inputs, vjps) -> dict:
+    """``{k: (U, |u| per row, [U J_b per input])}``, each VJP computed twice (reentrancy)."""
     be, opts = p.be, p.opts
     rng = np.random.default_rng(PROJECTION_SEED)
-    projections, reverse_seconds = {}, 0.0
+    projections = {}
     for k in diff:
         out = p.outputs[k]
-        m = be.numel(out)
-        u = rng.standard_normal((ROUNDS, m))
+        u = rng.standard_normal((ROUNDS, be.numel(out)))
         stacked = be.reshape(be.array_like(u, out), (ROUNDS, *out.shape))
-        passes, seconds = [], []
-        for _ in range(2):
-            watch = p.run.stopwatch()
-            passes.append(_flat_vjps(p, vjps, k, stacked, inputs))
-            seconds.append(watch.seconds())
-        # the better of the two: a first backward may pay one-time costs
-        reverse_seconds += _REVERSE_PASSES * m * min(seconds) / ROUNDS
-        first, second = passes
+        first, second = (_flat_vjps(p, vjps, k, stacked, inputs) for _ in range(2))
         norms = np.linalg.norm(u, axis=1)[:, None]
         bound = min(opts.nondet_tol, BOUND * opts.atol) * norms
         for a, b in zip(first, second):
@@ -162,7 +130,7 @@ def _projections(p, diff, inputs, vjps):
             if apart:
                 raise _Disagreement("backward not reentrant on the projections")
         projections[k] = (u, norms, first)
-    return projections, reverse_seconds
+    return projections
 
 
 def _flat_vjps(p, vjps, k, stacked, inputs) -> list:
@@ -185,50 +153,28 @@ def _flat_vjps(p, vjps, k, stacked, inputs) -> list:
     return flat
 
 
-def _forward_blocks(p, diff, inputs, reverse_seconds):
-    """``{k: [(m, n) NumPy block per input]}`` by batched JVPs of one-hot tangents, small
-    batches first; given up as soon as the JVPs, at the rate measured, would cost more
-    than the reverse passes they replace."""
+def _forward_blocks(p, diff, inputs) -> dict:
+    """``{k: [(m, n) NumPy block per input]}`` by batched JVPs of one-hot tangents, as many
+    rows per call as the memory the shapes imply allows (:meth:`Problem.chunk_rows`)."""
     be = p.be
     n_in = sum(be.numel(x) for x in inputs)
     blocks = {k: [np.empty((be.numel(p.outputs[k]), be.numel(x))) for x in inputs] for k in diff}
-    where = {k: p.floats.index(k) for k in diff}
-    row_bytes = (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
-    size = cost.rows_per_chunk(row_bytes, p.batch_bytes, n_in) if be.whole_batches else cost.RAMP[0]
-    done, spent, per_row = 0, 0.0, None
+    size = p.chunk_rows((n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2, n_in)
     for j, x in enumerate(inputs):
-        n, s = be.numel(x), 0
-        while s < n:
-            e = min(n, s + size)
-            watch = p.run.stopwatch()
+        for s in range(0, be.numel(x), size):
+            e = min(be.numel(x), s + size)
             try:
-                call = memory.measured(be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
+                rows = be.jvp_rows(p.fn, p.args, p.checked, j, list(range(s, e)))
             except Exception as err:  # noqa: BLE001 - no forward-mode formula, no batching rule...
                 raise _Declined(f"{type(err).__name__}: {err}") from None
-            seconds = watch.seconds()
-            spent += seconds
-            rows = call.result
             if len(rows) != len(p.floats):
                 raise _Declined("outputs changed")
             for k in diff:
-                r = rows[where[k]]
+                r = rows[p.floats.index(k)]
                 if tuple(r.shape) != (e - s, be.numel(p.outputs[k])):
                     raise _Declined("JVP rows of unexpected shape")
                 blocks[k][j][:, s:e] = be.to_numpy(r).T
-            # the first batch may pay one-time costs (torch: imports on forward mode's first
-            # use); from the second on, what is spent and what the rest would cost at the
-            # last batch's rate is weighed against the reverse passes
-            per_row = None if done == 0 else seconds / (e - s)
-            done += e - s
-            forecast = spent + (per_row or 0.0) * (n_in - done)
-            if forecast > reverse_seconds:
-                raise _Declined(f"forward mode dearer: {forecast:.3g} s against {reverse_seconds:.3g} s")
-            if call.added_peak is not None and done > e - s:
-                row_bytes = max(row_bytes, call.added_peak // (e - s))
-            size = min(2 * size, _MAX_ROWS, cost.rows_per_chunk(row_bytes, p.batch_bytes, n_in))
-            s = e
-    return blocks, {"forward_row": per_row if per_row is not None else spent / max(done, 1),
-                    "forward": spent, "reverse": reverse_seconds}
+    return blocks
 
 
 def _tie(p, diff, blocks, projections) -> None:
