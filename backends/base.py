@@ -26,17 +26,19 @@ The contract has three parts:
 * **Optional parts**, each named by a :class:`Capability` a backend lists in
   :attr:`Backend.capabilities`: forward mode, the checks of batched gradients, undefined
   gradients, second order, sparse layouts, and one protocol for the engine's faster paths,
-  :class:`BatchedForms` (batched evaluations, batched JVPs, stacked evaluations). A backend
-  without it gets the same verdicts from the loops.
+  :class:`~agcheck.backends.batched_forms.BatchedForms` (batched evaluations, batched JVPs,
+  stacked evaluations). A backend without it gets the same verdicts from the loops.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["Backend", "BatchedForms", "Trace", "Perturber", "BackendUnavailableError", "Capability",
+from agcheck.backends.interop import Interop
+from agcheck.backends.parts import InputPart, OutputPart
+
+__all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability",
            "UnsupportedError", "OutputPart", "InputPart", "REQUIRED_METHODS", "DEFAULTED_METHODS", "CORE_METHODS",
            "CAPABILITY_METHODS", "BATCHED_FORMS", "missing_verbs", "require_contract", "summary_edges", "work_clock"]
 
@@ -80,8 +82,8 @@ DEFAULTED_METHODS = ("xp", "to_numpy", "precision", "one_hot", "as_int")
 #: the required core of the contract
 CORE_METHODS = REQUIRED_METHODS + DEFAULTED_METHODS
 
-#: the capabilities of the engine's faster paths: a backend lists them only as a
-#: :class:`BatchedForms`, and :meth:`Backend.supports` denies them to any other backend
+#: the capabilities of the engine's faster paths: :meth:`Backend.supports` grants them only
+#: to a backend that implements :class:`~agcheck.backends.batched_forms.BatchedForms`
 BATCHED_FORMS = frozenset({
     Capability.BATCHED_EVALUATION, Capability.BATCHED_JVP, Capability.STACKED_EVALUATION,
     Capability.FUNCTIONAL_BATCHED_EVALUATION,
@@ -127,57 +129,6 @@ _NAMESPACES: dict = {}
 
 class UnsupportedError(NotImplementedError):
     """An optional method was called on a backend that does not declare its capability."""
-
-
-@dataclass(frozen=True, eq=False)
-class OutputPart:
-    """``fn`` with ``real`` or ``imag`` applied to its complex outputs (reverse mode of a
-    function with complex outputs). A backend whose derivatives come from elsewhere (the
-    NumPy backend's user VJPs) unpacks it to find ``fn``; to everyone else it is a function."""
-
-    fn: Callable
-    part: str
-    backend: Any
-    #: the evaluations this pass shares with the other part's
-    #: (:class:`agcheck.core.shared_evaluations.SharedEvaluations`), or ``None``
-    shared: Any = None
-
-    def __call__(self, *args):
-        shared = self.shared
-        if shared is not None and shared.active:
-            return shared.evaluate(self, args)
-        return self.taken(self.fn(*args))
-
-    def taken(self, outputs, part: str | None = None) -> tuple:
-        """``part`` (by default this function's) of each complex array among ``fn``'s
-        ``outputs``; the other outputs as they are."""
-        be = self.backend
-        take = be.real if (part or self.part) == "real" else be.imag
-        return tuple(take(o) if be.is_array(o) and be.is_complex(o) else o for o in be.as_tuple(outputs))
-
-
-@dataclass(frozen=True, eq=False)
-class InputPart:
-    """``fn`` as a function of the real (or imaginary) parts of its complex inputs at
-    ``positions``, the other part held at its value in ``originals`` (forward mode). A
-    backend whose operators do not promote real to complex (TensorFlow) unpacks it and
-    rebuilds the complex inputs in its own arithmetic."""
-
-    fn: Callable
-    positions: tuple
-    originals: tuple
-    part: str
-    backend: Any
-
-    def __call__(self, *args):
-        be = self.backend
-        rebuilt = list(args)
-        for k in self.positions:
-            if self.part == "real":
-                rebuilt[k] = be.plus_imaginary(args[k], be.imag(self.originals[k]))
-            else:
-                rebuilt[k] = be.plus_imaginary(be.real(self.originals[k]), args[k])
-        return be.as_tuple(self.fn(*rebuilt))
 
 
 class BackendUnavailableError(ImportError):
@@ -272,7 +223,7 @@ class Perturber:
         return None
 
 
-class Backend:
+class Backend(Interop):
     """What the core asks of an array framework: the backend contract.
 
     A backend writes the verbs of :data:`REQUIRED_METHODS` (inspection, ``trace``,
@@ -300,6 +251,9 @@ class Backend:
     #: whether a function written once against the array API (``array_api_compat``) runs
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
     runs_array_api_code: bool = True
+    #: whether this backend implements the optional protocol of the engine's faster paths
+    #: (set by :class:`~agcheck.backends.batched_forms.BatchedForms`)
+    batched_forms: bool = False
 
     def xp(self, x):
         """The array-API namespace the core computes with on ``x`` (``array_api_compat``'s,
@@ -321,8 +275,8 @@ class Backend:
 
     def supports(self, capability: str) -> bool:
         """Whether this backend implements the optional part ``capability`` (the engine's
-        faster paths, :data:`BATCHED_FORMS`, only on a :class:`BatchedForms`)."""
-        if capability in BATCHED_FORMS and not isinstance(self, BatchedForms):
+        faster paths, :data:`BATCHED_FORMS`, only where :attr:`batched_forms` is set)."""
+        if capability in BATCHED_FORMS and not self.batched_forms:
             return False
         return capability in self.capabilities
 
@@ -742,202 +696,6 @@ class Backend:
     def normal_like(self, like, generator):
         """Standard normal samples shaped like ``like``, from ``generator``."""
         raise NotImplementedError
-
-    # -- conversion, precision, second derivatives (crosscheck and the frontends) -------
-    # The verbs with which code outside the backends (``agcheck.crosscheck`` and the
-    # command line) makes a framework's arrays, computes in its precision and takes its
-    # second derivatives, without importing the framework itself.
-
-    def from_numpy(self, values, *, checked: bool = False, like=None):
-        """An array of this backend's framework with the values of a NumPy array.
-
-        Parameters
-        ----------
-        values : numpy.ndarray
-            The values. The result never shares memory with them, so the caller's array
-            is not written to by anything done to the result.
-        checked : bool, optional
-            Mark the result for differentiation where the framework marks arrays for it
-            (torch: ``requires_grad``); frameworks that choose the inputs to
-            differentiate otherwise ignore it. Only floating point and complex values
-            can be checked.
-        like : array, optional
-            An array of this backend's framework; the result takes its dtype (``values``
-            are cast as NumPy casts them) and its device. Without it the result has
-            ``values``' dtype, as the framework stores it (see :meth:`precision`), on the
-            default device.
-
-        Returns
-        -------
-        array
-            The new array.
-
-        Raises
-        ------
-        TypeError
-            The backend does not know how to make its arrays from NumPy arrays.
-        """
-        raise TypeError(
-            f"the {self.name!r} backend cannot make its arrays from NumPy arrays; give it a "
-            "from_numpy(values, *, checked=False, like=None) method"
-        )
-
-    def precision(self, double: bool):
-        """A context manager in which the framework computes in the precision of the data.
-
-        Parameters
-        ----------
-        double : bool
-            ``True`` when the data are 64-bit (float64, complex128, int64). A framework
-            that computes in 32 bits unless told otherwise (JAX, whose
-            ``jax_enable_x64`` is off by default) switches 64-bit mode on for the body of
-            the ``with`` block; ``False`` leaves the framework's setting as it is.
-
-        Returns
-        -------
-        context manager
-            On exit, also when the body raises, the caller's setting is restored exactly.
-            Frameworks that keep the precision of their data (torch, NumPy) do nothing.
-        """
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def vjp_of_vjp(self, fn: Callable, args: tuple, checked: Sequence[int], output: int,
-                   cotangent, gradient_cotangents: Sequence[Sequence]) -> dict:
-        """Second derivatives through the framework's own autodiff, in torch's convention.
-
-        With ``g_j = d<w, f_k>/dx_j`` the reverse-mode derivative (VJP) of output ``k =
-        output`` of ``fn(*args)`` with the cotangent ``w`` with respect to the checked
-        input ``x_j = args[checked[j]]``, this computes, for every cotangent ``c`` of
-        ``gradient_cotangents[j1]``, the VJP ``d<c, g_j1>/dx_j2`` with respect to every
-        checked input ``x_j2``. Complex derivatives follow torch's convention at both
-        levels (``torch_vjp(v) == conj(jax_vjp(conj(v)))``).
-
-        Parameters
-        ----------
-        fn : callable
-            The function, called as ``fn(*args)``; it returns an array or a tuple.
-        args : tuple
-            Its arguments, arrays of this framework (made with :meth:`from_numpy`, with
-            ``checked=True`` at the positions ``checked``) and pass-through values.
-        checked : sequence of int
-            The positions in ``args`` of the inputs to differentiate with respect to.
-        output : int
-            The position of the output among ``fn``'s outputs.
-        cotangent : numpy.ndarray
-            ``w``, shaped like the output; cast to the output's dtype.
-        gradient_cotangents : sequence of sequences of numpy.ndarray
-            Per checked input ``j1``, the cotangents ``c`` of its gradient ``g_j1``
-            (each shaped like ``x_j1``; cast to the gradient's dtype).
-
-        Returns
-        -------
-        dict
-            ``{(j1, j2): numpy.ndarray}`` of shape ``(len(gradient_cotangents[j1]),
-            x_j2.size)``: one flattened second derivative per cotangent ``c``; zeros
-            where a derivative is undefined (an unused input, an output that does not
-            depend on the inputs).
-
-        Raises
-        ------
-        NotImplementedError
-            The backend has no autodiff of its own (NumPy: only the first-order vjp/jvp
-            the caller supplies). Whether a backend implements this verb tells callers
-            whether second derivatives can be compared on it.
-        """
-        raise NotImplementedError(f"the {self.name!r} backend computes no second derivatives")
-
-    def framework_version(self) -> str:
-        """The version of the framework behind this backend (for reports)."""
-        import importlib
-
-        try:
-            module = importlib.import_module(self.name)
-        except ImportError:
-            return "unknown"
-        return str(getattr(module, "__version__", "unknown"))
-
-    def compiled(self, fn: Callable) -> Callable:
-        """``fn`` as code of this framework usually runs: compiled (JAX: ``jax.jit``)
-        where the framework compiles, else ``fn`` itself. Derivatives are the same."""
-        return fn
-
-
-class BatchedForms:
-    """The optional protocol of the engine's faster paths: ``fn`` evaluated for many moved
-    inputs, and many JVPs, in one call each.
-
-    A backend that implements it inherits this class beside :class:`Backend` and lists the
-    forms it has (:data:`BATCHED_FORMS`) in :attr:`Backend.capabilities`; the engine asks
-    :meth:`Backend.supports` before each. Without it (or with a form left out) the engine
-    computes the same rows in loops of the core verbs, and every verdict is the same.
-    """
-
-    def evaluate_batch(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
-        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (a
-        leading batch dimension) in one call: per output, the stacked results.
-        Capability :attr:`Capability.BATCHED_EVALUATION`."""
-        raise UnsupportedError("evaluate_batch")
-
-    def evaluate_batch_functional(self, fn: Callable, args: tuple, position: int, stacked) -> tuple:
-        """:meth:`evaluate_batch` with ``fn``'s in-place writes replaced by their
-        out-of-place equivalents first, for functions that write batched values into arrays
-        they create themselves (``out = zeros(...); out[..., 0] = f(x)``), which a batching
-        transform refuses. The engine tries it only where :meth:`evaluate_batch` raised.
-        Capability :attr:`Capability.FUNCTIONAL_BATCHED_EVALUATION`."""
-        raise UnsupportedError("evaluate_batch_functional")
-
-    def evaluate_stacked(self, fn: Callable, args: tuple, position: int, stacked,
-                         tiled: Sequence[int] = ()) -> tuple:
-        """``fn`` called once with ``args[position]`` replaced by the ``b`` copies in
-        ``stacked`` laid end to end along the input's first dimension, as if it were
-        ``fn``'s own batch dimension: per output, the result split back into ``b`` equal
-        parts, shape ``(b, output.shape[0] // b, *output.shape[1:])``. The arguments at
-        the positions ``tiled`` (which share that first dimension) are repeated ``b``
-        times end to end, so that each copy meets them as a plain call does.
-
-        Only a function that treats that dimension as independent samples gives each
-        copy its own result; the engine uses this form only after comparing it with
-        plain calls. Raises ``ValueError`` when an output cannot be split so.
-        Capability :attr:`Capability.STACKED_EVALUATION`."""
-        raise UnsupportedError("evaluate_stacked")
-
-    def element_moves(self, x, flat: Sequence[int], step, sign: int):
-        """Copies of ``x`` stacked, the ``b``-th with element ``flat[b]`` moved by
-        ``sign * step``, rounded as :meth:`Perturber.evaluate_element` rounds.
-        Capability :attr:`Capability.BATCHED_EVALUATION`."""
-        raise UnsupportedError("element_moves")
-
-    def one_hots(self, like, flat: Sequence[int]):
-        """Stacked one-hot arrays shaped like ``like``, the ``b``-th one at ``flat[b]``.
-        Capability :attr:`Capability.BATCHED_EVALUATION`."""
-        raise UnsupportedError("one_hots")
-
-    def batching_obstacle(self, fn: Callable, position: int, trace: Trace) -> str | None:
-        """Why ``fn`` certainly cannot be evaluated with ``args[position]`` batched
-        (:meth:`evaluate_batch`), as its traced evaluation ``trace`` shows it, or ``None``
-        when nothing shows; by default :meth:`Trace.batching_obstacle`."""
-        return trace.batching_obstacle()
-
-    def stacking_obstacle(self, fn: Callable, position: int, tiled: Sequence[int] = ()) -> str | None:
-        """Why :meth:`evaluate_stacked` certainly cannot evaluate ``fn`` with
-        ``args[position]`` stacked (beside the arguments ``tiled``), as ``fn``'s kind
-        shows it, or ``None`` when nothing shows. The engine then skips that form without
-        calling ``fn``; ``None`` promises nothing."""
-        return None
-
-    def jvp_rows(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, flat: Sequence[int]) -> list:
-        """Forward-mode Jacobian rows ``flat`` of input ``checked[j]`` in one batched JVP:
-        per floating output a ``(len(flat), numel)`` array. Capability
-        :attr:`Capability.BATCHED_JVP`."""
-        raise UnsupportedError("jvp_rows")
-
-    def jvp_along(self, fn: Callable, args: tuple, checked: Sequence[int], j: int, stacked) -> list:
-        """JVPs along each of ``stacked`` (tangents of input ``checked[j]``, the others'
-        zero): per floating output a ``(len(stacked), numel)`` array, ``None`` where
-        undefined. Capability :attr:`Capability.BATCHED_JVP`."""
-        raise UnsupportedError("jvp_along")
 
 
 def summary_edges(options: dict, numel: int) -> int | None:

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
-from agcheck.backends.base import Backend, BatchedForms, Perturber, Trace, summary_edges
+from agcheck.backends.base import Backend, Perturber, Trace, summary_edges
+from agcheck.backends.batched_forms import BatchedForms
 from agcheck.backends.host_checks import HostNamespace
 from agcheck.warn import warn_caller
 

@@ -36,7 +36,8 @@ import mlx.core as mx
 import numpy as np
 
 from agcheck.backends.host_checks import HostChecks, HostNamespace
-from agcheck.backends.base import Backend, BatchedForms, Perturber, Trace
+from agcheck.backends.base import Backend, Perturber, Trace
+from agcheck.backends.batched_forms import BatchedForms
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 
 __all__ = ["MlxBackend", "MlxTrace", "MlxPerturber", "BACKEND_CLASS", "owns"]

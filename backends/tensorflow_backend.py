@@ -39,7 +39,8 @@ import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 from agcheck.backends.host_checks import HostChecks, HostNamespace
-from agcheck.backends.base import Backend, BatchedForms, InputPart, OutputPart, Perturber, Trace
+from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
+from agcheck.backends.batched_forms import BatchedForms
 from agcheck.backends.tensorflow_loading import import_tensorflow
 
 tf = import_tensorflow()  # triton first where it is installed (tensorflow_loading says why)

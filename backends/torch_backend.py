@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from agcheck.backends.base import Backend, BatchedForms, OutputPart, Trace, summary_edges
+from agcheck.backends.base import Backend, OutputPart, Trace, summary_edges
+from agcheck.backends.batched_forms import BatchedForms
 
 from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
 from agcheck.backends.torch_forward_memo import RetainedForward

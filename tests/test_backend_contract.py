@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import agcheck
-from agcheck.backends.base import (BATCHED_FORMS, CAPABILITY_METHODS, CORE_METHODS, REQUIRED_METHODS, Backend,
-                                  BatchedForms, Capability, missing_verbs)
+from agcheck.backends.base import BATCHED_FORMS, CAPABILITY_METHODS, CORE_METHODS, REQUIRED_METHODS, Backend, Capability, missing_verbs
+from agcheck.backends.batched_forms import BatchedForms
 from agcheck.backends.registry import available_backends, get_backend
 
 from .helpers import tensorflow_or_skip
