@@ -138,11 +138,12 @@ class Scaled(torch.autograd.Function):
 w = torch.randn(120, 120, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
 fn = lambda x: Scaled.apply(torch.tanh(w @ (x.sgn() * x * x)))
 x = torch.randn(120, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
-from agcheck.gradcheck import _Run
+from agcheck.core.run import CheckRun
+from agcheck.gradcheck import all_checks
 from agcheck.options import GradcheckOptions
-run = _Run(fn, (x,), agcheck.get_backend("torch"), GradcheckOptions())
+run = CheckRun(fn, (x,), agcheck.get_backend("torch"), GradcheckOptions())
 try:
-    run.all_checks()
+    all_checks(run)
     verdict = True
 except agcheck.GradcheckError:
     verdict = False

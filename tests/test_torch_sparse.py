@@ -431,12 +431,12 @@ def test_probe_vectors_are_torchs(layout):
 def test_engine_leaves_sparse_to_the_reference_engine():
     from agcheck.core.piece import Piece
     from agcheck.engine import batched as engine
-    from agcheck.gradcheck import _Run
+    from agcheck.core.run import CheckRun
     from agcheck.options import GradcheckOptions
 
     be = get_backend("torch")
     s = sparse("csr")
-    run = _Run(lambda a: a.to_dense(), (s,), be, GradcheckOptions())
+    run = CheckRun(lambda a: a.to_dense(), (s,), be, GradcheckOptions())
     trace = be.trace(run.fn, run.args, [0])
     outcome = engine.compare_slow_reverse(run, Piece.of(be, run.fn, run.args, [0], trace))
     assert not outcome.passed and "sparse_csr" in outcome.reason
