@@ -224,7 +224,7 @@ def test_vjp_batched_equals_vjps_one_at_a_time(setup):
         pytest.skip(f"{be.name} does not list {Capability.BATCHED_GRAD!r}")
     trace = be.trace(fn, args, [0, 1])
     cots = [make(np.eye(4)[i], checked=False) for i in range(3)]
-    batched = trace.vjp_batched(0, be.stack(cots, axis=0))
+    batched = trace.vjp_batched(0, be.xp(cots[0]).stack(cots, axis=0))
     for i, c in enumerate(cots):
         for got, want in zip(batched, trace.vjp([0], [c])):
             np.testing.assert_allclose(_np(be, got[i]), _np(be, want), rtol=1e-12)
@@ -520,7 +520,8 @@ def test_stacked_evaluation_gives_each_copy_its_own_result(setup):
     np.testing.assert_allclose(_np(be, out), want * Y, rtol=1e-12)
     # only an argument that shares the first dimension can be tiled
     with pytest.raises(ValueError):
-        be.evaluate_stacked(lambda x, y: (x * y,), (args[0], be.reshape(args[1], (2, 2))), 0, moves, tiled=(1,))
+        be.evaluate_stacked(lambda x, y: (x * y,), (args[0], be.xp(args[1]).reshape(args[1], (2, 2))), 0, moves,
+                            tiled=(1,))
 
 
 # -- the optional protocol: without it the loops give the same verdicts ---------------------

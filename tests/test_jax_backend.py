@@ -981,7 +981,8 @@ def test_moved_copies_and_host_results_are_committed_only_where_the_input_was(co
 
     JaxPerturber((x,), 0, lambda out: (out,)).evaluate_element(fn, 1, 0.5, 1)
     assert seen == [(committed, x.devices())]
-    for result in (be.reshape(x, (2, 2)), be.stack([x, x]), be.one_hot(x, 2), be.element_moves(x, [0, 3], 0.5, -1)):
+    xp = be.xp(x)
+    for result in (xp.reshape(x, (2, 2)), xp.stack([x, x]), be.one_hot(x, 2), be.element_moves(x, [0, 3], 0.5, -1)):
         assert result.committed is committed and result.devices() == x.devices()
 
 
