@@ -87,9 +87,8 @@ def _disagreement(n_entries, a_entries, opts, numerical_strays, analytical_stray
 
 
 def _read_off(compressed, colour, signs, own, other):
-    """``(entries, strays)``: from ``compressed`` values ``(patterns, colours, size)`` of
-    signed colour classes of ``own`` elements, each pattern entry ``(own[i], other[i])``
-    unsigned, and the sums where no entry is expected."""
+    """``(entries, strays)`` of ``compressed`` ``(patterns, colours, size)``, signed classes of
+    ``own`` elements: each entry ``(own[i], other[i])`` unsigned, and sums where none is."""
     c = 0 if colour is None else colour[own]  # None: one colour
     entries = compressed[:, c, other] * signs[:, own]
     expected = np.zeros(compressed.shape[1:], dtype=bool)
@@ -127,11 +126,10 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
     be, x = p.be, p.args[q]
     per_row = (be.numel(x) + p.out_numel) * p.itemsize * _COPY_FACTOR
     size = max(group, p.batch_bytes // max(per_row, 1) // group * group)
-    batched = p.batched_ok(q)
     parts = {k: [] for k in outputs}
     for start in range(0, n_rows, size):
         stop = min(n_rows, start + size)
-        if batched:
+        if p.batched_ok(q):
             stacked = be.reshape(be.array_like(move_rows(start, stop, False), x), (stop - start, *x.shape))
             outs = p.evaluate(q, stacked)
             outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in outputs}
@@ -143,9 +141,8 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
 
 
 def _differences(p, q, colour, n_colours, signs, outputs) -> dict:
-    """``{k: (patterns, n_colours, m)}``: the difference quotients of ``fn`` along each colour
-    class of ``args[q]`` (``colour``: per element) moved by each sign pattern (``signs``:
-    ``(patterns, n)``); a complex input's are those of both axes, combined."""
+    """``{k: (patterns, n_colours, m)}``: quotients of ``fn`` along each colour class of ``args[q]``
+    moved by each sign pattern (``signs``: ``(patterns, n)``); a complex input's on both axes."""
     stencil, eps = p.run.stencil, p.run.eps_for(p.args[q])
     xs = p.be.to_numpy(p.args[q]).reshape(-1)
     points, offsets = len(stencil.offsets), np.asarray(stencil.offsets)
@@ -201,9 +198,8 @@ class _Pattern:
 def _probe(p, q, outputs) -> dict:
     """``{k: _Pattern}`` for ``args[q]``, found by moving each half of its elements by
     index bit; raises :class:`Declined` where an output element depends on several."""
-    x = p.args[q]
-    n = p.be.numel(x)
-    xs = p.be.to_numpy(x).reshape(-1)
+    xs = p.be.to_numpy(p.args[q]).reshape(-1)
+    n = len(xs)
     step = _PROBE_STEP * np.maximum(np.abs(xs), 1.0)
     bits = bits_for(n)
     on = (np.arange(n)[None, :] >> np.arange(bits)[:, None]) & 1
@@ -233,8 +229,7 @@ def _probe(p, q, outputs) -> dict:
 
 
 def try_compressed_reverse(p, checked, diff) -> bool:
-    """Whether a slow reverse-mode comparison passed by compressed differences (False: no
-    colouring applies, it does not pay, or anything disagreed; the exact engine decides)."""
+    """Whether a slow reverse-mode comparison passed by compressed differences (else the exact engine decides)."""
     be = p.be
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in diff)
     return entries >= MIN_ENTRIES and _attempt(p, "compressed", lambda: _compressed_reverse(p, checked, diff))
@@ -252,20 +247,28 @@ def _compressed_reverse(p, checked, diff) -> str:
     numerical = {q: _differences(p, q, None, 1, col_signs[q], diff) for q in checked}
     for k in diff:
         row_signs = index_signs(be.numel(p.outputs[k]), n_patterns, rng)
-        vjps = {}  # shared by the inputs whose colourings of the outputs coincide
-        for j, q in enumerate(checked):
-            pat = patterns[q][k]
-            if pat.colour.tobytes() not in vjps:
-                vjps[pat.colour.tobytes()] = [_compressed_vjps(p, k, checked, pat, row_signs) for _ in range(2)]
-            first, second = (v[j] for v in vjps[pat.colour.tobytes()])
-            with np.errstate(invalid="ignore", over="ignore"):
-                if first.size and np.max(np.abs(first - second)) > p.opts.nondet_tol:
-                    return "backward not reentrant"
-            n = _read_off(numerical[q][k], None, col_signs[q], pat.dep[pat.rows], pat.rows)
-            a = _read_off(first, pat.colour, row_signs, pat.rows, pat.dep[pat.rows])
-            why = _disagreement(n[0], a[0], p.opts, n[1], a[1])
-            if why:
-                return f"output {k}, input {q}: {why}"
+        why = _compressed_output(p, k, checked, patterns, {q: numerical[q][k] for q in checked}, col_signs, row_signs)
+        if why:
+            return why
+    return ""
+
+
+def _compressed_output(p, k, checked, patterns, numerical, col_signs, row_signs) -> str:
+    """Output ``k``'s blocks, against VJPs computed twice, shared where output colourings coincide."""
+    vjps = {}
+    for j, q in enumerate(checked):
+        pat = patterns[q][k]
+        if pat.colour.tobytes() not in vjps:
+            vjps[pat.colour.tobytes()] = [_compressed_vjps(p, k, checked, pat, row_signs) for _ in range(2)]
+        first, second = (v[j] for v in vjps[pat.colour.tobytes()])
+        with np.errstate(invalid="ignore", over="ignore"):
+            if first.size and np.max(np.abs(first - second)) > p.opts.nondet_tol:
+                return "backward not reentrant"
+        n = _read_off(numerical[q], None, col_signs[q], pat.dep[pat.rows], pat.rows)
+        a = _read_off(first, pat.colour, row_signs, pat.rows, pat.dep[pat.rows])
+        why = _disagreement(n[0], a[0], p.opts, n[1], a[1])
+        if why:
+            return f"output {k}, input {q}: {why}"
     return ""
 
 
