@@ -12,7 +12,7 @@ __all__ = ["HostChecks", "HostNamespace"]
 
 
 def _is_array(a) -> bool:
-    return hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, np.generic)
+    return hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, (np.generic, type))
 
 
 class HostNamespace:
@@ -43,7 +43,7 @@ class HostNamespace:
 
     def __getattr__(self, name):
         on_host = getattr(host_xp, name)
-        if not callable(on_host):
+        if not callable(on_host) or isinstance(on_host, type):  # constants and dtypes
             return on_host
         call = self._function(name, on_host)
         setattr(self, name, call)  # found without __getattr__ from now on

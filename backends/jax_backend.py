@@ -474,12 +474,6 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
     def is_bool(self, x) -> bool:
         return x.dtype == jnp.bool_
 
-    def as_int(self, x):
-        return x.astype(jnp.int8)
-
-    def numel(self, x) -> int:
-        return int(np.prod(x.shape, dtype=np.int64)) if x.shape else 1
-
     def real_dtype_of(self, x):
         return jnp.finfo(x.dtype).dtype
 
@@ -745,12 +739,6 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
             return x
         return jax.device_put(x, device)
 
-    def to_dense(self, x):
-        return x
-
-    def gradient_layout_problem(self, g, x):
-        return None
-
     def to_numpy(self, x):
         return np.asarray(x)
 
@@ -858,9 +846,6 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
             for j2 in rows:
                 result[(j1, j2)] = np.stack(rows[j2], 0)
         return result
-
-    def framework_version(self) -> str:
-        return jax.__version__
 
     def compiled(self, fn):
         """``jax.jit(fn)``: eagerly, every array-API call compiles its own small XLA

@@ -335,9 +335,6 @@ class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     def is_bool(self, x) -> bool:
         return x.dtype == mx.bool_
 
-    def as_int(self, x):
-        return x.astype(mx.int8)
-
     def numel(self, x) -> int:
         return int(x.size)
 

@@ -450,13 +450,6 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     def is_bool(self, x) -> bool:
         return self._kind(x) == tf.bool
 
-    def as_int(self, x):
-        return _host(x).astype(np.int8)
-
-    def numel(self, x) -> int:
-        shape = tuple(int(s) for s in x.shape)
-        return int(np.prod(shape, dtype=np.int64)) if shape else 1
-
     def dtype_name(self, x) -> str:
         return self._kind(x).name
 
@@ -783,9 +776,6 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
                 result[(j1, j2)] = np.stack(rows, 0) if rows else np.zeros((0, sizes[j2]), dtypes[j2])
         del outer
         return result
-
-    def framework_version(self) -> str:
-        return tf.__version__
 
     def compiled(self, fn):
         """``fn`` itself: TensorFlow 2 runs eagerly unless the user wraps a function in

@@ -287,9 +287,6 @@ class TorchBackend(BatchedForms, Backend):
     def is_bool(self, x) -> bool:
         return x.dtype == torch.bool
 
-    def as_int(self, x):
-        return x.to(torch.int8)
-
     def numel(self, x) -> int:
         return x.numel()
 
@@ -906,9 +903,6 @@ class TorchBackend(BatchedForms, Backend):
                                 else self.to_numpy(h).reshape(-1))
                 result[(j1, j2)] = np.stack(rows, 0)
         return result
-
-    def framework_version(self) -> str:
-        return torch.__version__
 
     # compiled(): agcheck runs torch code eagerly; the base class's returns fn itself
 

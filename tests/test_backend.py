@@ -215,3 +215,33 @@ def test_a_misspelt_keyword_is_named_with_the_keyword_meant():
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'fast_mdoe'; did you mean 'fast_mode'\?"):
         agcheck.gradgradcheck(lambda t: t.sin(), (x,), fast_mdoe=True)
     assert agcheck.gradcheck(lambda t: t.sin(), (x,), atol=1e-3)
+
+
+class _Boxed:
+    """A framework's array as a host namespace meets it: shape, dtype, values behind it."""
+
+    def __init__(self, values):
+        self.values = np.asarray(values)
+        self.shape, self.dtype = self.values.shape, self.values.dtype
+
+
+def test_the_host_namespace_computes_on_host_views_and_hands_framework_arrays_back():
+    from types import SimpleNamespace
+
+    from agcheck.backends.host_checks import HostNamespace
+
+    backs = []
+
+    def back(values, like, dtype):
+        backs.append(dtype)
+        return _Boxed(values)
+
+    xp = HostNamespace(lambda a: a.values if isinstance(a, _Boxed) else None, back,
+                       native=SimpleNamespace(reshape=lambda x, shape: ("native", shape)))
+    b = _Boxed(np.arange(-3.0, 3.0))
+    assert isinstance(xp.reshape(b, (2, 3)), _Boxed) and xp.reshape(b, (2, 3)).shape == (2, 3)
+    np.testing.assert_array_equal(xp.stack([b, b], axis=0).values, np.stack([b.values, b.values]))
+    assert xp.astype(b, np.int8).dtype == np.int8 and backs[-1] is np.int8  # the dtype asked for reaches back
+    assert float(xp.max(xp.abs(b)).values) == 3.0 and xp.int8 is np.int8  # dtypes are not wrapped
+    traced = SimpleNamespace(shape=(1,), dtype=np.float64)  # no host view: the framework's own namespace
+    assert xp.reshape(traced, (1,)) == ("native", (1,))
