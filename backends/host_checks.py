@@ -22,7 +22,8 @@ class HostNamespace:
     Each function computes with NumPy (``array_api_compat``'s namespace) on the host views
     of its array arguments and hands array results back through ``back(result, like)``,
     ``like`` the first array argument (a framework array again, or the NumPy result
-    itself). Where an argument has no host view (``host(x)`` is ``None``: a traced value,
+    itself); a 0-d result (a reduction, which the core reads as a Python number) stays a
+    NumPy value. Where an argument has no host view (``host(x)`` is ``None``: a traced value,
     an array on an accelerator), the framework's own namespace ``native`` computes.
 
     Parameters
@@ -90,7 +91,9 @@ class HostNamespace:
             result = on_host(*views, **kwargs)
             if isinstance(result, (list, tuple)):
                 return type(result)(back(r, like, asked) for r in result)
-            return back(result, like, asked) if isinstance(result, (np.ndarray, np.generic)) else result
+            if isinstance(result, np.generic) or (isinstance(result, np.ndarray) and not result.ndim):
+                return result  # a reduction, read as a Python number: it stays on the host
+            return back(result, like, asked) if isinstance(result, np.ndarray) else result
 
         call.__name__ = name
         return call
