@@ -1201,12 +1201,12 @@ def forced_engine():
     always worth batching (the constants restored after)."""
     from agcheck.engine import cost
 
-    saved = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS
-    cost.ENGINE_WORTH_SECONDS = cost.VJP_BATCHING_WORTH_SECONDS = 0.0
+    saved = cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS
+    cost.ENGINE_FROM_CALLS = cost.BATCHED_VJPS_FROM_CALLS = 0
     try:
         yield
     finally:
-        cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS = saved
+        cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS = saved
 
 
 class FallbackCounter(logging.Handler):

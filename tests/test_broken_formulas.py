@@ -70,11 +70,11 @@ def test_full_sweep(op_name):
 def test_force_engine_runs_every_check_through_the_engine_and_is_undone(monkeypatch, capsys):
     from agcheck.engine import cost
 
-    before = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS
+    before = cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS
     seen, real_run_op = [], bf.run_op
 
     def run_op(op, **kw):
-        seen.append((cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS))
+        seen.append((cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS))
         counts = real_run_op(op, **kw)
         _assert_verdicts(counts)
         return counts
@@ -82,7 +82,7 @@ def test_force_engine_runs_every_check_through_the_engine_and_is_undone(monkeypa
     monkeypatch.setattr(bf, "run_op", run_op)
     assert bf.main(["--ops", "exp", "--limit", "1", "--force-engine"]) == 0
     assert seen == [(0.0, 0.0)]
-    assert (cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS) == before
+    assert (cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS) == before
     assert "DISAGREE" not in capsys.readouterr().out
     assert bf.main(["--ops", "exp", "--limit", "1"]) == 0
     assert seen[-1] == before

@@ -43,12 +43,8 @@ def count_calls(**kw):
 def test_inputs_restored_when_fn_raises_mid_perturbation(where, engine, fast_mode, monkeypatch):
     from agcheck.engine import cost
 
-    # batch sizes follow timings, and so may the number of calls: fixed here, so that the
-    # two runs below make the same calls and the last one is reached; and "auto" runs the
-    # engine, whatever the loop's estimate (35 elements are near the limit that sends a
-    # check to the reference engine at once, and a timing could send one run each way)
-    monkeypatch.setattr(cost, "next_batch_size", lambda per_row, looped, chunk, **kw: (chunk, ""))
-    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    # "auto" runs the engine, however few calls the loop would make
+    monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
     total = count_calls(engine=engine, fast_mode=fast_mode)
     x = make(5, 7)
     snap = Snapshot([x])

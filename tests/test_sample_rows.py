@@ -19,7 +19,7 @@ B, SIDE = 3, 10
 
 @pytest.fixture(autouse=True)
 def _engine_always_runs(monkeypatch):
-    monkeypatch.setattr(cost, "ENGINE_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
 
 
 def _weights():
@@ -177,8 +177,6 @@ def _calls(fn):
     return counted, count
 
 
-
-
 @pytest.mark.parametrize("scale", [1.0, 1.01])
 def test_a_check_moved_by_samples_has_the_reference_verdict_in_a_third_of_the_calls(monkeypatch, scale):
     monkeypatch.setattr(_NotBatchable, "scale", scale)
@@ -224,16 +222,14 @@ def _counted_check(monkeypatch, scale, **options):
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.01])
-def test_batching_that_saves_nothing_gives_way_to_moving_the_samples_together(monkeypatch, scale):
+def test_a_fn_of_samples_takes_under_half_the_calls_of_the_reference(monkeypatch, scale):
     r, calls = _counted_check(monkeypatch, scale)
     _, reference_calls = _counted_check(monkeypatch, scale, engine="reference")
     assert r.verdict is (scale == 1.0) and bool(r.engine_fallbacks) is (scale != 1.0)
     decisions = [(e.decision, e.detail) for e in r.engine_log if e.path == "numerical"]
-    assert ("by samples", "") in decisions
-    if scale == 1.0:  # a failing check stops at the first batch, and its rows are finished by samples
-        assert ("looped", "looped by samples is cheaper") in decisions
-    # the reference: 2 calls per element (128); by samples: 2 per element of a sample (32),
-    # the samples probe (5), the batching probe and the first batches, and the trace
+    assert ("by samples", "") in decisions and ("batched", "") in decisions
+    # the reference: 2 calls per element (128); batched: the probe and a few batches,
+    # the samples' probe (5), rows finished by samples on a failure (32), and the trace
     assert calls < reference_calls / 2, (calls, reference_calls)
 
 

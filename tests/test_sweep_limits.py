@@ -100,24 +100,24 @@ def test_the_sweep_forces_the_engine_and_counts_its_fallbacks(capsys):
 
     from agcheck.engine import cost
 
-    before = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS, logging.getLogger("agcheck.engine").level
+    before = cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS, logging.getLogger("agcheck.engine").level
     assert sweep.main(["--ops", "bernoulli", "--dtypes", "float64", "--fast", "slow", "--limit-samples", "1",
                        "--force-engine", "--engine-fallbacks"]) == 0
     out = capsys.readouterr().out
     assert "engine fallbacks on exceptions: 1" in out
     assert "RuntimeError: vmap: We do not yet support calling random operations inside of vmap" in out
-    after = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS, logging.getLogger("agcheck.engine").level
+    after = cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS, logging.getLogger("agcheck.engine").level
     assert after == before and not logging.getLogger("agcheck.engine").handlers
 
 
 def test_the_gradgrad_sweep_forces_the_engine_and_undoes_it(monkeypatch, capsys):
     from agcheck.engine import cost
 
-    before = cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS
+    before = cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS
     seen, real_run_op = [], gg.run_op
 
     def run_op(op, **kw):
-        seen.append((cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS))
+        seen.append((cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS))
         return real_run_op(op, **kw)
 
     monkeypatch.setattr(gg, "run_op", run_op)
@@ -126,7 +126,7 @@ def test_the_gradgrad_sweep_forces_the_engine_and_undoes_it(monkeypatch, capsys)
     argv = ["--ops", "sin", "--dtypes", "float64", "--modes", "slow", "--variants", "bwgrad_bwgrad", "--limit", "1"]
     level = logging.getLogger("agcheck.engine").level
     assert gg.main(argv + ["--force-engine", "--engine-fallbacks"]) == 0
-    assert seen == [(0.0, 0.0)] and (cost.ENGINE_WORTH_SECONDS, cost.VJP_BATCHING_WORTH_SECONDS) == before
+    assert seen == [(0.0, 0.0)] and (cost.ENGINE_FROM_CALLS, cost.BATCHED_VJPS_FROM_CALLS) == before
     out = capsys.readouterr().out
     assert "agreements: 1 " in out and "engine fallbacks on exceptions: 0" in out
     assert logging.getLogger("agcheck.engine").level == level and not logging.getLogger("agcheck.engine").handlers

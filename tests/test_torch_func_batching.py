@@ -52,7 +52,7 @@ def _batching_pays(monkeypatch):
     from agcheck.backends.torch_backend import TorchBackend
     from agcheck.engine import cost
 
-    monkeypatch.setattr(cost, "VJP_BATCHING_WORTH_SECONDS", 0.0)
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
     monkeypatch.setattr(TorchBackend, "batch_setup_cost", lambda self, fn, position=None: 0.0)
 

@@ -8,7 +8,6 @@ from agcheck.core.input_guard import InputGuard
 from agcheck.core.numerical_memo import NumericalMemo
 from agcheck.core.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.stencil import Stencil, auto_eps, get_stencil
-from agcheck.core.stopwatch import Stopwatch
 from agcheck.options import GradcheckOptions
 from agcheck.progress import Progress
 
@@ -57,17 +56,11 @@ class CheckRun:
         #: the reverse-mode pass's numerical Jacobians, for the forward-mode pass that follows
         self.numerical_memo = NumericalMemo(
             wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
-        self._timed_on_thread = be.computes_on_calling_thread(args)
 
     @property
     def memory_budget(self) -> int:
         """Bytes the engine may hold in Jacobians and batches."""
         return self.opts.memory_budget or DEFAULT_MEMORY_BUDGET
-
-    def stopwatch(self) -> Stopwatch:
-        """A stopwatch for the engine's cost figures, started now: it counts this
-        thread's CPU seconds where the backend computes on it (:mod:`agcheck.core.stopwatch`)."""
-        return Stopwatch(self._timed_on_thread)
 
     def verify_inputs(self, cause: BaseException | None = None) -> None:
         """Raise :class:`CheckInputError`, the inputs restored, where ``fn`` changed a

@@ -29,13 +29,11 @@ closure would not see the move) and loops over that input if not.
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core.row_block import RowBlock
-from agcheck.engine import coloured, compressed, cost, failure, forward_jacobian, memory
+from agcheck.engine import coloured, failure, forward_jacobian
 from agcheck.core.outcome import PASSED, EngineEvent, Outcome, undecided
 from agcheck.engine.rows import DEFAULT_MEMORY_BUDGET, INTERMEDIATES, Problem, n_in_total
 
@@ -49,6 +47,8 @@ _MIN_COLOURED_OUTPUTS = 64
 #: only where neither serves computes the first pass's columns again, ``m / B`` more: with
 #: two samples and a coloured second pass, about the ``2 m`` VJPs of torch's checker then
 MIN_VJP_SAMPLES = 2
+#: outputs of at least this many elements get batched VJPs where no input can be batched
+_MIN_BATCHED_COLUMNS = 8
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the
 #: VJPs of the column-by-column pass (a CNN on a small image needs about half)
 _MAX_COLOUR_SHARE = 2
@@ -169,12 +169,12 @@ def _reverse(run, p, diff) -> None:
         return False
 
     # compressed differences need a few dozen evaluations: worth it also one call at a time
-    if opts.engine == "auto" and compressed.try_compressed_reverse(p, checked, diff):
+    if opts.engine == "auto" and coloured.try_compressed_reverse(p, checked, diff):
         run.progress.advance(n_in_total(be, args, checked))
         return
     inputs = [args[q] for q in checked]
     n_in = n_in_total(be, args, checked)
-    colourable = opts.engine == "auto" and n_in * p.out_numel >= compressed.MIN_ENTRIES
+    colourable = opts.engine == "auto" and n_in * p.out_numel >= coloured.MIN_ENTRIES
     if p.keep_rows and (colourable or _columns_may_batch(p, diff) or any_batchable()):
         # the analytical side first where its pattern may let the numerical side be
         # coloured (in batches, or one plain call per colour class where the input cannot
@@ -301,7 +301,7 @@ def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=Non
             if differs is not None:
                 continue
             for k in diff:
-                if not compressed.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
+                if not coloured.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
                                                       opts.rtol, opts.atol):
                     differs = _differing_block(kept, (q, k, s, e))
                     break
@@ -336,7 +336,7 @@ def _failing_again(p, corrected, analytical, kept) -> list | None:
         return None
     opts = p.run.opts
     failing = [(q, k) for j, q in enumerate(p.checked) for k in corrected
-               if not compressed.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol)]
+               if not coloured.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol)]
     for q, _ in failing:
         kept.passed.discard(q)
     return failing
@@ -363,18 +363,12 @@ def _columns_may_batch(p, diff) -> bool:
     """Whether batched VJPs may save time where no input can be moved in batches: a
     function whose forward cannot be batched (Python control flow on values, writes into
     a preallocated result) often has a backward that can, and its two passes of one VJP
-    per output element are then the part of the check worth batching. Only where those
-    passes, estimated from the check's first evaluation, cost well more than a first
-    batched VJP may lose (:data:`cost.VJP_BATCHING_WORTH_SECONDS`); the VJPs' own timings
-    decide from the first batch on (:func:`_columns_and_how`)."""
-    if not p.be.supports(Capability.BATCHED_GRAD):
+    per output element are then the part of the check worth batching: where VJPs are
+    batched (:attr:`Problem._vjp_batched`) and an output has at least
+    ``_MIN_BATCHED_COLUMNS`` elements."""
+    if p._vjp_batched is False:
         return False
-    m = max((p.be.numel(p.outputs[k]) for k in diff), default=0)
-    if m < cost.RAMP[0]:
-        return False
-    evaluation = getattr(p.run, "evaluation_seconds", None)
-    passes = 2 * sum(p.be.numel(p.outputs[k]) for k in diff) * ((evaluation or 0.0) + cost.LOOP_CALL_SECONDS)
-    return evaluation is None or passes >= cost.VJP_BATCHING_WORTH_SECONDS
+    return max((p.be.numel(p.outputs[k]) for k in diff), default=0) >= _MIN_BATCHED_COLUMNS
 
 
 def _keep_columns(be, chunks, k, b0, b1):
@@ -385,56 +379,20 @@ def _keep_columns(be, chunks, k, b0, b1):
 def _derivative_row_bytes(p, n_in: int) -> int:
     """The estimated memory of one row of a batched VJP or JVP (a cotangent or tangent of
     ``n_in`` input elements and the outputs, with fn's intermediates, for the evaluation
-    and its derivative), before any is measured."""
+    and its derivative)."""
     return (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
 
 
 def _column_blocks(p, m, n_in):
-    """``[0, m)`` in blocks of the batch size the VJP timings chose so far (small first),
-    within the memory budget; read as the blocks are consumed, so that each block's
-    timing decides the next block's size."""
-    estimate = _derivative_row_bytes(p, n_in)
-    c0 = 0
-    while c0 < m:
-        chunk = cost.rows_per_chunk(max(estimate, p._column_bytes), p.batch_bytes, m)
-        c1 = min(m, c0 + min(chunk, _TIMED_COLUMNS if _loop_untimed(p) else p._vjp_size))
-        yield c0, c1
-        c0 = c1
-
-
-#: the first columns of a check are computed one VJP each, timed, and kept: what a
-#: column costs by the loop (the better of two: a first call may pay one-time costs)
-_TIMED_COLUMNS = 2
-
-
-def _loop_untimed(p) -> bool:
-    """Whether no column has been timed yet (and batching not yet decided)."""
-    return p._vjp_batched is None and p._vjp_column_cost is None
-
-
-def _timed_columns(p, k, c0, c1, inputs, cotangents):
-    """Columns ``c0:c1`` one VJP each, each timed: the loop's cost per column is set from
-    them, and whether batching may pay decided on it."""
-    be = p.be
-    parts, seconds = [], []
-    for c in range(c0, c1):
-        watch = p.run.stopwatch()
-        parts.append(_looped_columns(p, k, c, c + 1, inputs, cotangents))
-        seconds.append(watch.seconds())
-    p._vjp_column_cost = min(seconds)
-    p._vjp_batched = not _vjp_setup_outweighs_saving(p)
-    if not p._vjp_batched:
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "batching setup not worth it"))
-    if len(parts) == 1:
-        return parts[0]
-    return [be.transpose(be.stack([be.reshape(part[i], (-1,)) for part in parts], axis=0))
-            for i in range(len(inputs))]
+    """``[0, m)`` in blocks of as many columns as one batched VJP takes within the batch
+    memory (:meth:`Problem.chunk_rows`)."""
+    size = p.chunk_rows(_derivative_row_bytes(p, n_in), m)
+    return [(c0, min(m, c0 + size)) for c0 in range(0, m, size)]
 
 
 def _analytical_columns(p, k, c0, c1, inputs):
     """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
-    per column once batching has been seen to be clearly slower (every batch is timed,
-    and its timing sets the next batch's size: :func:`cost.next_batch_size`)."""
+    per column where the backend has no batched VJPs or they failed."""
     return _columns_and_how(p, k, c0, c1, inputs)[0]
 
 
@@ -442,78 +400,14 @@ def _columns_and_how(p, k, c0, c1, inputs, cotangents=None):
     """:func:`_analytical_columns`, and whether they were computed one VJP per column
     (as the reference engine computes them, bit for bit). ``cotangents(c0, c1)``, when
     given, stacks the cotangents of columns ``c0:c1`` in place of one-hots."""
-    if _loop_untimed(p):  # the first block (_column_blocks makes it small): it prices the loop
-        return _timed_columns(p, k, c0, c1, inputs, cotangents), True
-    if p._vjp_batched is False:
-        return _looped_columns(p, k, c0, c1, inputs, cotangents), True
-    setup_pending = p.be.batched_vjp_setup_cost(p.trace) > 0
-    modules = len(sys.modules)
-    watch = p.run.stopwatch()
-    call = _unless_batching_fails(p, memory.measured, _batched_columns, p, k, c0, c1, inputs, cotangents)
-    if call is None:
-        return _looped_columns(p, k, c0, c1, inputs, cotangents), True
-    seconds = watch.seconds()
-    cols = call.result
-    if setup_pending or len(sys.modules) > modules:
-        # the block's time and memory are mostly a one-time setup's (weighed beforehand
-        # where the backend foresaw it: :func:`_vjp_setup_outweighs_saving`; a module
-        # imported during the block shows one it did not): the next block is the first one timed
-        return cols, False
-    compiled = p.compiles(f"vjp {k}", c1 - c0)
-    if call.added_peak is not None and not compiled:
-        p._column_bytes = max(p._column_bytes, call.added_peak // (c1 - c0))
-    if c1 - c0 < p._vjp_size and c1 - c0 < cost.RAMP[0]:
-        return cols, False  # a short last block says little
-    p._vjp_per_col[c1 - c0] = seconds / (c1 - c0)
-    size, why = cost.next_batch_size(p._vjp_per_col, p._vjp_column_cost, _NO_LIMIT, seconds=seconds)
-    repriced = None
-    if size is None and not p._vjp_repriced:
-        # before the loop takes the other columns, its price again, now: priced on the
-        # first columns, it may be of a quieter moment than this batch's (as the numerical
-        # side's loop: Problem._loop_repriced)
-        p._vjp_repriced = True
-        repriced = _loop_column_repriced(p, k, c0, inputs, cotangents)
-        if repriced > p._vjp_column_cost:
-            p._vjp_column_cost = repriced
-            size, why = cost.next_batch_size(p._vjp_per_col, repriced, _NO_LIMIT, seconds=seconds)
-            if size is not None:
-                p.run.engine_log.append(EngineEvent("vjp", "repriced", None, "batching goes on", figures={
-                    "loop_column": repriced, "batched_column": p._vjp_per_col[c1 - c0]}))
-    if size is None:
-        p._vjp_batched = False
-        figures = {"loop_column": p._vjp_column_cost, "batched_column": p._vjp_per_col[c1 - c0]}
-        if repriced is not None:
-            figures["loop_repriced"] = repriced
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, why, figures=figures))
-    else:
-        p._vjp_size = size
-    return cols, False
-
-
-def _loop_column_repriced(p, k, c, inputs, cotangents) -> float:
-    """Seconds of one VJP computed on its own now: column ``c`` of output ``k`` again
-    (its result is already at hand; only the time is taken)."""
-    watch = p.run.stopwatch()
-    _looped_columns(p, k, c, c + 1, inputs, cotangents)
-    return watch.seconds()
-
-
-#: no limit from the timings (the memory budget sets one)
-_NO_LIMIT = 1 << 62
-
-
-def _vjp_setup_outweighs_saving(p) -> bool:
-    """Batched VJPs that first cost a one-time setup (torch: an import) are used only when
-    the VJPs they would replace, one at a time (``p._vjp_column_cost`` each), would take
-    longer than the setup, or once the loops run instead have cost the process as much
-    (:func:`cost.setup_worth_paying`)."""
-    setup = p.be.batched_vjp_setup_cost(p.trace)
-    # every column of every differentiable output, twice (the reentrancy pass)
-    loop = 2 * p.out_numel * p._vjp_column_cost
-    if not setup or loop >= setup or cost.setup_worth_paying(setup):
-        return False
-    cost.spent_instead_of_setup(loop)
-    return True
+    if p._vjp_batched is not False:
+        cols = _unless_batching_fails(p, _batched_columns, p, k, c0, c1, inputs, cotangents)
+        if cols is not None:
+            if p._vjp_batched is None:
+                p._vjp_batched = True
+                p.run.engine_log.append(EngineEvent("vjp", "batched", None, figures={"columns_per_batch": c1 - c0}))
+            return cols, False
+    return _looped_columns(p, k, c0, c1, inputs, cotangents), True
 
 
 def _batched_columns(p, k, c0, c1, inputs, cotangents=None):
@@ -747,7 +641,7 @@ def _coloured_second_pass(p, k, inputs, blocks) -> bool:
     m = be.numel(out)
     if m < _MIN_COLOURED_OUTPUTS:
         return False
-    rng = np.random.default_rng(compressed.SIGN_SEED)
+    rng = np.random.default_rng(coloured.SIGN_SEED)
     by_colouring = {}
     limit = _MAX_COLOUR_SHARE * m // 3
     for i, block in enumerate(blocks):
@@ -805,10 +699,8 @@ def _coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1
 
 def _projection_vjps(p):
     """``vjps(k, stacked, count)`` for the forward-mode path's few cotangents: batched,
-    unless batching was found not to pay or would first cost its one-time setup."""
-    setup_pending = bool(p.be.batched_vjp_setup_cost(p.trace))
-    return lambda k, stacked, count: _vjps_of(p, k, stacked, count,
-                                              batched=p._vjp_batched is not False and not setup_pending)
+    unless a batched VJP failed."""
+    return lambda k, stacked, count: _vjps_of(p, k, stacked, count, batched=p._vjp_batched is not False)
 
 
 def _unless_batching_fails(p, call, *args):
@@ -892,7 +784,7 @@ def _forward(run, p, diff) -> None:
             stacked = be.reshape(be.array_like(signs.astype(be.to_numpy(x).dtype), x), (len(signs), *x.shape))
             return [None if a is None else be.to_numpy(a) for a in be.jvp_along(fn, args, checked, j, stacked)]
 
-        if compressed.try_compressed_forward(p, checked, diff, jvp_signed):
+        if coloured.try_compressed_forward(p, checked, diff, jvp_signed):
             run.progress.advance(n_in_total(be, args, checked))
             return
     # every row computed is kept where a failure can be decided from them: the first row
@@ -911,7 +803,7 @@ def _forward(run, p, diff) -> None:
             probe = be.jvp_rows(fn, args, checked, j, [0])
         for s, e, rows in _jvp_blocks(p, q, p.numerical_row_chunks(q), kept if remembered is None else None):
             # a one-element input's rows are the probe's: its jvp runs once, as in torch
-            analytical = probe if probe is not None and (s, e) == (0, 1) else _measured_jvp_rows(p, j, s, e)
+            analytical = probe if probe is not None and (s, e) == (0, 1) else _jvp_rows(p, j, s, e)
             probe = None
             if len(analytical) != len(p.floats):
                 raise EngineFallback("outputs changed")
@@ -943,9 +835,8 @@ def _forward(run, p, diff) -> None:
 def _jvp_blocks(p, q, chunks, kept):
     """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
     not ``None``), cut into the blocks one batched JVP computes within the batch memory
-    (:attr:`Problem.batch_bytes`), at the larger of the estimated and the measured
-    memory of a row (:func:`_measured_jvp_rows`): rows computed one element at a time
-    come in one block of any size, and a JVP of them all at once would hold every
+    at the memory the shapes imply for a row (:meth:`Problem.chunk_rows`): rows computed
+    one element at a time come in one block of any size, and a JVP of them all at once would hold every
     tangent and its intermediates."""
     be = p.be
     n = be.numel(p.args[q])
@@ -955,17 +846,11 @@ def _jvp_blocks(p, q, chunks, kept):
             kept.add(q, s, e, rows)
         a = s
         while a < e:
-            b = min(e, a + cost.rows_per_chunk(max(estimate, p.jvp_row_bytes), p.batch_bytes, n))
+            b = min(e, a + p.chunk_rows(estimate, n))
             yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
             a = b
 
 
-def _measured_jvp_rows(p, j, s, e):
-    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP); the
-    memory a row took, as measured, sizes the next JVP blocks (:func:`_jvp_blocks`)."""
-    setup_pending = p.be.jvp_setup_cost() > 0  # then the call's memory is mostly the setup's
-    call = memory.measured(p.be.jvp_rows, p.fn, p.args, p.checked, j, list(range(s, e)))
-    compiled = p.compiles(f"jvp {j}", e - s)
-    if call.added_peak is not None and not setup_pending and not compiled:
-        p.jvp_row_bytes = max(p.jvp_row_bytes, call.added_peak // (e - s))
-    return call.result
+def _jvp_rows(p, j, s, e):
+    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP)."""
+    return p.be.jvp_rows(p.fn, p.args, p.checked, j, list(range(s, e)))

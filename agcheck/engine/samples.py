@@ -1,0 +1,268 @@
+"""The numerical rows of an input whose first dimension holds independent samples:
+one plain call moves an element and its counterparts in every sample, and each sample's
+outputs give that sample's row, bit for bit the row a call moving the element alone
+gives (:class:`SampleRows`, a part of :class:`agcheck.engine.rows.Problem`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from agcheck.core import jacobian as jac
+from agcheck.core.outcome import EngineEvent
+from agcheck.core.shared_evaluations import sharing
+from agcheck.engine import cost
+
+__all__ = ["SampleRows", "BATCHED_MOVES_PER_CALL"]
+
+SAMPLES_SEED = 5119
+#: relative differences below this are taken for rounding (:meth:`SampleRows._probe_samples`)
+_ROUNDING = 1e-10
+#: a batched move is taken to cost this fraction of a plain call where another path weighs
+#: its batched moves against the loop by samples (:meth:`SampleRows.samples_loop_cheaper`)
+BATCHED_MOVES_PER_CALL = 8
+
+
+class SampleRows:
+    """The rows of inputs that hold independent samples, and the loop over an input's
+    elements; mixed into :class:`agcheck.engine.rows.Problem`, whose attributes it reads."""
+
+    def samples(self, pos) -> int | None:
+        """``B`` when the first dimension of ``args[pos]`` holds ``B`` samples that ``fn``
+        treats independently, so that one plain call moving an element in every sample
+        gives each sample's row as a call moving that element alone would (bitwise);
+        ``None`` otherwise.
+
+        Required: a real double-precision dense input with ``B >= 2``, every floating
+        output led by the same ``B``, and, for each sample in turn, moving all of its
+        elements (by ``±eps``) leaves every other sample's outputs bitwise unchanged
+        (``B`` plain calls where the first sample's move leaves the others bitwise as
+        traced, the traced outputs then standing for the unmoved call; else ``B + 1``,
+        their unmoved one kept for the rows; one call where the first sample's move
+        changes another sample's outputs by more than rounding against the traced
+        outputs). A function that mixes samples (batch statistics, a normalisation over
+        the batch) fails that."""
+        if pos not in self._samples:
+            found = self._samples[pos] = self._probe_samples(pos)
+            if found:
+                self.run.engine_log.append(EngineEvent("numerical", "by samples", pos, figures={"samples": found}))
+        return self._samples[pos]
+
+    def samples_probed(self, pos) -> bool:
+        """Whether :meth:`samples` has been asked of ``args[pos]`` (it then makes no call)."""
+        return pos in self._samples
+
+    def samples_loop_cheaper(self, pos, moves: int) -> bool:
+        """Whether the loop moving all samples of ``args[pos]`` together (:meth:`samples`,
+        probed only then) makes fewer calls than ``moves`` batched moves would take if
+        each cost ``1 / BATCHED_MOVES_PER_CALL`` of a plain call."""
+        b = self._sample_candidate(pos)
+        if not b:
+            return False
+        calls = self.be.numel(self.args[pos]) // b * len(self.run.stencil.offsets)
+        return moves >= BATCHED_MOVES_PER_CALL * calls and bool(self.samples(pos))
+
+    def _sample_candidate(self, pos) -> int | None:
+        """``B`` when ``args[pos]`` and the outputs have the form :meth:`samples` requires
+        and its probe costs well below what moving samples together saves; ``None`` when
+        not (no call of ``fn`` is made)."""
+        be, x = self.be, self.args[pos]
+        shape = tuple(x.shape)
+        if not shape or shape[0] < 2 or be.layout(x) != "dense" or be.is_complex(x) or be.itemsize(x) != 8:
+            return None
+        b, n = shape[0], be.numel(x)
+        # the probe's b + 1 calls must cost well below what moving samples together saves
+        # (about len(stencil) calls per element)
+        if n // b < 2 or 4 * (b + 1) > len(self.run.stencil.offsets) * n:
+            return None
+        for k in self.floats:
+            out = self.outputs[k]
+            if len(out.shape) < 1 or out.shape[0] != b or be.is_complex(out) or be.itemsize(out) != 8:
+                return None
+        return b
+
+    def _probe_samples(self, pos) -> int | None:
+        b = self._sample_candidate(pos)
+        if b is None:
+            return None
+        be, x = self.be, self.args[pos]
+        n = be.numel(x)
+        per_sample = n // b
+        eps = self.run.eps_for(x)
+        signs = np.random.default_rng(SAMPLES_SEED).choice(np.array([-1.0, 1.0]), size=n)
+        traced = {k: be.to_numpy(self.outputs[k]).copy() for k in self.floats}  # kept apart from fn's tensors
+        base = None
+        try:
+            with be.perturber(self.args, pos) as perturber, sharing(self.fn):
+                for s in range(b):
+                    delta = np.zeros(n)
+                    delta[s * per_sample:(s + 1) * per_sample] = eps * signs[s * per_sample:(s + 1) * per_sample]
+                    moved = self._moved_outputs(pos, perturber, delta)
+                    others = np.arange(b) != s
+                    if base is None:
+                        # the traced outputs first: where the move reaches another sample by
+                        # far more than rounding (a matrix's rows are not samples), no
+                        # unmoved call is needed to say so; where it leaves them bitwise
+                        # as traced, the traced outputs stand for the unmoved call (each
+                        # sample's part of them is then compared bitwise with a plain call
+                        # moving another sample, below)
+                        if any(moved[k].shape != traced[k].shape or _beyond_rounding(moved[k][others], traced[k][others])
+                               for k in self.floats):
+                            return None
+                        if all(np.array_equal(moved[k][others], traced[k][others], equal_nan=True) for k in self.floats):
+                            base = traced
+                        else:
+                            base = self._moved_outputs(pos, perturber, np.zeros(n))
+                    for k in self.floats:
+                        if moved[k].shape != base[k].shape or \
+                                not np.array_equal(moved[k][others], base[k][others], equal_nan=True):
+                            return None
+        except Exception as e:
+            if e in self.run.user_errors:
+                raise
+            return None
+        self._sample_base[pos] = base
+        return b
+
+    def _moved_outputs(self, pos, perturber, delta) -> dict:
+        """``{k: NumPy array}``: ``fn``'s floating outputs with ``args[pos]`` moved to
+        ``x - delta`` (flat NumPy ``delta``; ``x - 0.0`` keeps every bit of ``x``, where
+        ``x + 0.0`` would turn ``-0.0`` into ``0.0``, and ``x - (-h)`` is ``x + h``)."""
+        be, x = self.be, self.args[pos]
+        step = be.reshape(be.array_like(delta, x), tuple(x.shape))
+        outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, -1)
+        return {k: be.to_numpy(outs[k]) for k in self.floats}
+
+    def _elements_moved(self, pos, perturber, flats, step) -> dict:
+        """:meth:`_moved_outputs` with only the elements ``flats`` moved (by ``step``):
+        written one entry each where the perturber can (an in-place one), else as a
+        whole-input move."""
+        in_place = getattr(perturber, "evaluate_elements", None)
+        if in_place is None:
+            delta = np.zeros(self.be.numel(self.args[pos]))
+            delta[flats] = step
+            return self._moved_outputs(pos, perturber, delta)
+        outs = self.run.user_errors.call(in_place, self.fn, flats, [step] * len(flats))
+        return {k: self.be.to_numpy(outs[k]) for k in self.floats}
+
+    def _sample_row_chunks(self, pos, spans, eps):
+        """Rows of the disjoint ``(begin, end)`` ``spans``, each element moved together
+        with its counterparts in the other samples that the spans also hold (one plain
+        call per stencil point for all of them); each sample's outputs give that sample's
+        element's row, and the other samples' entries are what a call moving the element
+        alone gives them (:meth:`samples`)."""
+        be, x, stencil = self.be, self.args[pos], self.run.stencil
+        b, n = self._samples[pos], be.numel(x)
+        per_sample = n // b
+        out_size = {k: be.numel(self.outputs[k]) // b for k in self.floats}
+        moves = [_sample_delta(m, eps) for m in stencil.offsets]
+        per_row = max(n + self.out_numel, 1) * self.itemsize * 2 * b
+        chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, per_sample)
+        with be.perturber(self.args, pos) as perturber, sharing(self.fn):
+            # the entries of the samples an element does not reach: the stencil applied to
+            # unmoved outputs, as torch computes them (0 for central differences of finite
+            # outputs; rounding for the five-point stencil; NaN where an output is infinite)
+            base = self._sample_base.get(pos) or self._moved_outputs(pos, perturber, np.zeros(n))
+            unreached = {k: _combined(stencil, [base[k]] * len(moves), eps) for k in self.floats}
+            for i0 in range(0, per_sample, chunk):
+                i1 = min(per_sample, i0 + chunk)
+                # (first element of the sample, lo, hi): each span's part in each sample
+                ranges = [(s * per_sample, max(begin, s * per_sample + i0), min(end, s * per_sample + i1))
+                          for s in range(b) for begin, end in spans]
+                ranges = [(first, lo, hi) for first, lo, hi in ranges if lo < hi]
+                if not ranges:
+                    continue
+                rows = {lo: {k: np.tile(unreached[k], (hi - lo, 1)) for k in self.floats} for _, lo, hi in ranges}
+                for i in range(i0, i1):
+                    moved = [(first + i, lo) for first, lo, hi in ranges if lo <= first + i < hi]
+                    if not moved:
+                        continue
+                    flats = [f for f, _ in moved]
+                    values = [self._elements_moved(pos, perturber, flats, step) for step in moves]
+                    if any(v[k].shape != tuple(self.outputs[k].shape) for v in values for k in self.floats):
+                        # fn changed an output's shape: the element path meets it as torch does
+                        alone = self._element_rows(pos, eps, flats)
+                        for j, (f, lo) in enumerate(moved):
+                            for k in self.floats:
+                                rows[lo][k][f - lo] = be.to_numpy(alone[k][j])
+                        continue
+                    for k in self.floats:
+                        row = _combined(stencil, [v[k] for v in values], eps)
+                        for f, lo in moved:
+                            s = f // per_sample
+                            segment = slice(s * out_size[k], (s + 1) * out_size[k])
+                            rows[lo][k][f - lo, segment] = row[segment]
+                blocks = [(lo, hi, {k: be.array_like(rows[lo][k], self.outputs[k]) for k in self.floats})
+                          for _, lo, hi in ranges]
+                for block in blocks:  # all noted first: a consumer may stop at the first that differs
+                    self._note(pos, block)
+                yield from blocks
+
+    def _looped_row_chunks(self, pos, begin, end, eps):
+        """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
+        follows the chunk, not the Jacobian (an element and its counterparts in the other
+        samples at once, where :meth:`samples` found them independent)."""
+        be = self.be
+        if begin < end and pos not in self._samples and self._square_matrix(pos) and self._sample_candidate(pos):
+            # a square matrix's rows are rarely samples: the first element's rows first,
+            # as the loop computes them, and where its move reaches another row, the
+            # samples' probe is not paid (where the rows are samples, the first element's
+            # counterparts in the other rows then cost two calls more)
+            first = self._element_rows(pos, eps, range(begin, begin + 1))
+            yield begin, begin + 1, first
+            if self._reaches_another_sample(pos, begin, first):
+                self._samples[pos] = None
+            begin += 1
+        if begin < end and self.samples(pos):
+            yield from self._sample_row_chunks(pos, [(begin, end)], eps)
+            return
+        per_row = max(be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * 2
+        chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, max(end - begin, 1))
+        for start in range(begin, end, chunk):
+            stop = min(end, start + chunk)
+            yield start, stop, self._element_rows(pos, eps, range(start, stop))
+        if begin == end == 0:
+            yield 0, 0, self._element_rows(pos, eps)
+
+    def _element_rows(self, pos, eps, elements=None):
+        """Rows of ``args[pos]``'s flat ``elements`` (all where ``None``), each element moved
+        alone by plain calls, as the reference engine computes them."""
+        return self.run.user_errors.call(jac.numerical_jacobians, self.be, self.fn, self.args, pos, self.outputs,
+                                         eps, self.run.stencil, elements=elements)
+
+    def _square_matrix(self, pos) -> bool:
+        shape = tuple(self.args[pos].shape)
+        return len(shape) == 2 and shape[0] == shape[1]
+
+    def _reaches_another_sample(self, pos, element, rows) -> bool:
+        """Whether ``rows`` (of ``args[pos]``'s flat ``element``) hold a finite entry other
+        than zero among the outputs of a sample other than the element's, reading the
+        first dimension of ``args[pos]`` and of every floating output as samples."""
+        b = self._sample_candidate(pos)
+        s = element // (self.be.numel(self.args[pos]) // b)
+        for k in self.floats:
+            entries = self.be.to_numpy(rows[k]).reshape(b, -1)
+            others = np.delete(entries, s, axis=0)
+            if np.any(np.isfinite(others) & (others != 0)):
+                return True
+        return False
+
+
+def _beyond_rounding(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` differ by more than rounding could make them: beyond
+    :data:`_ROUNDING` relative to each entry, or to the largest finite entry of ``b``."""
+    finite = np.abs(b[np.isfinite(b)])
+    scale = float(finite.max()) if finite.size else 0.0
+    return not np.allclose(a, b, rtol=_ROUNDING, atol=_ROUNDING * scale, equal_nan=True)
+
+
+def _combined(stencil, values: list, eps) -> np.ndarray:
+    """The stencil's derivative estimate from NumPy outputs, flat, with torch's silence
+    on infinities and NaN (the same IEEE operations, so the same bits)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return np.asarray(stencil.combine(values, eps)).reshape(-1)
+
+
+def _sample_delta(offset, eps) -> float:
+    """``d`` such that ``x - d`` is the stencil point ``x + offset * eps`` as torch's
+    element move computes it (``x + h`` for a plus point, ``x - h`` for a minus point)."""
+    h = eps if abs(offset) == 1 else abs(offset) * eps
+    return -h if offset > 0 else h
