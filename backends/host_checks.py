@@ -11,8 +11,18 @@ import numpy as np
 __all__ = ["HostChecks", "HostNamespace"]
 
 
+_SEQUENCES = (list, tuple)
+#: per type met: whether its values are arrays (shape and dtype, not a NumPy scalar or a class)
+_ARRAY_TYPES: dict = {}
+
+
 def _is_array(a) -> bool:
-    return hasattr(a, "shape") and hasattr(a, "dtype") and not isinstance(a, (np.generic, type))
+    kind = type(a)
+    known = _ARRAY_TYPES.get(kind)
+    if known is None:
+        known = _ARRAY_TYPES[kind] = (hasattr(a, "shape") and hasattr(a, "dtype")
+                                      and not isinstance(a, (np.generic, type)))
+    return known
 
 
 class HostNamespace:
@@ -59,7 +69,7 @@ class HostNamespace:
             where one has none."""
             views, like = [], None
             for a in args:
-                if isinstance(a, (list, tuple)) and a and all(_is_array(e) for e in a):
+                if type(a) in _SEQUENCES and a and _is_array(a[0]):
                     hs = [host(e) for e in a]
                     if any(h is None for h in hs):
                         return None, None
