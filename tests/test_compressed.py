@@ -137,10 +137,10 @@ def test_broken_backwards_fail_with_the_reference_verdict(name):
 
 
 @pytest.mark.parametrize("loop_from", [0, 10**9])
-def test_compressed_vjps_are_plain_unless_their_loop_repays_batching(monkeypatch, loop_from):
-    """The compressed pass's few dozen VJPs are one plain VJP each, unless their own loop
-    reaches ``cost.BATCHED_VJPS_FROM_CALLS`` (a first batched backward's setup: torch
-    imports sympy); either way the right backward passes and the wrong one fails."""
+def test_compressed_vjps_are_batched_where_the_checks_vjps_are(monkeypatch, loop_from):
+    """The compressed pass's few dozen VJPs are batched where the check's loop of VJPs is
+    long enough for batched VJPs (``cost.BATCHED_VJPS_FROM_CALLS``), else plain; either
+    way the right backward passes and the wrong one fails."""
     from agcheck.backends.torch_backend import TorchTrace
     from agcheck.engine import cost
 

@@ -16,7 +16,6 @@ import math
 import numpy as np
 
 from agcheck.core.outcome import EngineEvent
-from agcheck.engine import cost
 
 __all__ = ["try_compressed_reverse", "try_compressed_forward", "try_from_analytical", "DenseBlock", "RowsDiffer",
            "colour_columns", "allclose_like_torch", "MIN_ENTRIES", "SIGN_SEED"]
@@ -291,8 +290,8 @@ def _reverse_worth_it(p, checked, diff, patterns, n_patterns) -> bool:
 
 
 def _compressed_vjps(p, k, checked, pat, signs) -> list:
-    """Per checked input, ``(patterns, colours, n)``: VJPs of the signed colour classes of output
-    ``k``'s elements, one each: their few dozen do not repay a first batched backward's setup."""
+    """Per checked input, ``(patterns, colours, n)``: VJPs of the signed colour classes of
+    output ``k``'s elements, batched where the check's VJPs are (``Problem._vjp_batched``)."""
     be, out = p.be, p.outputs[k]
     n_patterns, m = signs.shape
     count = n_patterns * pat.n_colours
@@ -300,7 +299,7 @@ def _compressed_vjps(p, k, checked, pat, signs) -> list:
     cot[:, pat.colour, np.arange(m)] = signs
     stacked = be.reshape(be.array_like(cot.reshape(count, m).astype(be.to_numpy(out).dtype), out), (count, *out.shape))
     try:
-        grads = p.vjps(k, stacked, count, batched=p._vjp_batched is not False and 2 * count >= cost.BATCHED_VJPS_FROM_CALLS)
+        grads = p.vjps(k, stacked, count, batched=p._vjp_batched is not False)
     except ValueError as e:
         if e in p.run.user_errors:
             raise
