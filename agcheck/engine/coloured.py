@@ -51,10 +51,9 @@ def index_signs(count: int, n_patterns: int, rng) -> np.ndarray:
     """``(n_patterns, count)`` signs: all +1, then one pattern per index bit, then random."""
     signs = np.empty((n_patterns, count), dtype=np.int8)
     signs[0] = 1
-    index = np.arange(count)
-    b = 0
+    index, bits, b = np.arange(count), bits_for(count), 0
     for r in range(1, n_patterns):
-        if b < bits_for(count) and (1 << b) < count:
+        if b < bits and (1 << b) < count:
             signs[r] = 1 - 2 * ((index >> b) & 1)
             b += 1
         else:
