@@ -14,7 +14,7 @@ An entry of ``J_b`` off by ``atol`` or more (what could change the verdict) move
 input element's projection by ``|u_j| atol``, ``u_j`` its output element's weight; it stays
 within the bound only if ``|u_j| <= BOUND |u|``, for ``m`` output elements a Gaussian
 draw below about ``BOUND sqrt(m)``: probability ``1e-4`` for ``m = 10^4``, in each of the
-independent rounds. Several wrong entries of one input element add with independent
+independent projections. Several wrong entries of one input element add with independent
 weights, and do not cancel but by chance of the same order. Rounding (about ``1e-16 |u|``
 for float64 convolutions) stays far below the bound, which is why the path is taken for
 double precision only. What the projections cannot tie (they differ, the backward is
