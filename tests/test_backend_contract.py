@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import agcheck
-from agcheck.backends.base import BATCHED_FORMS, CAPABILITY_METHODS, CORE_METHODS, REQUIRED_METHODS, Backend, Capability, missing_verbs
+from agcheck.backends.base import (BATCHED_FORMS, CAPABILITY_METHODS, CORE_METHODS, REQUIRED_METHODS, Backend, Capability,
+                                  Perturber, Trace, missing_verbs)
 from agcheck.backends.batched_forms import BatchedForms
 from agcheck.backends.registry import available_backends, get_backend
 
@@ -582,3 +583,105 @@ def test_the_numpy_backend_has_no_batched_protocol_and_gives_both_verdicts():
         return 2 * gx, gy
 
     assert agcheck.gradcheck(f_numpy, (x, y), backend=get_backend("numpy", vjp=doubled), raise_exception=False) is False
+
+
+# -- the required core suffices: a backend of the fifteen verbs, checked end to end ----------
+class _MiniTrace(Trace):
+    def __init__(self, outputs, pullback):
+        super().__init__(outputs)
+        self.pullback = pullback
+
+    def vjp(self, output_positions, cotangents):
+        return [self.pullback(dict(zip(output_positions, cotangents)))]
+
+
+class _MiniPerturber(Perturber):
+    def __init__(self, args, position):
+        self.args, self.position = args, position
+        self.shape, self.numel = args[position].shape, args[position].size
+
+    def index(self, flat):
+        return tuple(int(i) for i in np.unravel_index(flat, self.shape))
+
+    def _call(self, fn, moved):
+        args = list(self.args)
+        args[self.position] = moved
+        return tuple(np.atleast_1d(o) for o in Backend.as_tuple(None, fn(*args)))
+
+    def evaluate_element(self, fn, flat, step, sign):
+        moved = self.args[self.position].copy()
+        moved.flat[flat] = moved.flat[flat] + step if sign > 0 else moved.flat[flat] - step
+        return self._call(fn, moved)
+
+    def evaluate_direction(self, fn, step, sign):
+        x = self.args[self.position]
+        return self._call(fn, x + step if sign > 0 else x - step)
+
+
+class _MiniBackend(Backend):
+    """A new framework's backend as its author starts it: the fifteen required verbs, for
+    one-input, one-output functions of float64 NumPy arrays with a hand-written VJP."""
+
+    name = "mini"
+    capabilities = frozenset({Capability.REVERSE})
+
+    def __init__(self, vjp):
+        self.vjp_of = vjp
+
+    def owns(self, x):
+        return isinstance(x, np.ndarray)
+
+    def is_checked(self, x):
+        return self.is_floating_or_complex(x)
+
+    def is_complex(self, x):
+        return np.iscomplexobj(x)
+
+    def is_floating_or_complex(self, x):
+        return np.issubdtype(x.dtype, np.inexact)
+
+    def is_double_precision(self, x):
+        return x.dtype == np.float64
+
+    def is_differentiable_output(self, x):
+        return self.is_floating_or_complex(x)
+
+    def is_bool(self, x):
+        return x.dtype == np.bool_
+
+    def trace(self, fn, args, checked):
+        return _MiniTrace((np.atleast_1d(fn(*args)),), lambda cots: self.vjp_of(args[0], cots[0]))
+
+    @contextlib.contextmanager
+    def perturber(self, args, position):
+        yield _MiniPerturber(args, position)
+
+    def jvp(self, fn, args, checked, tangents):
+        raise NotImplementedError("no forward mode (not listed in capabilities)")
+
+    def allclose(self, a, b, rtol, atol):
+        return bool(np.all(np.abs(a - b) <= atol + rtol * np.abs(b)))
+
+    def generator(self, like, seed):
+        return np.random.default_rng(seed)
+
+    def uniform_unit_vector(self, like, generator, real):
+        v = generator.random(like.size)
+        return v / np.linalg.norm(v)
+
+    def normal_like(self, like, generator):
+        return generator.standard_normal(like.shape)
+
+    def from_numpy(self, values, *, checked=False, like=None):
+        return np.array(values, dtype=None if like is None else like.dtype)
+
+
+@pytest.mark.parametrize("mode", [{}, {"fast_mode": True}, {"engine": "reference"}])
+def test_a_backend_of_the_required_verbs_alone_checks_both_halves(mode):
+    assert not missing_verbs(_MiniBackend) and not isinstance(_MiniBackend, BatchedForms)
+    x = np.linspace(-1.0, 2.0, 12)
+    right = _MiniBackend(lambda x, v: np.cos(x) * v)
+    wrong = _MiniBackend(lambda x, v: 2 * np.cos(x) * v)
+    mode = {"check_undefined_grad": False, **mode}  # an optional part it does not list
+    assert agcheck.gradcheck(np.sin, (x,), backend=right, **mode)
+    assert agcheck.gradcheck(np.sin, (x,), backend=wrong, raise_exception=False, **mode) is False
