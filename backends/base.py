@@ -31,7 +31,6 @@ The contract has three parts:
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -40,13 +39,7 @@ from agcheck.backends.parts import InputPart, OutputPart
 
 __all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability",
            "UnsupportedError", "OutputPart", "InputPart", "REQUIRED_METHODS", "DEFAULTED_METHODS", "CORE_METHODS",
-           "CAPABILITY_METHODS", "BATCHED_FORMS", "missing_verbs", "require_contract", "summary_edges", "work_clock"]
-
-
-def work_clock(on_thread: bool):
-    """The clock costs are read on: the calling thread's CPU seconds (``time.thread_time``)
-    where the work timed runs on that thread, else wall-clock seconds (``time.perf_counter``)."""
-    return time.thread_time if on_thread else time.perf_counter
+           "CAPABILITY_METHODS", "BATCHED_FORMS", "missing_verbs", "require_contract", "summary_edges"]
 
 
 class Capability:
@@ -238,16 +231,11 @@ class Backend(Interop):
     name: str = "abstract"
     #: the optional parts of the contract this backend implements (:class:`Capability` names)
     capabilities: frozenset = frozenset()
-    #: whether every new batch size costs a compilation (JAX: each shape compiles anew):
-    #: the batched engine then takes its batches as large as the memory budget allows from
-    #: the first one, instead of ramping up through sizes that would each compile
+    #: whether the framework compiles a program for every new shape (JAX): the batched
+    #: engine then runs only on checks whose loop makes many more calls, and takes its
+    #: batches as large as the memory budget allows, so that fewer sizes compile
+    #: (:mod:`agcheck.engine.cost`)
     whole_batches: bool = False
-    #: seconds the batched engine pays at least on a check of a new shape before it saves
-    #: anything, beyond what the cost model measures (JAX: compiling its batch shapes). Where
-    #: it is set, ``"auto"`` prices the engine's set-up from the compilation the check's
-    #: first evaluation paid, at no less than this, and the loop from its own calls
-    #: (:func:`agcheck.checks.loop_plan.loop_is_cheap`, :mod:`agcheck.engine.compilations`)
-    engine_setup_seconds: float = 0.0
     #: whether a function written once against the array API (``array_api_compat``) runs
     #: on this backend's arrays (crosscheck needs ports for a backend where it does not)
     runs_array_api_code: bool = True
@@ -454,37 +442,6 @@ class Backend(Interop):
         Capability :attr:`Capability.UNDEFINED_GRAD`."""
         raise UnsupportedError("vjp_with_undefined_outputs")
 
-    # -- the engine's set-up costs ------------------------------------------------------
-    def computes_on_calling_thread(self, args: tuple) -> bool:
-        """Whether evaluating a function of ``args`` and its derivatives works on the
-        calling thread (CPU arrays of an eager framework), so that the engine may time
-        its choices in that thread's CPU seconds, which a busy machine does not inflate
-        (:mod:`agcheck.core.stopwatch`). ``False`` (wall-clock time) by default: where the
-        work runs on a device or on the runtime's own threads while the caller waits."""
-        return False
-
-    def work_clock(self, args: tuple):
-        """The clock to time work on ``args`` with (:func:`work_clock`, chosen by
-        :meth:`computes_on_calling_thread`)."""
-        return work_clock(self.computes_on_calling_thread(args))
-
-    def batch_setup_cost(self, fn: Callable, position: int | None = None) -> float:
-        """Seconds of one-time setup (e.g. an import) that the first batched evaluation
-        of ``fn`` (moving ``args[position]``, when given) would pay; the engine batches
-        only when the loop costs more."""
-        return 0.0
-
-    def batched_vjp_setup_cost(self, trace: Trace | None = None) -> float:
-        """Seconds of one-time setup that the first :meth:`Trace.vjp_batched` of the
-        process (of ``trace``'s, when given) would pay; the engine batches VJPs only when
-        the loop costs more."""
-        return 0.0
-
-    def jvp_setup_cost(self) -> float:
-        """Seconds of one-time setup that the first :meth:`jvp_rows` of the process may
-        pay (at most); the engine uses batched JVPs instead of VJPs only when they save more."""
-        return 0.0
-
     # -- second order (optional: gradgradcheck) -----------------------------------------
     def random_cotangent(self, like, generator, noncontiguous: bool):
         """Uniform values in [-1, 1) shaped like ``like``, marked for differentiation
@@ -499,7 +456,7 @@ class Backend(Interop):
         be differentiated (returns the gradients of the inputs at ``input_positions``).
         ``evaluated``: ``(inputs, outputs)`` of a call of ``fn`` the caller already made,
         which a backend may reuse instead of calling ``fn`` again at the same inputs;
-        ``evaluated_seconds``, what that call cost on :meth:`work_clock`.
+        ``evaluated_seconds``, the calling thread's CPU seconds that call took.
         ``few_calls``: the caller will make only a few calls (fast mode), so a backend that
         reuses forwards decides from its first forward whether that pays.
         Capability :attr:`Capability.SECOND_ORDER`."""

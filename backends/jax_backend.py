@@ -339,10 +339,6 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
 
     name = "jax"
     whole_batches = True
-    # the least the batched engine's first check of a shape cost more than the loop's first
-    # check on the project's CPU (bench/jax_engine_calls.py: 0.4-2.1 s for tanh, an MLP,
-    # softmax, a jvp); where the check's first evaluation compiled fn, the price is higher
-    engine_setup_seconds = 0.4
     capabilities = frozenset({"reverse", "forward", "batched", "batched_forward", "undefined_grad", "second_order",
                               "batched_evaluation", "batched_jvp"})
     no_checked_inputs_message = (

@@ -188,11 +188,6 @@ class NumpyBackend(UserDerivatives, Backend):
     def owns(self, x) -> bool:
         return owns(x)
 
-    def computes_on_calling_thread(self, args) -> bool:
-        # NumPy computes on the caller's thread; another namespace's arrays may live on a
-        # device (CuPy)
-        return all(isinstance(a, (np.ndarray, np.generic)) for a in args if self.is_array(a))
-
     def _dtype_is(self, x, kind) -> bool:
         return bool(self.xp(x).isdtype(x.dtype, kind))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-import sys
 import threading
 import types
 from contextlib import contextmanager
@@ -141,7 +140,6 @@ class TorchTrace(Trace):
     def __init__(self, outputs: tuple, inputs):
         super().__init__(outputs)
         self.inputs = tuple(inputs)
-        self._imports_dynamo = None
         self._obstacle = _UNSEARCHED
         self._vjps_by = None  # how vjp_many batches: "is_grads_batched" or "torch.func", once seen
 
@@ -195,13 +193,6 @@ class TorchTrace(Trace):
         if self._obstacle is _UNSEARCHED:  # the graph is searched once
             self._obstacle = torch_graph.vmap_obstacle(self.outputs)
         return self._obstacle
-
-    def batched_backward_imports_dynamo(self) -> bool:
-        """Whether the first batched VJP from these outputs imports torch._dynamo
-        (:func:`torch_graph.batched_backward_imports_dynamo`; the graph is searched once)."""
-        if self._imports_dynamo is None:
-            self._imports_dynamo = torch_graph.batched_backward_imports_dynamo(self.outputs)
-        return self._imports_dynamo
 
 
 class TorchPerturber(torch_sparse._InPlacePerturber):
@@ -648,35 +639,6 @@ class TorchBackend(BatchedForms, Backend):
 
         return _DifferentiableVjp(vjp_of_fn, forward, n_inputs, over_cotangents)
 
-    def batched_vjp_setup_cost(self, trace=None) -> float:
-        # autograd.grad(is_grads_batched=True) first imports torch's symbolic shapes (sympy),
-        # and through some nodes torch._dynamo
-        seconds = _batched_backward_first_cost()
-        if trace is not None and "torch._dynamo" not in sys.modules and trace.batched_backward_imports_dynamo():
-            seconds += FUNC_VJP_IMPORT_SECONDS
-        return seconds
-
-    def jvp_setup_cost(self) -> float:
-        # forward mode's first use imports torch's JVP decompositions; some of them (a
-        # tensor times a Python scalar, under vmap) import torch._dynamo
-        return (0.0 if "torch._decomp.decompositions_for_jvp" in sys.modules else JVP_DECOMPOSITIONS_IMPORT_SECONDS) + \
-            _func_vjp_first_cost()
-
-    def computes_on_calling_thread(self, args) -> bool:
-        # CPU kernels and CPU backward passes run on the caller's thread (an intra-op
-        # pool's parallel regions keep it busy until they end); a GPU's do not
-        return all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
-
-    def batch_setup_cost(self, fn, position=None) -> float:
-        fn = _vjp_function(fn)
-        if fn is None:
-            return 0.0
-        if position is not None and position >= fn.n_inputs:
-            # its cotangents move by a vmapped backward pass
-            return _batched_backward_first_cost()
-        # vmapping a VJP goes through torch.func, whose first use imports torch._dynamo
-        return _func_vjp_first_cost()
-
     def stacking_obstacle(self, fn, position, tiled=()):
         vjp_fn = _vjp_function(fn)
         if vjp_fn is not None and (not tiled or vjp_fn is fn):
@@ -690,6 +652,11 @@ class TorchBackend(BatchedForms, Backend):
 
     def batching_obstacle(self, fn, position, trace):
         vjp_fn = _vjp_function(fn)
+        if vjp_fn is not None and sum(x.numel() for x in trace.inputs) < VMAPPED_VJP_FROM_ELEMENTS:
+            # a vmapped VJP is a batched backward: its first use in a process imports
+            # sympy, or through torch.func torch._dynamo (0.3-1.5 s), which the loop of a
+            # smaller check does not repay
+            return f"a VJP of fewer than {VMAPPED_VJP_FROM_ELEMENTS} elements is not vmapped"
         if vjp_fn is not None and position >= vjp_fn.n_inputs:
             return None  # fn's forward runs plainly there: only its backward pass is vmapped
         return trace.batching_obstacle()
@@ -955,25 +922,10 @@ def _numpy_dtype(x: torch.Tensor) -> np.dtype:
     return torch.empty((), dtype=x.dtype).numpy().dtype
 
 
-def _batched_backward_first_cost() -> float:
-    """Seconds the first batched backward pass of a process costs (``is_grads_batched`` or
-    ``torch.func.vmap`` over a backward): it imports torch's symbolic shapes (sympy)."""
-    return 0.0 if "torch.fx.experimental.symbolic_shapes" in sys.modules else GRADS_BATCHED_IMPORT_SECONDS
-
-
-def _func_vjp_first_cost() -> float:
-    """Seconds the first ``torch.func.vjp`` of a process costs: it imports torch._dynamo."""
-    import sys
-
-    return 0.0 if "torch._dynamo" in sys.modules else FUNC_VJP_IMPORT_SECONDS
-
-
-#: measured on this project's machine (2 cores): about 1.2 s
-FUNC_VJP_IMPORT_SECONDS = 1.5
-#: the first is_grads_batched backward imports sympy: about 0.7 s on this project's machine
-GRADS_BATCHED_IMPORT_SECONDS = 0.7
-#: seconds the first forward-mode call of a process spends importing torch's JVP decompositions
-JVP_DECOMPOSITIONS_IMPORT_SECONDS = 0.2
+#: a VJP function (gradgradcheck's) is vmapped only where its checked inputs hold at least
+#: this many elements: a loop of two evaluations per element then makes as many calls as
+#: the engine's rule for batched VJPs asks (``agcheck.engine.cost.BATCHED_VJPS_FROM_CALLS``)
+VMAPPED_VJP_FROM_ELEMENTS = 2000
 
 
 #: real floating dtypes and the integers of their size, whose equality is bitwise equality

@@ -17,13 +17,16 @@ fresh). Where the fresh one raises too, the call is at fault: its error is raise
 only the graph that raised is dropped; where the graph takes another backward, the user's
 code raised once, and that error is raised, as a fresh evaluation would have raised it.
 It also stops when digesting the inputs costs a good part of the forwards it would save,
-as the first calls' digests and forwards measure it (:data:`DIGEST_RULE_CALLS`), in seconds
-of work: the calling thread's CPU time where the inputs are on the CPU. A digest of a few
-microseconds that the scheduler preempted on a busy machine would otherwise count
-milliseconds and close the memo (it did in 6 of 16 gradgradchecks of a 5 x 5
-eigenproblem beside three busy loops, one of them then calling ``fn`` twice as often).
+as the first calls' digests and forwards measure it (:data:`DIGEST_RULE_CALLS`): a ratio of
+the two, timed side by side on the calling thread's CPU clock (digests are taken of CPU
+tensors only). A digest of a few microseconds that the scheduler preempted on a busy
+machine would count milliseconds on a wall clock and close the memo (it did in 6 of 16
+gradgradchecks of a 5 x 5 eigenproblem beside three busy loops, one of them then calling
+``fn`` twice as often).
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -59,13 +62,12 @@ class RetainedForward:
         self._digest_seconds = 0.0
         self._forward_seconds = 0.0
         self._forwards = 0
-        self._clock = None  # chosen at the first timing (_seconds)
         self._timed = 0  # digests timed so far (up to DIGEST_RULE_CALLS)
         self._timing = True  # the last digest was timed: so is the forward after it
 
     def seed(self, inputs: tuple, outputs: tuple, seconds: float | None = None) -> None:
         """Keep a forward the caller already ran (``outputs`` of ``fn(*inputs)``); where
-        the caller timed it (``seconds``, on the backend's work clock), it counts as the
+        the caller timed it (``seconds`` of the calling thread's CPU time), it counts as the
         first timed forward, and the digest rules apply at once."""
         if not self.enabled:
             return
@@ -151,12 +153,11 @@ class RetainedForward:
         entry[3] += 1
         return backward(entry[2])
 
-    def _seconds(self, inputs: tuple) -> float:
+    @staticmethod
+    def _seconds(inputs: tuple) -> float:
         """A reading of the clock the digest rule is timed on: the calling thread's CPU
-        time where the backend computes on it, else wall-clock time."""
-        if self._clock is None:
-            self._clock = self.backend.work_clock(inputs)
-        return self._clock()
+        time (digests, and so the forwards they key, are of CPU tensors)."""
+        return time.thread_time()
 
     def _timed_key(self, inputs: tuple):
         self._timing = self._timed < DIGEST_RULE_CALLS

@@ -6,21 +6,15 @@ batched call is made.
   vmap rule (its own ``vmap`` staticmethod, or ``generate_vmap_rule = True``). Such a
   Function leaves a node on the graph. (The Function torch.library generates for a custom
   op's autograd is not one: vmap batches the op through the dispatcher.)
-- A batched backward (``torch.autograd.grad(..., is_grads_batched=True)``) through ``sgn``
-  (the backward of ``abs`` and of the norms uses it) adds a gradient of one batch element
-  to the others' through ``torch._refs.add``, whose first call imports ``torch._dynamo``
-  (about 1 s; torch 2.13).
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["vmap_obstacle", "batched_backward_imports_dynamo"]
+__all__ = ["vmap_obstacle"]
 
 #: nodes visited at most: a graph larger than this is not searched to its end
 MAX_NODES = 100_000
-#: backward nodes whose batched backward imports torch._dynamo on first use
-_DYNAMO_NODES = frozenset({"SgnBackward0"})
 
 
 def _nodes(outputs):
@@ -50,12 +44,6 @@ def vmap_obstacle(outputs) -> str | None:
         if reason is not None:
             return reason
     return None
-
-
-def batched_backward_imports_dynamo(outputs) -> bool:
-    """Whether a batched backward from ``outputs`` passes a node whose batched backward
-    imports ``torch._dynamo`` the first time (see the module's docstring)."""
-    return any(type(node).__name__ in _DYNAMO_NODES for node in _nodes(outputs))
 
 
 def _function_obstacle(cls) -> str | None:

@@ -590,11 +590,9 @@ class _OuterSinThroughLists(torch.autograd.Function):
 def test_forward_mode_projections_loop_a_backward_that_cannot_be_batched(scale, monkeypatch):
     # the projections that tie forward mode to the backward used to give up on a batching
     # failure, and the Jacobian then cost one looped VJP per output element (1,600 here)
-    from agcheck.backends.torch_backend import TorchBackend
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # batched VJPs tried, however few
-    monkeypatch.setattr(TorchBackend, "jvp_setup_cost", lambda self: 0.0)
     monkeypatch.setattr(_OuterSinThroughLists, "scale", scale)
     monkeypatch.setattr(_OuterSinThroughLists, "backwards", 0)
     args = (make(40, seed=3),)

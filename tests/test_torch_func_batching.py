@@ -48,13 +48,12 @@ def product_tanh(a, b):
 
 @pytest.fixture(autouse=True)
 def _batching_pays(monkeypatch):
-    """Batched VJPs from the first block on, whatever this process has imported."""
-    from agcheck.backends.torch_backend import TorchBackend
+    """Batched VJPs (and vmapped VJP functions), however small the check."""
+    from agcheck.backends import torch_backend
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
-    monkeypatch.setattr(TorchBackend, "batched_vjp_setup_cost", lambda self, trace=None: 0.0)
-    monkeypatch.setattr(TorchBackend, "batch_setup_cost", lambda self, fn, position=None: 0.0)
+    monkeypatch.setattr(torch_backend, "VMAPPED_VJP_FROM_ELEMENTS", 0)
 
 
 def test_is_grads_batched_has_no_rule_for_einsum():

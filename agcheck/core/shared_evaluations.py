@@ -12,13 +12,15 @@ call ``fn``.
 A key is a digest of each moving input's values (:meth:`Backend.content_digest`) with
 every other argument the very object the check was given, so a kept evaluation is served
 only for the same arguments. Sharing stops when digests cost more than a good part of the
-evaluations they would save (:data:`DIGEST_SHARE_LIMIT`; both timed in seconds of work,
-:meth:`Backend.work_clock`, so that a preempted digest on a busy machine
-does not stop it), and kept outputs stay within a budget (the caller's: about one
-evaluation per move); each is dropped once taken.
+evaluations they would save (:data:`DIGEST_SHARE_LIMIT`: a ratio of the two, timed side by
+side on the calling thread's CPU clock, which a busy machine's waits do not inflate;
+digests are taken of CPU arrays only, and so are the evaluations they key), and kept
+outputs stay within a budget (the caller's: about one evaluation per move); each is
+dropped once taken.
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
@@ -65,7 +67,7 @@ class SharedEvaluations:
         self._kept = {}
         self._digest_seconds = 0.0
         self._evaluation_seconds = 0.0
-        self._clock = be.work_clock(self.args)
+        self._clock = time.thread_time
 
     def evaluate(self, part_fn, args: tuple) -> tuple:
         """``part_fn(*args)`` (an :class:`OutputPart` whose ``shared`` is this object):
