@@ -17,7 +17,7 @@ import torch.autograd.forward_ad as fwAD
 from agcheck.backends.base import Backend, OutputPart, Trace, summary_edges
 from agcheck.backends.batched_forms import BatchedForms
 
-from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_sparse
+from agcheck.backends import torch_engine, torch_errors, torch_graph, torch_perturber, torch_sparse
 from agcheck.backends.torch_forward_memo import RetainedForward
 from agcheck.backends.quiet import ignoring
 from agcheck.errors import CheckInputError
@@ -195,7 +195,7 @@ class TorchTrace(Trace):
         return self._obstacle
 
 
-class TorchPerturber(torch_sparse._InPlacePerturber):
+class TorchPerturber(torch_perturber.InPlacePerturber):
     """Moves ``x.data`` in place: closures over ``x`` see the move, autograd graphs that
     saved ``x`` stay valid (the version counter of ``.data`` is separate)."""
 
@@ -502,11 +502,11 @@ class TorchBackend(BatchedForms, Backend):
                 raise ValueError("only strided arguments sharing the input's first dimension can be tiled")
             # detached, as the moved copies are: the evaluation records no graph through them
             moved[q] = other.detach().repeat(b, *([1] * (other.dim() - 1)))
-        token = torch_sparse.VALUES_ONLY.set(True)
+        token = torch_perturber.VALUES_ONLY.set(True)
         try:
             outs = self.as_tuple(fn(*moved))
         finally:
-            torch_sparse.VALUES_ONLY.reset(token)
+            torch_perturber.VALUES_ONLY.reset(token)
         split = []
         for o in outs:
             if not isinstance(o, torch.Tensor) or o.dim() == 0 or o.shape[0] % b:
@@ -611,8 +611,8 @@ class TorchBackend(BatchedForms, Backend):
                 return batched_vjp_of_fn(args)
             # a perturber's evaluation wants values: no graph of the backward pass. fn
             # itself (a VJP function too, at higher orders) records as usual
-            graph = not torch_sparse.VALUES_ONLY.get()
-            token = torch_sparse.VALUES_ONLY.set(False)
+            graph = not torch_perturber.VALUES_ONLY.get()
+            token = torch_perturber.VALUES_ONLY.set(False)
             try:
                 primals = primals_of(args)
                 cotangents = tuple(
@@ -625,7 +625,7 @@ class TorchBackend(BatchedForms, Backend):
 
                 return forward.vjp(primals, backward)
             finally:
-                torch_sparse.VALUES_ONLY.reset(token)
+                torch_perturber.VALUES_ONLY.reset(token)
 
         def over_cotangents(args, position, stacked):
             # the cotangents at args[position] stacked: fn's forward as a plain call (a
