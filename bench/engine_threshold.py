@@ -1,14 +1,14 @@
 """Where the engine starts to pay: small slow-mode checks under the reference loop and under
-the engine, against the loop's estimated cost that decides between them.
+the engine, against the loop's call count that decides between them.
 
-A slow-mode check goes to the reference engine at once when its element-by-element loop is
-estimated (``agcheck.engine.cost.loop_seconds``, from the check's first evaluation) below
-``ENGINE_WORTH_SECONDS``; above it the engine probes its batched paths. For each case (a
+A slow-mode check goes to the reference engine at once when its element-by-element loop
+would make fewer than ``agcheck.engine.cost.ENGINE_FROM_CALLS`` calls
+(``cost.loop_calls``); from there the engine probes its batched paths. For each case (a
 few ops at 10 to 160 elements) and mode (gradcheck, gradcheck with forward mode,
 gradgradcheck reverse-over-reverse and forward-over-reverse) this times torch's checker,
 agcheck with ``engine="reference"`` and agcheck forcing the engine past the threshold
-(``ENGINE_WORTH_SECONDS = 0``), alternating in one process (median CPU time), and prints
-the loop's estimate beside them. It ends with what each threshold would give over all the
+(``ENGINE_FROM_CALLS = 0``), alternating in one process (median CPU time), and prints
+the loop's calls beside them. It ends with what each threshold would give over all the
 cases: the total against torch's checker, the geometric mean and the lowest per-case
 ratio.
 
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 import agcheck
-import agcheck.checks.jacobian as checks_jacobian
+from agcheck.checks import loop_plan
 from agcheck.engine import cost
 
-THRESHOLDS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.012, 0.015, 0.020)
+THRESHOLDS = (50, 100, 150, 200, 250, 300, 400, 600)
 
 
 def _leaf(*shape, seed=0):
@@ -70,25 +70,24 @@ MODES = {
 
 
 class _Estimates:
-    """The loop's estimates of the pieces a check decided on (recorded around the check's
-    own decision, which it leaves as it is)."""
+    """The loop's calls of the pieces a check decided on, as the plan logged them
+    (recorded around the check's own decision, which it leaves as it is)."""
 
     def __init__(self):
         self.seen = []
-        self._decide = checks_jacobian._loop_is_cheap
+        self._decide = loop_plan.loop_is_cheap
 
     def __enter__(self):
         def recorded(run, piece, n_in):
-            n_out = sum(run.be.numel(piece.outputs[k]) for k in piece.diff)
-            if run.evaluation_seconds:
-                self.seen.append(cost.loop_seconds(n_in, n_out, run.evaluation_seconds))
-            return self._decide(run, piece, n_in)
+            cheap = self._decide(run, piece, n_in)
+            self.seen.append(run.engine_log[-1].figures["loop_calls"])
+            return cheap
 
-        checks_jacobian._loop_is_cheap = recorded
+        loop_plan.loop_is_cheap = recorded
         return self
 
     def __exit__(self, *exc):
-        checks_jacobian._loop_is_cheap = self._decide
+        loop_plan.loop_is_cheap = self._decide
 
 
 def _cpu_seconds(check, fn, args, options) -> float:
@@ -99,11 +98,11 @@ def _cpu_seconds(check, fn, args, options) -> float:
 
 def _engine_forced(check):
     def forced(fn, args, **options):
-        shipped, cost.ENGINE_WORTH_SECONDS = cost.ENGINE_WORTH_SECONDS, 0.0
+        shipped, cost.ENGINE_FROM_CALLS = cost.ENGINE_FROM_CALLS, 0
         try:
             return check(fn, args, **options)
         finally:
-            cost.ENGINE_WORTH_SECONDS = shipped
+            cost.ENGINE_FROM_CALLS = shipped
 
     return forced
 
@@ -116,7 +115,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     records = []
-    print("median CPU ms; estimate = the loop's, per piece decided (ms)")
+    print("median CPU ms; calls = the loop's, per piece decided")
     for mode in args.modes.split(","):
         kind, options = MODES[mode]
         reference_check, ours = getattr(torch.autograd, kind), getattr(agcheck, kind)
@@ -137,23 +136,23 @@ def main(argv=None) -> None:
             rec = {"mode": mode, "case": name, "estimates": estimates.seen,
                    **{k: statistics.median(v) for k, v in times.items()}}
             records.append(rec)
-            shown = " ".join(f"{e * 1e3:.1f}" for e in rec["estimates"]) or "-"
-            print(f"  {mode:5s} {name:14s} estimate {shown:11s} torch {rec['torch'] * 1e3:7.2f}  "
+            shown = " ".join(str(e) for e in rec["estimates"]) or "-"
+            print(f"  {mode:5s} {name:14s} calls {shown:11s} torch {rec['torch'] * 1e3:7.2f}  "
                   f"loop {rec['loop'] * 1e3:7.2f}  engine {rec['engine'] * 1e3:7.2f}  "
                   f"engine/loop {rec['engine'] / rec['loop']:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f)
-    print("\nwith the threshold at T (a check takes the engine when its loop is estimated at T or more):")
+    print("\nwith the threshold at T (a check takes the engine when its loop makes T calls or more):")
     for T in THRESHOLDS:
         def chosen(r):
-            return r["engine"] if max(r["estimates"], default=0.0) >= T else r["loop"]
+            return r["engine"] if max(r["estimates"], default=0) >= T else r["loop"]
 
         total = sum(r["torch"] for r in records) / sum(chosen(r) for r in records)
         ratios = [r["torch"] / chosen(r) for r in records]
         geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        mark = "  (as shipped)" if math.isclose(T, cost.ENGINE_WORTH_SECONDS) else ""
-        print(f"  T = {T * 1e3:4.0f} ms: total {total:.2f}x torch's checker, geometric mean {geomean:.2f}x, "
+        mark = "  (as shipped)" if T == cost.ENGINE_FROM_CALLS else ""
+        print(f"  T = {T:4d} calls: total {total:.2f}x torch's checker, geometric mean {geomean:.2f}x, "
               f"lowest {min(ratios):.2f}x{mark}")
 
 
