@@ -401,7 +401,7 @@ class Backend(Interop):
         tangent at that element, zero tangents on the other checked inputs; ``receive(i,
         result)`` is called with what :meth:`jvp` returns, in order. A backend may set the
         evaluations up once for all of them (by default: one :meth:`jvp` each)."""
-        zero_tangents = [self.zeros_like(args[p]) for p in checked]
+        zero_tangents = [self.xp(args[p]).zeros_like(args[p]) for p in checked]
         for i, elements in wanted:
             x = args[checked[i]]
             for flat in elements:
@@ -415,7 +415,7 @@ class Backend(Interop):
         ``args[checked[i]]`` and zero tangents on the other checked inputs; ``receive`` is
         called with what :meth:`jvp` returns, input by input, in order. A backend may set
         the evaluations up once for all of them (by default: one :meth:`jvp` each)."""
-        zero_tangents = [self.zeros_like(args[p]) for p in checked]
+        zero_tangents = [self.xp(args[p]).zeros_like(args[p]) for p in checked]
         for i, t in enumerate(tangents):
             moved = list(zero_tangents)
             moved[i] = t
@@ -564,9 +564,6 @@ class Backend(Interop):
     def max_abs_difference(self, a, b):
         xp = self.xp(a)
         return xp.max(xp.abs(a - b))
-
-    def count_nonzero(self, x) -> int:
-        return int(self.xp(x).count_nonzero(x))
 
     def all_finite(self, x) -> bool:
         xp = self.xp(x)

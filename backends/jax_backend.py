@@ -588,7 +588,7 @@ class JaxBackend(BatchedForms, TakesWrt, Backend):
             return tuple(d for _, d in self.jvp(fn, args, checked, tangents))
 
         rows = jax.vmap(single)(stacked)
-        return [self.reshape(r, (stacked.shape[0], -1)) for r in rows]
+        return [_XP.reshape(r, (stacked.shape[0], -1)) for r in rows]
 
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):
