@@ -293,6 +293,22 @@ def test_blocked_and_banded_patterns_pass_coloured(name):
     assert r.verdict is True and coloured_log(r)[-1] == "passed" and not r.engine_fallbacks
 
 
+@pytest.mark.parametrize("bug", [None, "scaled"])
+def test_an_elementwise_jacobian_is_the_one_colour_case_of_the_coloured_path(monkeypatch, bug):
+    # with the probe's path off, the analytical Jacobian's diagonal pattern is coloured with
+    # one colour: every element moved at once, as the compressed path moves them
+    monkeypatch.setattr(coloured, "try_compressed_reverse", lambda *a: False)
+    colours, differences = [], coloured._differences
+    monkeypatch.setattr(coloured, "_differences",
+                        lambda p, q, colour, n_colours, *a: colours.append(n_colours) or differences(p, q, colour,
+                                                                                                     n_colours, *a))
+    fn = BROKEN[bug] if bug else CORRECT["custom function"][0]
+    r = run(fn, (x_of(),))
+    assert colours == [1]
+    assert r.verdict is (bug is None) is torch.autograd.gradcheck(fn, (x_of(),), raise_exception=False)
+    assert coloured_log(r) == (["passed"] if bug is None else ["disagreement: input 0, output 0: entries differ"])
+
+
 def _matmul_with_backward(grad_a):
     class MatmulTanh(torch.autograd.Function):
         generate_vmap_rule = True
