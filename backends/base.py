@@ -255,8 +255,10 @@ class Backend(Interop):
         return namespace
 
     def array_namespace(self, *arrays):
-        """The array-API namespace for code running on these arrays of this backend
-        (``array_api_compat``'s by default; a backend it does not know may supply one)."""
+        """The array-API namespace for *user* code running on these arrays (the main job's
+        catalog, crosscheck): the framework's own differentiable operations
+        (``array_api_compat``'s by default; TensorFlow's and MLX's from
+        ``tensorflow_xp``/``mlx_xp``). The core's own algebra goes through :meth:`xp`."""
         import array_api_compat
 
         return array_api_compat.array_namespace(*arrays)
