@@ -287,9 +287,9 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
             moved = own(v) if own is not None else None
             return be.xp(v).reshape(v, tuple(x.shape)) if moved is None else moved
 
-        if isinstance(u, tuple):  # i d as a + i d (JAX's strict promotion refuses d * 1j)
+        if isinstance(u, tuple):  # the imaginary axis moved by d * 1j, as torch computes it
             d = shaped(u[1]) * eps
-            return _along_axes(be, [along(shaped(u[0]) * eps), along(be.plus_imaginary(be.xp(d).zeros_like(d), d))])
+            return _along_axes(be, [along(shaped(u[0]) * eps), along(be.xp(d).multiply(d, 1j))])
         return along(shaped(u) * eps)
 
 
