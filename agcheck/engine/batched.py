@@ -182,7 +182,11 @@ def _reverse(run, p, diff) -> None:
         # them: an evaluation of fn that raises at a step raises before the analytical
         # side is paid. The analytical side is by JVPs where the outputs far outnumber the
         # inputs and the backward is shown to give the same Jacobian, else by VJPs
-        numerical = None if colourable else {q: list(p.numerical_row_chunks(q)) for q in checked}
+        numerical = None
+        if not colourable:
+            numerical = {}
+            for q in checked:  # a loop, not a comprehension: one frame less above fn's calls
+                numerical[q] = list(p.numerical_row_chunks(q))
         analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, _projection_vjps(p))
         first = None  # the VJPs' first passes, which the reentrancy passes check
         if analytical is None and numerical is not None and len(diff) > 1 and not opts.raise_exception:

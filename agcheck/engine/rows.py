@@ -59,6 +59,7 @@ class Problem(SampleRows):
         self._reference = {}  # per input: the probe's plain difference quotient (None: it raised)
         self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
+        self._evaluators = {}  # per batched input: its batched form, called with the stacked copies
         self._unbatchable = {}  # per input: why each batched form was left out or rejected
         #: whether VJPs are batched: ``None`` until the first batch, ``False`` where the
         #: backend has no batched VJPs, the loop of VJPs is too short to repay their setup
@@ -116,11 +117,7 @@ class Problem(SampleRows):
     def evaluate(self, pos, stacked):
         """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
         batched form the probe chose for that input."""
-        if self._via[pos] == "stacked":
-            return self.be.evaluate_stacked(self.fn, self.args, pos, stacked, self._tiled.get(pos, ()))
-        if self._via[pos] == "functional":
-            return self.be.evaluate_batch_functional(self.fn, self.args, pos, stacked)
-        return self.be.evaluate_batch(self.fn, self.args, pos, stacked)
+        return self._evaluators[pos](stacked)
 
     def _probe(self, pos) -> bool:
         """Evaluate two moves of ``args[pos]`` (along a random direction) in a batched
@@ -150,6 +147,9 @@ class Problem(SampleRows):
                 self._via[pos] = via
                 if tiled:
                     self._tiled[pos] = tiled
+                # bound once: each batched call is then one call of the backend's form
+                self._evaluators[pos] = functools.partial(evaluate, self.fn, self.args, pos, **(
+                    {"tiled": tiled} if tiled else {}))
                 return True
             rejected.append(f"{via} with {len(tiled)} tiled: {why}" if tiled else f"{via}: {why}")
             if why == _PLAIN_CALLS_RAISED:
@@ -165,15 +165,19 @@ class Problem(SampleRows):
         return self.be.uniform_unit_vector(x, self.be.generator(x, PROBE_SEED), real=True)
 
     def _plain_reference(self, pos):
-        """The plain calls' difference quotient along the probe's direction (a list, one
-        flat array per output). Computed once; ``None`` when they raised an error that is
-        not the user's (a user's error propagates)."""
+        """The plain calls' central difference quotient along the probe's direction (a
+        list, one flat array per output; the batched forms' results must agree with it).
+        Computed once; ``None`` when they raised an error that is not the user's (a user's
+        error propagates)."""
         if pos not in self._reference:
+            be, x = self.be, self.args[pos]
+            eps, call = self.run.eps_for(x), self.run.user_errors.call
+            step = be.reshape(self._probe_direction(pos), tuple(x.shape)) * eps
             self._reference[pos] = None
             try:
-                self._reference[pos] = self.run.user_errors.call(
-                    jac.numerical_directional, self.be, self.fn, self.args, pos, self._probe_direction(pos),
-                    self.run.eps_for(self.args[pos]), self.run.stencil)
+                with be.perturber(self.args, pos) as perturber:
+                    values = [call(perturber.evaluate_direction, self.fn, step, sign) for sign in (-1, 1)]
+                    self._reference[pos] = jac.stencil_difference(be, values, eps)
             except Exception as e:
                 if e in self.run.user_errors:
                     raise
@@ -310,14 +314,6 @@ class Problem(SampleRows):
                     parts[k].append(be.to_numpy(outs[k]).reshape(-1))
         return {k: np.stack(v) for k, v in parts.items()}
 
-    def numerical_row_chunks(self, pos, report=True):
-        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
-        (and advance the run's progress bar by each chunk's rows when ``report``)."""
-        for start, stop, rows in self._row_chunks(pos):
-            if report:
-                self.run.progress.advance(stop - start)
-            yield start, stop, rows
-
     def exact_numerical(self) -> dict | None:
         """``{input position: [(start, stop, {output position: rows})]}``: the row blocks
         computed element by element so far (the reference engine's numbers, bit for bit),
@@ -396,53 +392,60 @@ class Problem(SampleRows):
         pass (the rows :meth:`numerical_row_chunks` yields are then those)."""
         return pos in self._exact_rows
 
-    def _row_chunks(self, pos):
+    def numerical_row_chunks(self, pos, report=True):
+        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
+        (and advance the run's progress bar by each chunk's rows when ``report``)."""
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
+        advance = self.run.progress.advance if report else _ignored
         remembered = self._remembered.get(pos)
         if remembered is not None:
             for start, stop in remembered.bounds:
                 chunk = (start, stop, {k: rows[start:stop] for k, rows in remembered.rows.items()})
                 if remembered.exact:
                     self._note(pos, chunk)
+                advance(stop - start)
                 yield chunk
             return
-        if pos in self._exact_rows:
-            yield from self._exact_rows[pos]
-            return
-        if not self.batched_ok(pos):
+        if pos not in self._exact_rows and not self.batched_ok(pos):
             chunks = self._noted(pos, self._looped_row_chunks(pos, 0, n, eps))
-            if self.keep_rows:
-                chunks = self._exact_rows[pos] = list(chunks)
-            yield from chunks
+            if not self.keep_rows:
+                for chunk in chunks:
+                    advance(chunk[1] - chunk[0])
+                    yield chunk
+                return
+            self._exact_rows[pos] = list(chunks)
+        if pos in self._exact_rows:
+            for chunk in self._exact_rows[pos]:
+                advance(chunk[1] - chunk[0])
+                yield chunk
             return
         size = self.chunk_rows(self._row_bytes(pos), n)
         for start in range(0, n, size):
             stop = min(n, start + size)
-            yield start, stop, self._batched_rows(pos, list(range(start, stop)), eps, be.is_complex(x))
+            rows = self._batched_rows(pos, list(range(start, stop)), eps, be.is_complex(x))
+            advance(stop - start)
+            yield start, stop, rows
 
     def _batched_rows(self, pos, flat, eps, complex_input):
-        be, x = self.be, self.args[pos]
-        rows = self._difference_rows(pos, flat, eps)
-        if complex_input:
-            imag = self._difference_rows(pos, flat, eps * 1j)
-            rows = {k: be.astype(be.plus_imaginary(rows[k], imag[k]), x.dtype) for k in rows}
-        return rows
+        """Rows ``flat`` of ``args[pos]`` by batched evaluations: every stencil point of
+        every row in one call (a complex input: its real moves, then its imaginary ones)."""
+        be, x, stencil = self.be, self.args[pos], self.run.stencil
+        b, points = len(flat), len(stencil.offsets)
+        parts = []
+        for step in (eps, eps * 1j) if complex_input else (eps,):
+            moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
+                     for m in stencil.offsets]
+            outs = self._evaluators[pos](be.reshape(be.stack(moves, axis=0), (points * b, *x.shape)))
+            parts.append({k: be.combine(stencil, be.unstack(be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))),
+                                        eps) for k in self.floats})
+        if not complex_input:
+            return parts[0]
+        return {k: be.astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
 
-    def _difference_rows(self, pos, flat, step):
-        be, x = self.be, self.args[pos]
-        eps, stencil = self.run.eps_for(x), self.run.stencil
-        b = len(flat)
-        moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
-                 for m in stencil.offsets]
-        points = len(moves)
-        moved = be.reshape(be.stack(moves, axis=0), (points * b, *x.shape))
-        outs = self.evaluate(pos, moved)
-        rows = {}
-        for k in self.floats:
-            o = be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))
-            rows[k] = be.combine(stencil, be.unstack(o), eps)
-        return rows
+
+def _ignored(_n) -> None:
+    """Progress not reported."""
 
 
 def n_in_total(be, args, checked) -> int:
