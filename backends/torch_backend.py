@@ -923,8 +923,8 @@ def _numpy_dtype(x: torch.Tensor) -> np.dtype:
 
 
 #: a VJP function (gradgradcheck's) is vmapped only where its checked inputs hold at least
-#: this many elements: a loop of two evaluations per element then makes as many calls as
-#: the engine's rule for batched VJPs asks (``agcheck.engine.cost.BATCHED_VJPS_FROM_CALLS``)
+#: this many elements: vmapping it goes through torch.func, whose first use in a process
+#: imports torch._dynamo (about 1.2 s), which the loop of a smaller check does not repay
 VMAPPED_VJP_FROM_ELEMENTS = 2000
 
 

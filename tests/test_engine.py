@@ -318,7 +318,7 @@ def test_nondeterministic_backward_is_caught_by_both_engines():
 def _delayed(monkeypatch, name, delay, owner=None):
     """Make the engine's batched call ``name`` run ``delay()`` first on every call (a slow
     op works: ``busy``; a process on a busy machine waits: ``time.sleep``); count the calls."""
-    import agcheck.engine.batched as engine
+    import agcheck.engine.columns as engine
 
     owner = owner or engine
     original, calls = getattr(owner, name), []
@@ -367,7 +367,7 @@ def test_slow_or_delayed_batched_calls_leave_the_plan_as_it_was(broken, call, de
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # the VJPs of 64 outputs batched too
     fn = _sines(broken, dense=True)
     quiet = run(fn, (make(64),), engine="batched")
-    owner, name = (_Problem, "_batched_rows") if call == "rows" else (None, "_batched_columns")
+    owner, name = (_Problem, "_batched_rows") if call == "rows" else (None, "batched_columns")
     calls = _delayed(monkeypatch, name, (lambda: busy(0.05)) if delay == "busy" else (lambda: time.sleep(0.05)), owner)
     delayed = run(fn, (make(64),), engine="batched")
     assert calls and plan(delayed) == plan(quiet)
@@ -381,13 +381,13 @@ def test_rows_and_columns_are_batched_as_the_memory_budget_allows(monkeypatch):
     """Every batched call takes as many rows (or VJP columns) as a quarter of the memory
     budget holds at the bytes the shapes imply (input and outputs, ``INTERMEDIATES`` times
     over, per stencil point), at most ``MAX_BATCH``; the last one takes the rest."""
-    import agcheck.engine.batched as engine
+    import agcheck.engine.columns as engine
     from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     rows, columns = [], []
-    batched_rows, batched_columns = _Problem._batched_rows, engine._batched_columns
+    batched_rows, batched_columns = _Problem._batched_rows, engine.batched_columns
 
     def counted_rows(self, pos, flat, *args):
         rows.append(len(flat))
@@ -398,7 +398,7 @@ def test_rows_and_columns_are_batched_as_the_memory_budget_allows(monkeypatch):
         return batched_columns(p, k, c0, c1, *args, **kwargs)
 
     monkeypatch.setattr(_Problem, "_batched_rows", counted_rows)
-    monkeypatch.setattr(engine, "_batched_columns", counted_columns)
+    monkeypatch.setattr(engine, "batched_columns", counted_columns)
     w = make(300, 300, seed=3).detach() / 20
     fn = lambda x: torch.sin(w @ x)
     for budget, size in ((None, 8 << 20), (4 << 20, 1 << 20)):
@@ -425,7 +425,7 @@ def test_vjps_are_batched_where_their_loop_makes_many_calls(monkeypatch):
             monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", limit)
             calls = []
             with monkeypatch.context() as m:
-                calls = _delayed(m, "_batched_columns", lambda: None)
+                calls = _delayed(m, "batched_columns", lambda: None)
                 r = run(fn, (make(64),), engine="batched")
             assert r.verdict is (not broken)
             assert bool(calls) is batched
@@ -1054,10 +1054,13 @@ def test_a_failing_check_reuses_the_rows_looped_where_the_input_was_not_batched(
 
 
 def test_a_failing_check_reuses_the_analytical_columns_computed_one_by_one(monkeypatch):
-    # too few columns for batched VJPs (300 VJP calls): every column is one VJP, as the
-    # reference engine computes it, and checked for reentrancy by the engine's second
-    # pass: on the mismatch, the reference engine computes no column again, and its
+    # VJPs not batched (as for a check whose VJP loop makes few calls): every column is one
+    # VJP, as the reference engine computes it, and checked for reentrancy by the engine's
+    # second pass: on the mismatch, the reference engine computes no column again, and its
     # message is the one it gives alone
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 1 << 62)
     backward_calls = []
     original_backward = _DenseVmappable.backward
 
@@ -1217,7 +1220,7 @@ def test_an_evaluation_that_raises_on_the_numerical_side_raises_before_the_analy
     # entries), the first analytical pass goes first, and its reentrancy pass after the
     # numerical side
     from agcheck.backends import torch_backend
-    from agcheck.engine import batched, coloured, cost
+    from agcheck.engine import columns, coloured, cost
 
     def unbatchable(self, *a, **kw):
         raise RuntimeError("no batched VJPs here")
@@ -1228,8 +1231,8 @@ def test_an_evaluation_that_raises_on_the_numerical_side_raises_before_the_analy
     monkeypatch.setattr(torch_backend.TorchTrace, "vjp_many", unbatchable)
     monkeypatch.setattr(ScaledSin, "factor", factor)
     passes = []
-    reentrancy_pass = batched._reentrancy_pass
-    monkeypatch.setattr(batched, "_reentrancy_pass", lambda p, k, *a: passes.append(k) or reentrancy_pass(p, k, *a))
+    reentrancy_pass = columns.reentrancy_pass
+    monkeypatch.setattr(columns, "reentrancy_pass", lambda p, k, *a: passes.append(k) or reentrancy_pass(p, k, *a))
     x = make(n, seed=17)
     fn = _raising_at_the_last_step(x)
     moved = x.detach().clone().requires_grad_()
@@ -1324,17 +1327,17 @@ def test_a_mismatch_stops_before_the_later_outputs_vjps_as_far_as_the_report_all
     # the engine
     # (with a report, only output 1's reentrancy pass is saved: torch's checker checks an
     # output's reentrancy just before comparing it, and stops at output 0)
-    from agcheck.engine import batched, cost
+    from agcheck.engine import columns, cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # the numerical-first path
     monkeypatch.setattr(_TimesSum, "factor", factor)
-    reentrancy_checked, original = [], batched._reentrancy_pass
+    reentrancy_checked, original = [], columns.reentrancy_pass
 
     def spied(p, k, *rest):
         reentrancy_checked.append(k)
         return original(p, k, *rest)
 
-    monkeypatch.setattr(batched, "_reentrancy_pass", spied)
+    monkeypatch.setattr(columns, "reentrancy_pass", spied)
     x = make(12, seed=3)
 
     def fn(t):

@@ -1,4 +1,4 @@
-"""The first analytical pass by samples (``agcheck.engine.batched._first_pass_by_samples``):
+"""The first analytical pass by samples (``agcheck.engine.columns.first_pass_by_samples``):
 where the output and every checked input hold the same independent samples, one VJP per
 element position serves all samples (a cotangent of ones at that position); a wrong
 backward still fails with the reference engine's message, and so does a backward that
@@ -277,15 +277,15 @@ def test_a_pass_by_samples_whose_batched_vjps_round_differently_keeps_torchs_ver
     second pass does not reproduce it bit for bit, and the blocks that differ are
     computed again one VJP per column; a right backward passes, a wrong one fails with
     torch's message."""
-    from agcheck.engine import batched
+    from agcheck.engine import columns
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
-    looped = batched._looped_columns
+    looped = columns.looped_columns
 
     def rounding_differently(p, k, c0, c1, inputs, cotangents=None):
         return [c * (1 + 2.0 ** -50) for c in looped(p, k, c0, c1, inputs, cotangents)]
 
-    monkeypatch.setattr(batched, "_batched_columns", rounding_differently)
+    monkeypatch.setattr(columns, "batched_columns", rounding_differently)
     monkeypatch.setattr(_PerSample, "scale", scale)
     r = run_check(_PerSample.apply, (_x(2),))
     decisions = [e.decision for e in r.engine_log if e.path == "vjp"]

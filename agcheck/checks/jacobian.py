@@ -13,6 +13,7 @@ from agcheck.core import jacobian as jac
 from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
+from agcheck.engine import forward_rows
 from agcheck.core.outcome import undecided
 from agcheck.core.report_filling import attach_jacobian_failure
 from agcheck.errors import GradcheckError
@@ -71,7 +72,7 @@ def _compare_slow(run, piece: Piece) -> None:
     n_in = sum(be.numel(x) for x in piece.inputs)
     run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
     if run.opts.engine == "batched" or run.opts.engine == "auto" and not loop_plan.loop_is_cheap(run, piece, n_in):
-        compare = engine.compare_slow_forward if piece.forward else engine.compare_slow_reverse
+        compare = forward_rows.compare_slow_forward if piece.forward else engine.compare_slow_reverse
         try:
             outcome = compare(run, piece)
         except Exception as error:

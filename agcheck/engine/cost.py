@@ -36,10 +36,11 @@ ENGINE_FROM_CALLS = 200
 #: about half a millisecond
 COMPILED_ENGINE_FACTOR = 10
 #: batched VJPs (many cotangents in one backward pass) are used where the loop of VJPs
-#: they replace makes at least this many calls: a framework's first batched backward in a
+#: they replace makes at least this many calls. A framework's first batched backward in a
 #: process may import code the loop does not need (torch: its symbolic shapes, sympy,
-#: 0.3-0.7 s), which a loop of fewer VJPs (some 40-60 µs each) would not repay
-BATCHED_VJPS_FROM_CALLS = 4000
+#: 0.3-0.7 s, once per process, and already there wherever torch's own code used them);
+#: from here on a check's batches save 5-50 ms against its loop of VJPs
+BATCHED_VJPS_FROM_CALLS = 256
 
 
 def loop_calls(n_moved: int, n_in: int, n_out: int, *, forward: bool) -> int:

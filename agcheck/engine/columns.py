@@ -1,0 +1,398 @@
+"""The analytical side of the slow-mode engine in reverse mode: Jacobian columns by VJPs
+(batched where the plan batches them: ``cost.BATCHED_VJPS_FROM_CALLS``; one per column
+otherwise, or where a batched VJP fails), a first pass by samples where the output and
+every checked input hold the same independent samples, and the reentrancy pass that
+checks the first (coloured where the pattern allows, else column by column as the first
+pass computed them)."""
+from __future__ import annotations
+
+import numpy as np
+
+from agcheck.core.outcome import EngineEvent
+from agcheck.core.row_block import RowBlock
+from agcheck.engine import coloured
+from agcheck.engine.rows import INTERMEDIATES
+
+__all__ = ["EngineFallback", "MIN_VJP_SAMPLES", "column_blocks", "analytical_columns", "columns_and_how",
+           "batched_columns", "looped_columns", "analytical_first_pass", "reentrancy_pass", "first_pass_by_samples",
+           "projection_vjps", "vjps_of", "derivative_row_bytes"]
+
+
+class EngineFallback(Exception):
+    """Raised inside the engine's slow-mode paths when they cannot decide a check; their
+    entry points turn it into an undecided :class:`Outcome`."""
+
+
+#: outputs below this many elements get the second analytical pass column by column
+_MIN_COLOURED_OUTPUTS = 64
+
+
+#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check. A failing
+#: one reuses what the second pass computed one VJP per column (a pass column by column),
+#: or computes exactly only the columns its report prints (:func:`failure.decide`), and
+#: only where neither serves computes the first pass's columns again, ``m / B`` more: with
+#: two samples and a coloured second pass, about the ``2 m`` VJPs of torch's checker then
+MIN_VJP_SAMPLES = 2
+
+
+#: the coloured reentrancy pass is taken when it needs at most this many thirds of the
+#: VJPs of the column-by-column pass (a CNN on a small image needs about half)
+_MAX_COLOUR_SHARE = 2
+
+
+def derivative_row_bytes(p, n_in: int) -> int:
+    """The estimated memory of one row of a batched VJP or JVP (a cotangent or tangent of
+    ``n_in`` input elements and the outputs, with fn's intermediates, for the evaluation
+    and its derivative)."""
+    return (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
+
+
+def column_blocks(p, m, n_in):
+    """``[0, m)`` in blocks of as many columns as one batched VJP takes within the batch
+    memory (:meth:`Problem.chunk_rows`)."""
+    size = p.chunk_rows(derivative_row_bytes(p, n_in), m)
+    return [(c0, min(m, c0 + size)) for c0 in range(0, m, size)]
+
+
+def analytical_columns(p, k, c0, c1, inputs):
+    """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
+    per column where the backend has no batched VJPs or they failed."""
+    return columns_and_how(p, k, c0, c1, inputs)[0]
+
+
+def columns_and_how(p, k, c0, c1, inputs, cotangents=None):
+    """:func:`analytical_columns`, and whether they were computed one VJP per column
+    (as the reference engine computes them, bit for bit). ``cotangents(c0, c1)``, when
+    given, stacks the cotangents of columns ``c0:c1`` in place of one-hots."""
+    if p._vjp_batched is not False:
+        cols = unless_batching_fails(p, batched_columns, p, k, c0, c1, inputs, cotangents)
+        if cols is not None:
+            if p._vjp_batched is None:
+                p._vjp_batched = True
+                p.run.engine_log.append(EngineEvent("vjp", "batched", None, figures={"columns_per_batch": c1 - c0}))
+            return cols, False
+    return looped_columns(p, k, c0, c1, inputs, cotangents), True
+
+
+def batched_columns(p, k, c0, c1, inputs, cotangents=None):
+    be = p.be
+    out = p.outputs[k]
+    stacked = be.one_hots(out, list(range(c0, c1))) if cotangents is None else cotangents(c0, c1)
+    grads = p.trace.vjp_many(k, stacked)
+    cols = []
+    for g, x in zip(grads, inputs):
+        if g is None:
+            cols.append(be.zeros((be.numel(x), c1 - c0), like=x))
+            continue
+        if tuple(g.shape) != (c1 - c0, *x.shape) or g.dtype != x.dtype:
+            raise EngineFallback("gradient of unexpected shape or dtype")
+        cols.append(be.transpose(be.reshape(be.to_dense(g), (c1 - c0, be.numel(x)))))
+    return cols
+
+
+def looped_columns(p, k, c0, c1, inputs, cotangents=None):
+    be = p.be
+    out = p.outputs[k]
+    per_input = [RowBlock(be, c1 - c0, be.numel(x), x, x.dtype) for x in inputs]
+    stacked = None if cotangents is None else cotangents(c0, c1)
+    for j in range(c0, c1):
+        cot = be.one_hot(out, j) if stacked is None else stacked[j - c0]
+        grads = p.run.user_errors.call(p.trace.vjp, [k], [cot])
+        for i, (g, x) in enumerate(zip(grads, inputs)):
+            if g is None:
+                g = be.zeros(tuple(x.shape), like=x)
+            elif tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
+                raise EngineFallback("gradient of unexpected shape or dtype")
+            per_input[i].add(be.flatten(be.to_dense(g)))
+    return [be.transpose(block.result()) for block in per_input]
+
+
+def analytical_first_pass(p, k, inputs):
+    """The whole analytical Jacobian of output ``k``, per input a
+    :class:`coloured.DenseBlock` (rows: output elements), and how it was computed (for
+    :func:`reentrancy_pass`, which checks it).
+
+    It computes every column (batched one-hot VJPs), or, where every checked input holds
+    the same independent samples as the output, one VJP per element position for all
+    samples together (:func:`first_pass_by_samples`); ``how`` is then ``None``, else the
+    column blocks ``(c0, c1, looped)`` as computed."""
+    rows = first_pass_by_samples(p, k, inputs)
+    how = None
+    if rows is None:
+        rows, how = first_pass_by_columns(p, k, inputs)
+    return [coloured.DenseBlock(r) for r in rows], how
+
+
+def reentrancy_pass(p, k, inputs, blocks, how) -> bool:
+    """The second analytical pass over output ``k``, which only has to reproduce the
+    first (``blocks``, computed as ``how`` says): coloured where the first pass's pattern
+    allows (output elements that share no input element get one VJP, signed, and each
+    entry is read off its own slot). Where that does not reproduce the first pass exactly
+    (within ``nondet_tol``), it is computed column by column as the first was, and only a
+    difference there is a failed reentrancy check (:class:`EngineFallback`). Either
+    compares whole gradients, so a backward that reaches another sample (which a first
+    pass by samples would not see) does not pass unseen. Once checked, the columns
+    computed one VJP each (the first pass's, or the second's after a first pass by
+    samples) are noted for a failing check to reuse.
+
+    Returns True where a first pass by samples was corrected (:func:`exact_second_pass`):
+    ``blocks`` then hold the exact Jacobian, to be compared with the numerical side again."""
+    exact, corrected = None, False
+    if not coloured_second_pass(p, k, inputs, blocks):
+        exact, corrected = exact_second_pass(p, k, inputs, blocks, how)
+    rows = [block.by_output for block in blocks]
+    if exact is not None:
+        # a pass by samples checked by one VJP per column: those columns are the ones the
+        # reference engine would compute, checked against the first pass for reentrancy
+        p.note_exact_columns(k, [(0, p.be.numel(p.outputs[k]))], exact)
+    elif how is None:
+        p.sample_columns[k] = rows  # verified again first, where a failure reuses them
+    else:
+        p.note_exact_columns(k, [(c0, c1) for c0, c1, looped in how if looped], rows)
+    return corrected
+
+
+def first_pass_by_columns(p, k, inputs):
+    """Every column of output ``k``'s Jacobian by one-hot VJPs: per input its ``(m, n)``
+    rows, and the column blocks ``(c0, c1, looped)`` as computed: one VJP each (as the
+    reference engine does) or batched."""
+    be = p.be
+    m = be.numel(p.outputs[k])
+    rows, how = None, []
+    for c0, c1 in column_blocks(p, m, sum(be.numel(x) for x in inputs)):
+        first, looped = columns_and_how(p, k, c0, c1, inputs)
+        how.append((c0, c1, looped))
+        if rows is None:
+            rows = [np.empty((m, be.numel(x)), dtype=be.to_numpy(a).dtype) for x, a in zip(inputs, first)]
+        for i, a in enumerate(first):
+            rows[i][c0:c1] = be.to_numpy(a).T
+    if rows is None:  # an empty output
+        rows = [np.zeros((0, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
+    return rows, how
+
+
+def output_samples(p, k) -> int | None:
+    """``B`` when output ``k`` and every checked input hold ``B >= MIN_VJP_SAMPLES``
+    independent samples along their first dimension (:meth:`Problem.samples`), else
+    ``None``."""
+    shape = tuple(p.outputs[k].shape)
+    m = p.be.numel(p.outputs[k])
+    if not shape or shape[0] < MIN_VJP_SAMPLES:
+        return None
+    b = shape[0]
+    # every input's form first (no call of fn), then the probes, where the VJPs the pass
+    # saves outnumber the calls of fn the probes still to make would take
+    if not all(p._sample_candidate(q) == b for q in p.checked):
+        return None
+    if m - m // b < (b + 1) * sum(1 for q in p.checked if not p.samples_probed(q)):
+        return None
+    return b if all(p.samples(q) == b for q in p.checked) else None
+
+
+def first_pass_by_samples(p, k, inputs):
+    """The first pass's rows with one VJP per element position of a sample: its cotangent
+    is 1 at that position in every sample, and each sample's inputs get that sample's row
+    (unsigned, so that every bit, zeros' signs too, is what a one-hot VJP would give a
+    backward that keeps the samples apart). ``None`` where the samples are not
+    independent. The VJPs are batched or looped as the pass by columns would take them.
+
+    Entries between different samples are taken as zero: the second pass, which compares
+    whole gradients with these rows, is what would see a backward that is not."""
+    be, out = p.be, p.outputs[k]
+    b = output_samples(p, k)
+    if b is None:
+        return None
+    m = be.numel(out)
+    per = m // b
+    dtype = be.to_numpy(out).dtype
+
+    def merged(c0, c1):
+        cot = np.zeros((c1 - c0, b, per), dtype=dtype)
+        cot[np.arange(c1 - c0), :, c0 + np.arange(c1 - c0)] = 1
+        return be.reshape(be.array_like(cot, out), (c1 - c0, *out.shape))
+
+    rows = [np.zeros((m, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
+
+    def write(cols, c0, c1):
+        for i, (a, x) in enumerate(zip(cols, inputs)):
+            n_per = be.numel(x) // b
+            g = be.to_numpy(a).T.reshape(c1 - c0, b, n_per)
+            for s in range(b):
+                rows[i][s * per + c0:s * per + c1, s * n_per:(s + 1) * n_per] = g[:, s]
+
+    batched = []
+    for c0, c1 in column_blocks(p, per, sum(be.numel(x) for x in inputs)):
+        cols, looped = columns_and_how(p, k, c0, c1, inputs, merged)
+        if not looped:
+            batched.append((c0, c1))
+        write(cols, c0, c1)
+    if batched and p._vjp_batched is False:
+        # the loop won after these blocks were batched to price it: one VJP per position
+        # again, so that the second pass (one VJP per column, or coloured) can reproduce
+        # the whole pass bit for bit where the backward keeps the samples apart
+        for c0, c1 in batched:
+            write(looped_columns(p, k, c0, c1, inputs, merged), c0, c1)
+    p.run.engine_log.append(EngineEvent("vjp", "by samples", None, figures={"samples": b}))
+    return rows
+
+
+def exact_second_pass(p, k, inputs, blocks, how=None) -> tuple[list | None, bool]:
+    """The reentrancy pass column by column, each block computed as the first pass
+    computed it (``how``: its ``(c0, c1, looped)`` blocks), so that a deterministic
+    backward reproduces it bit for bit: a batched VJP and one VJP per column may round
+    differently, which ``nondet_tol = 0`` would take for a backward that is not
+    reentrant. Without ``how`` (a first pass by samples) the blocks are chosen anew, and
+    where every one was computed one VJP per column, as the reference engine computes
+    its first pass, their rows (per input, ``(m, n)``) are returned; else ``None``.
+
+    A first pass by samples computed its columns differently (merged cotangents, some
+    blocks batched while the loop was priced), so a block that differs from it is
+    computed once more, as this pass computed it: only where those two differ is the
+    backward not reentrant. Where they agree, the block's rows replace the first pass's
+    (theirs are the exact Jacobian) and the second value returned is True."""
+    m = p.be.numel(p.outputs[k])
+    by_samples = how is None
+    if by_samples:
+        how = ((c0, c1, None) for c0, c1 in column_blocks(p, m, sum(p.be.numel(x) for x in inputs)))
+    exact = [np.empty_like(block.by_output) for block in blocks] if by_samples else None
+    corrected = False
+    for c0, c1, looped in how:
+        if looped is None:
+            second, looped = columns_and_how(p, k, c0, c1, inputs)
+            if not looped:
+                exact = None
+        else:
+            second = columns_as_computed(p, k, c0, c1, inputs, looped)
+        second = [p.be.to_numpy(a).T for a in second]
+        if differ(p, [block.by_output[c0:c1] for block in blocks], second):
+            if not by_samples:
+                raise EngineFallback("backward not reentrant")
+            third = [p.be.to_numpy(a).T for a in columns_as_computed(p, k, c0, c1, inputs, looped)]
+            if differ(p, second, third):
+                raise EngineFallback("backward not reentrant")
+            for block, a2 in zip(blocks, second):
+                block.by_output[c0:c1] = a2
+                block.forget_pattern()
+            corrected = True
+        if exact is not None:
+            for i, a2 in enumerate(second):
+                exact[i][c0:c1] = a2
+    if corrected:
+        p.run.engine_log.append(EngineEvent("vjp", "corrected", None, "the pass by samples rounded differently"))
+    return exact, corrected
+
+
+def columns_as_computed(p, k, c0, c1, inputs, looped):
+    """Columns ``c0:c1`` of output ``k`` one VJP each (``looped``) or batched."""
+    if looped:
+        return looped_columns(p, k, c0, c1, inputs)
+    second = unless_batching_fails(p, batched_columns, p, k, c0, c1, inputs)
+    if second is None:
+        raise EngineFallback("batched VJPs failed in the reentrancy pass")
+    return second
+
+
+def differ(p, first, second) -> bool:
+    """Whether two passes' rows of one column block (per input) differ by more than
+    ``nondet_tol``."""
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, quietly
+        return any(a.size and np.max(np.abs(a - b)) > p.opts.nondet_tol for a, b in zip(first, second))
+
+
+def coloured_second_pass(p, k, inputs, blocks) -> bool:
+    """The reentrancy pass by coloured VJPs; True when it reproduced the first pass."""
+    be, out = p.be, p.outputs[k]
+    m = be.numel(out)
+    if m < _MIN_COLOURED_OUTPUTS:
+        return False
+    rng = np.random.default_rng(coloured.SIGN_SEED)
+    by_colouring = {}
+    limit = _MAX_COLOUR_SHARE * m // 3
+    for i, block in enumerate(blocks):
+        colour = None
+        if block.widest(axis=0) <= limit:  # else no colouring can do (known without the pattern)
+            out_idx, in_idx = block.pattern()
+            colour = coloured.colour_columns(in_idx, out_idx, m, limit)
+        if colour is None:
+            p.run.engine_log.append(EngineEvent("vjp", "column by column", i, "input reaches too many outputs"))
+            return False
+        by_colouring.setdefault(colour.tobytes(), (colour, []))[1].append(i)
+    n_in = sum(be.numel(x) for x in inputs)
+    for colour, members in by_colouring.values():
+        n_colours = int(colour.max()) + 1
+        signs = rng.choice(np.array([-1.0, 1.0]), size=m)
+        # as many colour classes per batched VJP as the memory budget allows
+        for c0, c1 in column_blocks(p, n_colours, n_in):
+            if not coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1):
+                p.run.engine_log.append(EngineEvent("vjp", "column by column", None, "coloured second pass differs"))
+                return False
+    p.run.engine_log.append(EngineEvent("vjp", "coloured"))
+    return True
+
+
+def coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1) -> bool:
+    """Colour classes ``c0:c1`` of the coloured second pass reproduce the first pass."""
+    be, out = p.be, p.outputs[k]
+    m = be.numel(out)
+    count = c1 - c0
+    chosen = np.flatnonzero((colour >= c0) & (colour < c1))
+    cot = np.zeros((count, m))
+    cot[colour[chosen] - c0, chosen] = signs[chosen]
+    stacked = be.reshape(be.array_like(cot.astype(be.to_numpy(out).dtype), out), (count, *out.shape))
+    grads = vjps_of(p, k, stacked, count)
+    for i in members:
+        g, block = grads[i], blocks[i]
+        n = block.by_output.shape[1]
+        if g is None:
+            got = np.zeros((count, n), dtype=block.by_output.dtype)
+        else:
+            if tuple(g.shape) != (count, *inputs[i].shape) or g.dtype != inputs[i].dtype:
+                return False
+            got = be.to_numpy(be.to_dense(g)).reshape(count, n)
+        out_idx, in_idx = block.pattern()
+        here = (colour[out_idx] >= c0) & (colour[out_idx] < c1)
+        out_idx, in_idx = out_idx[here], in_idx[here]
+        expected = np.zeros_like(got)
+        expected[colour[out_idx] - c0, in_idx] = signs[out_idx] * block.by_output[out_idx, in_idx]
+        with np.errstate(invalid="ignore", over="ignore"):
+            apart = got.size and not np.max(np.abs(got - expected)) <= p.opts.nondet_tol
+        if apart:
+            return False
+    return True
+
+
+def projection_vjps(p):
+    """``vjps(k, stacked, count)`` for the forward-mode path's few cotangents: batched,
+    unless a batched VJP failed."""
+    return lambda k, stacked, count: vjps_of(p, k, stacked, count, batched=p._vjp_batched is not False)
+
+
+def unless_batching_fails(p, call, *args):
+    """``call(*args)`` (a batched VJP), or ``None`` where the backward cannot run batched
+    (an op without a batching rule, a custom Function that is not vmappable): its VJPs
+    are then computed one at a time from now on, as the reference engine computes them,
+    and a backward that fails outright fails there too."""
+    try:
+        return call(*args)
+    except EngineFallback:
+        raise
+    except Exception as e:  # noqa: BLE001 - looped by the caller, where a real failure recurs
+        if e in p.run.user_errors:
+            raise
+        p._vjp_batched = False
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(e).__name__})"))
+        return None
+
+
+def vjps_of(p, k, stacked, count, batched=None) -> list:
+    """VJPs of output ``k`` with each of ``count`` stacked cotangents, batched or looped
+    as the first pass found cheaper (or as ``batched`` says, unless batching fails)."""
+    if batched is None:
+        batched = p._vjp_batched is not False
+    try:
+        grads = unless_batching_fails(p, p.vjps, k, stacked, count, True) if batched else None
+        return p.vjps(k, stacked, count, False) if grads is None else grads
+    except ValueError as e:
+        if e in p.run.user_errors:
+            raise
+        raise EngineFallback(str(e)) from None

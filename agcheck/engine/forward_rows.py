@@ -1,0 +1,134 @@
+"""The slow-mode engine in forward mode: numerical rows (batched or looped, as
+:class:`~agcheck.engine.rows.Problem` plans them) against batched JVP rows, block by block
+within the batch memory; a mismatch seen with every row at hand is decided from them
+(:func:`failure.decide_forward`)."""
+from __future__ import annotations
+
+from agcheck.backends.base import Capability
+from agcheck.core.outcome import PASSED, Outcome, undecided
+from agcheck.engine import coloured, columns, failure
+from agcheck.engine.batched import MISMATCH, EngineFallback, _differing_block, _finish_rows, _require_dense, _RowsKept
+from agcheck.engine.rows import Problem, n_in_total
+
+__all__ = ["compare_slow_forward"]
+
+
+def compare_slow_forward(run, piece) -> Outcome:
+    """Slow-mode forward check of one piece, batched by input rows: passed, or undecided
+    with a reason."""
+    p = None
+    try:
+        _require_dense(run.be, piece.args)
+        p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+        _forward(run, p, piece.diff)
+    except EngineFallback as reason:
+        exact = None
+        if p is not None and str(reason) == MISMATCH:
+            if isinstance(reason, _RowsKept):
+                try:
+                    decided = failure.decide_forward(p, piece.diff, reason.analytical, reason.kept, reason.where)
+                except EngineFallback:
+                    decided = None
+                if decided is not None:
+                    return decided
+            _finish_rows(p)
+            exact = p.exact_numerical()
+        return undecided(str(reason), exact)
+    return PASSED
+
+
+def _forward(run, p, diff) -> None:
+    be, opts = run.be, run.opts
+    fn, args, checked = p.fn, p.args, p.checked
+    if not be.supports(Capability.BATCHED_JVP):
+        raise EngineFallback("no batched JVP")
+    if opts.engine == "auto":
+        def jvp_signed(j, signs):
+            x = args[checked[j]]
+            stacked = be.reshape(be.array_like(signs.astype(be.to_numpy(x).dtype), x), (len(signs), *x.shape))
+            return [None if a is None else be.to_numpy(a) for a in be.jvp_along(fn, args, checked, j, stacked)]
+
+        if coloured.try_compressed_forward(p, checked, diff, jvp_signed):
+            run.progress.advance(n_in_total(be, args, checked))
+            return
+    # every row computed is kept where a failure can be decided from them: the first row
+    # block that differs ends the comparison, not the rows
+    kept = failure.KeptRows(p) if failure.may_decide(p) else None
+    jvp_rows, differs = failure.RowStore(be), None
+    for j, q in enumerate(checked):
+        probe = None
+        remembered = p.remembered(q)  # the reverse-mode pass's rows
+        if remembered is not None and kept is not None:
+            kept.add(q, 0, be.numel(args[q]), remembered.rows)
+        if remembered is None and not p.batched_ok(q) and be.numel(args[q]):
+            # a batched JVP first: if it fails (random ops or ops without a batching rule
+            # under vmap), it fails before a looped numerical side that the reference
+            # engine would compute again
+            probe = be.jvp_rows(fn, args, checked, j, [0])
+        for s, e, rows in _jvp_blocks(p, q, p.numerical_row_chunks(q), kept if remembered is None else None):
+            # a one-element input's rows are the probe's: its jvp runs once, as in torch
+            analytical = probe if probe is not None and (s, e) == (0, 1) else _jvp_rows(p, j, s, e)
+            probe = None
+            _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e)
+            if differs is None:
+                differs = _block_differs(p, diff, analytical, rows, kept, (q, s, e))
+        if differs is None and kept is not None:
+            kept.passed.add(q)
+    if differs is not None:
+        raise _RowsKept(jvp_rows, kept, differs)
+
+
+def _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e) -> None:
+    """Check the JVP rows ``s:e`` of input ``q`` (one per floating output, of the
+    outputs' kinds) and, where rows are kept, keep them (undefined ones as zeros)."""
+    be = p.be
+    if len(analytical) != len(p.floats):
+        raise EngineFallback("outputs changed")
+    for a, k in zip(analytical, p.floats):
+        if p.opts.check_grad_dtypes and be.is_complex(a) != be.is_complex(p.outputs[k]):
+            raise EngineFallback("forward gradient dtype differs from its output's")
+    if kept is not None:
+        for i, (a, k) in enumerate(zip(analytical, p.floats)):
+            a = be.zeros((e - s, be.numel(p.outputs[k])), like=p.outputs[k]) if a is None else a
+            jvp_rows.add((j, i), s, be.reshape(a, (e - s, -1)), be.numel(p.args[q]))
+
+
+def _block_differs(p, diff, analytical, rows, kept, where):
+    """``(input, output, first row, end row)`` of the first output whose JVP rows differ
+    from the numerical rows of block ``where`` (input, first row, end row), else None."""
+    be, opts = p.be, p.opts
+    q, s, e = where
+    for i, k in enumerate(diff):
+        a = analytical[i]  # torch pairs the i-th differentiable output with the i-th floating one
+        if a is None:
+            a = be.zeros(tuple(rows[k].shape), like=rows[k])
+        n_rows = be.to_device_of(rows[k], a)
+        if tuple(a.shape) != tuple(n_rows.shape):
+            raise EngineFallback(MISMATCH)  # the reference engine reports it as torch does
+        if not be.allclose(a, n_rows, opts.rtol, opts.atol):
+            return _differing_block(kept, (q, k, s, e))
+    return None
+
+
+def _jvp_blocks(p, q, chunks, kept):
+    """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
+    not ``None``), cut into the blocks one batched JVP computes within the batch memory
+    at the memory the shapes imply for a row (:meth:`Problem.chunk_rows`): rows computed
+    one element at a time come in one block of any size, and a JVP of them all at once would hold every
+    tangent and its intermediates."""
+    be = p.be
+    n = be.numel(p.args[q])
+    estimate = columns.derivative_row_bytes(p, n)
+    for s, e, rows in chunks:
+        if kept is not None:
+            kept.add(q, s, e, rows)
+        a = s
+        while a < e:
+            b = min(e, a + p.chunk_rows(estimate, n))
+            yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
+            a = b
+
+
+def _jvp_rows(p, j, s, e):
+    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP)."""
+    return p.be.jvp_rows(p.fn, p.args, p.checked, j, list(range(s, e)))
