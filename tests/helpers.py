@@ -78,9 +78,8 @@ class Snapshot:
 
 
 def busy(seconds: float) -> None:
-    """Work (not wait) for ``seconds`` of this thread's CPU time: the engine times its
-    choices in seconds of work (``agcheck.core.stopwatch``), so a slow step is simulated
-    busy, never asleep, and costs the same on a loaded machine as on an idle one."""
+    """Work (not wait) for ``seconds`` of this thread's CPU time: a slow step simulated
+    busy, never asleep, costs the same on a loaded machine as on an idle one."""
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
