@@ -652,11 +652,13 @@ class TorchBackend(BatchedForms, Backend):
 
     def batching_obstacle(self, fn, position, trace):
         vjp_fn = _vjp_function(fn)
-        if vjp_fn is not None and sum(x.numel() for x in trace.inputs) < VMAPPED_VJP_FROM_ELEMENTS:
-            # a vmapped VJP is a batched backward: its first use in a process imports
-            # sympy, or through torch.func torch._dynamo (0.3-1.5 s), which the loop of a
-            # smaller check does not repay
-            return f"a VJP of fewer than {VMAPPED_VJP_FROM_ELEMENTS} elements is not vmapped"
+        if vjp_fn is not None:
+            # a vmapped VJP is a batched backward (its first use in a process imports
+            # sympy: 0.3-0.7 s); moving a primal also goes through torch.func, whose first
+            # use imports torch._dynamo (about 1.2 s): a smaller check's loop does not repay them
+            least = VMAPPED_VJP_FROM_ELEMENTS if position < vjp_fn.n_inputs else VMAPPED_COTANGENTS_FROM_ELEMENTS
+            if sum(x.numel() for x in trace.inputs) < least:
+                return f"a VJP of fewer than {least} elements is not vmapped"
         if vjp_fn is not None and position >= vjp_fn.n_inputs:
             return None  # fn's forward runs plainly there: only its backward pass is vmapped
         return trace.batching_obstacle()
@@ -926,6 +928,9 @@ def _numpy_dtype(x: torch.Tensor) -> np.dtype:
 #: this many elements: vmapping it goes through torch.func, whose first use in a process
 #: imports torch._dynamo (about 1.2 s), which the loop of a smaller check does not repay
 VMAPPED_VJP_FROM_ELEMENTS = 2000
+#: the same for its cotangents, which move by a vmapped backward pass alone: from as many
+#: elements as the engine's batched VJPs ask calls (``agcheck.engine.cost.BATCHED_VJPS_FROM_CALLS``)
+VMAPPED_COTANGENTS_FROM_ELEMENTS = 128
 
 
 #: real floating dtypes and the integers of their size, whose equality is bitwise equality

@@ -54,6 +54,7 @@ def _batching_pays(monkeypatch):
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     monkeypatch.setattr(torch_backend, "VMAPPED_VJP_FROM_ELEMENTS", 0)
+    monkeypatch.setattr(torch_backend, "VMAPPED_COTANGENTS_FROM_ELEMENTS", 0)
 
 
 def test_is_grads_batched_has_no_rule_for_einsum():

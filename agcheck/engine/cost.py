@@ -19,9 +19,11 @@ CHUNK_SHARE = 4
 #: the memory budget sets its chunks (:mod:`agcheck.engine.compressed`)
 RAMP = (8, 64)
 #: one batched call takes at most this many rows or columns: beyond it a batch saves
-#: little more per row, and a batched backward whose memory grows faster than the batch
-#: (an op's batching rule that materialises every cotangent's intermediates) stays bounded
-MAX_BATCH = 256
+#: little more per row on eager CPU frameworks, and some ops get slower per row (torch's
+#: float64 CPU convolutions: a CNN's batched rows at 64 or 256 a call took 2.7 times the
+#: CPU time they took at 32, bench/compare.py's samples_cnn), while a batched backward whose
+#: memory grows faster than the batch stays bounded
+MAX_BATCH = 32
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 INTERMEDIATES = 4
 #: checks whose element-by-element loop makes fewer calls go to the reference engine:
