@@ -532,31 +532,8 @@ class Backend(Interop):
         host, where no new shape compiles)."""
         return stencil.combine(list(values), eps)
 
-    # -- algebra the engine and checks/jacobian.py still call (one line each on ``xp``) ----
-    def flatten(self, x):
-        return self.xp(x).reshape(x, (-1,))
-
-    def reshape(self, x, shape):
-        return self.xp(x).reshape(x, tuple(shape))
-
-    def clone(self, x):
-        return self.xp(x).asarray(x, copy=True)
-
-    def stack(self, arrays: Sequence, axis: int = 0):
-        return self.xp(arrays[0]).stack(list(arrays), axis=axis)
-
-    def unstack(self, x) -> list:
-        return list(self.xp(x).unstack(x, axis=0))
-
-    def concatenate(self, arrays: Sequence, axis: int = 0):
-        return self.xp(arrays[0]).concat(list(arrays), axis=axis)
-
-    def zeros_like(self, x):
-        return self.xp(x).zeros_like(x)
-
-    def astype(self, x, dtype):
-        return self.xp(x).astype(x, dtype)
-
+    # -- the checks' products and comparisons (JAX and MLX: on the host, no device op);
+    #    transpose for checks/jacobian.py, which writes no xp yet ---------------------------
     def transpose(self, x):
         return self.xp(x).permute_dims(x, (1, 0))
 

@@ -383,7 +383,7 @@ def _columns_may_batch(p, diff) -> bool:
 
 def _keep_columns(be, chunks, k, b0, b1):
     # copies, so that the full rows of a chunk are not kept alive by a view
-    return [(s, e, {k: be.clone(rows[k][:, b0:b1])}) for s, e, rows in chunks]
+    return [(s, e, {k: be.xp(rows[k]).asarray(rows[k][:, b0:b1], copy=True)}) for s, e, rows in chunks]
 
 
 def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:

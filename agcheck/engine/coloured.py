@@ -129,7 +129,7 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
     for start in range(0, n_rows, size):
         stop = min(n_rows, start + size)
         if p.batched_ok(q):
-            stacked = be.reshape(be.array_like(move_rows(start, stop, False), x), (stop - start, *x.shape))
+            stacked = be.array_like(move_rows(start, stop, False).reshape(stop - start, *x.shape), x)
             outs = p.evaluate(q, stacked)
             outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in outputs}
         else:
@@ -296,7 +296,7 @@ def _compressed_vjps(p, k, checked, pat, signs) -> list:
     count = n_patterns * pat.n_colours
     cot = np.zeros((n_patterns, pat.n_colours, m))
     cot[:, pat.colour, np.arange(m)] = signs
-    stacked = be.reshape(be.array_like(cot.reshape(count, m).astype(be.to_numpy(out).dtype), out), (count, *out.shape))
+    stacked = be.array_like(cot.reshape(count, *out.shape).astype(be.to_numpy(out).dtype), out)
     try:
         grads = p.vjps(k, stacked, count, batched=p._vjp_batched is not False)
     except ValueError as e:

@@ -86,7 +86,8 @@ def batched_columns(p, k, c0, c1, inputs, cotangents=None):
             continue
         if tuple(g.shape) != (c1 - c0, *x.shape) or g.dtype != x.dtype:
             raise EngineFallback("gradient of unexpected shape or dtype")
-        cols.append(be.transpose(be.reshape(be.to_dense(g), (c1 - c0, be.numel(x)))))
+        dense = be.to_dense(g)
+        cols.append(be.xp(dense).permute_dims(be.xp(dense).reshape(dense, (c1 - c0, be.numel(x))), (1, 0)))
     return cols
 
 
@@ -103,8 +104,9 @@ def looped_columns(p, k, c0, c1, inputs, cotangents=None):
                 g = be.zeros(tuple(x.shape), like=x)
             elif tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
                 raise EngineFallback("gradient of unexpected shape or dtype")
-            per_input[i].add(be.flatten(be.to_dense(g)))
-    return [be.transpose(block.result()) for block in per_input]
+            dense = be.to_dense(g)
+            per_input[i].add(be.xp(dense).reshape(dense, (-1,)))
+    return [be.xp(m).permute_dims(m, (1, 0)) for m in (block.result() for block in per_input)]
 
 
 def analytical_first_pass(p, k, inputs):
@@ -209,7 +211,7 @@ def first_pass_by_samples(p, k, inputs):
     def merged(c0, c1):
         cot = np.zeros((c1 - c0, b, per), dtype=dtype)
         cot[np.arange(c1 - c0), :, c0 + np.arange(c1 - c0)] = 1
-        return be.reshape(be.array_like(cot, out), (c1 - c0, *out.shape))
+        return be.array_like(cot.reshape(c1 - c0, *out.shape), out)
 
     rows = [np.zeros((m, be.numel(x)), dtype=be.to_numpy(x).dtype) for x in inputs]
 
@@ -338,7 +340,7 @@ def coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1)
     chosen = np.flatnonzero((colour >= c0) & (colour < c1))
     cot = np.zeros((count, m))
     cot[colour[chosen] - c0, chosen] = signs[chosen]
-    stacked = be.reshape(be.array_like(cot.astype(be.to_numpy(out).dtype), out), (count, *out.shape))
+    stacked = be.array_like(cot.astype(be.to_numpy(out).dtype).reshape(count, *out.shape), out)
     grads = vjps_of(p, k, stacked, count)
     for i in members:
         g, block = grads[i], blocks[i]

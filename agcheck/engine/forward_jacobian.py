@@ -120,7 +120,7 @@ def _projections(p, diff, inputs, vjps) -> dict:
     for k in diff:
         out = p.outputs[k]
         u = rng.standard_normal((ROUNDS, be.numel(out)))
-        stacked = be.reshape(be.array_like(u, out), (ROUNDS, *out.shape))
+        stacked = be.array_like(u.reshape(ROUNDS, *out.shape), out)
         first, second = (_flat_vjps(p, vjps, k, stacked, inputs) for _ in range(2))
         norms = np.linalg.norm(u, axis=1)[:, None]
         bound = min(opts.nondet_tol, BOUND * opts.atol) * norms

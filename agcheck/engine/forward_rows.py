@@ -45,7 +45,7 @@ def _forward(run, p, diff) -> None:
     if opts.engine == "auto":
         def jvp_signed(j, signs):
             x = args[checked[j]]
-            stacked = be.reshape(be.array_like(signs.astype(be.to_numpy(x).dtype), x), (len(signs), *x.shape))
+            stacked = be.array_like(signs.astype(be.to_numpy(x).dtype).reshape(len(signs), *x.shape), x)
             return [None if a is None else be.to_numpy(a) for a in be.jvp_along(fn, args, checked, j, stacked)]
 
         if coloured.try_compressed_forward(p, checked, diff, jvp_signed):
@@ -90,7 +90,7 @@ def _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e) -> None:
     if kept is not None:
         for i, (a, k) in enumerate(zip(analytical, p.floats)):
             a = be.zeros((e - s, be.numel(p.outputs[k])), like=p.outputs[k]) if a is None else a
-            jvp_rows.add((j, i), s, be.reshape(a, (e - s, -1)), be.numel(p.args[q]))
+            jvp_rows.add((j, i), s, be.xp(a).reshape(a, (e - s, -1)), be.numel(p.args[q]))
 
 
 def _block_differs(p, diff, analytical, rows, kept, where):

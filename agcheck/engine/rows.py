@@ -136,8 +136,9 @@ class Problem(SampleRows):
         if not forms:
             return False  # before any call: no batched form can apply
         eps = self.run.eps_for(x)
-        step = be.reshape(self._probe_direction(pos), x.shape) * eps
-        moved = be.stack([be.astype(x - step, x.dtype), be.astype(x + step, x.dtype)], axis=0)
+        xp = be.xp(x)
+        step = xp.reshape(self._probe_direction(pos), tuple(x.shape)) * eps
+        moved = xp.stack([xp.astype(x - step, x.dtype), xp.astype(x + step, x.dtype)], axis=0)
         raised, rejected = set(), []
         for via, tiled, evaluate in forms:
             if via == "functional" and "vmap" not in raised:
@@ -172,7 +173,7 @@ class Problem(SampleRows):
         if pos not in self._reference:
             be, x = self.be, self.args[pos]
             eps, call = self.run.eps_for(x), self.run.user_errors.call
-            step = be.reshape(self._probe_direction(pos), tuple(x.shape)) * eps
+            step = be.xp(x).reshape(self._probe_direction(pos), tuple(x.shape)) * eps
             self._reference[pos] = None
             try:
                 with be.perturber(self.args, pos) as perturber:
@@ -258,8 +259,8 @@ class Problem(SampleRows):
         if sequential is None:
             return _PLAIN_CALLS_RAISED
         for k in self.floats:
-            minus, plus = be.unstack(batched[k])
-            est = be.flatten(be.combine(STENCILS["central"], [minus, plus], eps))
+            minus, plus = be.xp(batched[k]).unstack(batched[k], axis=0)
+            est = be.xp(minus).reshape(be.combine(STENCILS["central"], [minus, plus], eps), (-1,))
             ref = sequential[k] if self.run.stencil.name == "central" else est
             if tuple(est.shape) != tuple(ref.shape) or not be.allclose(
                 est, ref, self.opts.rtol * 1e-2, self.opts.atol * 1e-2
@@ -296,9 +297,9 @@ class Problem(SampleRows):
                 elif per_input[i] is not None:
                     if tuple(g.shape) != shapes[i]:
                         raise ValueError("VJPs of one input differ in shape")
-                    per_input[i].add(be.flatten(g))
-        return [None if block is None else be.reshape(block.result(), (count, *shape))
-                for block, shape in zip(per_input, shapes)]
+                    per_input[i].add(be.xp(g).reshape(g, (-1,)))
+        results = [None if block is None else block.result() for block in per_input]
+        return [None if r is None else be.xp(r).reshape(r, (count, *shape)) for r, shape in zip(results, shapes)]
 
     def evaluate_looped(self, pos, deltas, outputs) -> dict:
         """``{k: (len(deltas), m) NumPy array}``: ``fn`` with ``args[pos]`` moved by each row
@@ -308,7 +309,7 @@ class Problem(SampleRows):
         parts = {k: [] for k in outputs}
         with be.perturber(self.args, pos) as perturber, sharing(self.fn):
             for delta in deltas:
-                step = be.reshape(be.array_like(delta, x), tuple(x.shape))
+                step = be.array_like(delta.reshape(tuple(x.shape)), x)
                 outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, 1)
                 for k in outputs:
                     parts[k].append(be.to_numpy(outs[k]).reshape(-1))
@@ -432,16 +433,16 @@ class Problem(SampleRows):
         every row in one call (a complex input: its real moves, then its imaginary ones)."""
         be, x, stencil = self.be, self.args[pos], self.run.stencil
         b, points = len(flat), len(stencil.offsets)
-        parts = []
+        parts, xp = [], be.xp(x)
         for step in (eps, eps * 1j) if complex_input else (eps,):
             moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
                      for m in stencil.offsets]
-            outs = self._evaluators[pos](be.reshape(be.stack(moves, axis=0), (points * b, *x.shape)))
-            parts.append({k: be.combine(stencil, be.unstack(be.reshape(outs[k], (points, b, be.numel(self.outputs[k])))),
-                                        eps) for k in self.floats})
+            outs = self._evaluators[pos](xp.reshape(xp.stack(moves, axis=0), (points * b, *x.shape)))
+            parts.append({k: be.combine(stencil, xp.unstack(xp.reshape(outs[k], (points, b, be.numel(self.outputs[k]))),
+                                                            axis=0), eps) for k in self.floats})
         if not complex_input:
             return parts[0]
-        return {k: be.astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
+        return {k: xp.astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
 
 
 def _ignored(_n) -> None:

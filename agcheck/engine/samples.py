@@ -127,7 +127,7 @@ class SampleRows:
         ``x - delta`` (flat NumPy ``delta``; ``x - 0.0`` keeps every bit of ``x``, where
         ``x + 0.0`` would turn ``-0.0`` into ``0.0``, and ``x - (-h)`` is ``x + h``)."""
         be, x = self.be, self.args[pos]
-        step = be.reshape(be.array_like(delta, x), tuple(x.shape))
+        step = be.array_like(delta.reshape(tuple(x.shape)), x)
         outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, -1)
         return {k: be.to_numpy(outs[k]) for k in self.floats}
 
