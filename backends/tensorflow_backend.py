@@ -32,289 +32,23 @@ What differs from the torch backend:
 from __future__ import annotations
 
 import contextlib
-import logging
 from contextlib import contextmanager
 
 import numpy as np
 
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
-from agcheck.backends.host_checks import HostChecks, HostNamespace
-from agcheck.backends.base import Backend, InputPart, OutputPart, Perturber, Trace
-from agcheck.backends.batched_forms import BatchedForms
-from agcheck.backends.tensorflow_loading import import_tensorflow
-
-tf = import_tensorflow()  # triton first where it is installed (tensorflow_loading says why)
+from agcheck.backends.host_checks import HostChecks
+from agcheck.backends.base import Backend
+from agcheck.backends.tensorflow_arrays import (_XP, _Native, _device, _dtype, _host, _is_inexact, _np_dtype,
+                                                _to_tf, owns, tf)
+from agcheck.backends.tensorflow_batched import TfBatched, _quiet_notes
+from agcheck.backends.tensorflow_second_order import TfSecondOrder
+from agcheck.backends.tensorflow_trace import TfPerturber, TfTrace
 
 __all__ = ["TensorFlowBackend", "TfTrace", "TfPerturber", "BACKEND_CLASS", "owns"]
 
-_NONE = tf.UnconnectedGradients.NONE
 
-
-def owns(x) -> bool:
-    """Is ``x`` a TensorFlow tensor or variable (``tf.is_tensor``)?"""
-    return isinstance(x, (tf.Tensor, tf.Variable))
-
-
-def _dtype(x):
-    """``x``'s dtype as a ``tf.DType``."""
-    return tf.as_dtype(x.dtype)
-
-
-def _np_dtype(dtype):
-    """A NumPy dtype for a ``tf.DType``, a NumPy dtype or anything ``np.dtype`` takes."""
-    if isinstance(dtype, tf.DType):
-        return np.dtype(dtype.as_numpy_dtype)
-    return np.dtype(dtype)
-
-
-def _is_inexact(x) -> bool:
-    return owns(x) and (_dtype(x).is_floating or _dtype(x).is_complex)
-
-
-def _is_complex_dtype(dtype) -> bool:
-    return tf.as_dtype(dtype).is_complex
-
-
-def _host(x):
-    """``x`` as a NumPy array (TensorFlow objects are read; NumPy arrays pass through)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if owns(x):
-        return np.asarray(x.numpy() if hasattr(x, "numpy") else x)  # 0-d: an array, not a scalar
-    return np.asarray(x)
-
-
-#: the core's algebra: NumPy on the host (the core computes on NumPy arrays, see the module)
-_XP = HostNamespace(_host, lambda values, like, dtype: values, dtype=_np_dtype)
-
-
-def _device(x) -> str | None:
-    return getattr(x, "device", None) or None
-
-
-def _to_tf(values, dtype=None, like=None):
-    """``values`` (NumPy, TensorFlow or Python) as a ``tf.Tensor`` of ``dtype``, placed on
-    ``like``'s device when it has one."""
-    if isinstance(values, tf.Variable):
-        values = values.read_value()
-    if isinstance(values, tf.Tensor):
-        if dtype is not None and values.dtype != tf.as_dtype(dtype):
-            values = tf.cast(values, dtype)
-        return values
-    array = np.asarray(values)
-    if dtype is not None:
-        array = array.astype(_np_dtype(dtype), copy=False)
-    device = _device(like) if like is not None else None
-    if device:
-        with tf.device(device):
-            return tf.constant(array)
-    return tf.constant(array)
-
-
-class _DropNotes(logging.Filter):
-    """Drops two of TensorFlow's log notes that concern how the backend calls it, not the
-    user's function: ``tf.vectorized_map`` traces its function anew on every call by design
-    ("triggered tf.function retracing"), and ``ForwardAccumulator`` notes that it expects
-    floating primals when given a complex one ("watched primal must be floating") although
-    its complex JVPs are right (``tests/test_tensorflow_backend.py`` compares them with
-    torch's)."""
-
-    NOTES = ("triggered tf.function retracing", "The dtype of the watched primal must be floating")
-
-    def filter(self, record) -> bool:
-        message = record.getMessage()
-        return not any(note in message for note in self.NOTES)
-
-
-@contextmanager
-def _quiet_notes():
-    """Around calls into ``tf.vectorized_map`` and ``ForwardAccumulator``: the notes of
-    :class:`_DropNotes` are dropped (the filter is removed afterwards; nothing else of
-    TensorFlow's logging changes)."""
-    logger = logging.getLogger("tensorflow")
-    quiet = _DropNotes()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
-
-
-class _BatchedForm:
-    """One batched computation of a check as a ``tf.function`` of its stacked argument,
-    traced once for every batch size.
-
-    Called eagerly, ``tf.vectorized_map`` wraps its work in a new ``tf.function`` on every
-    call, so ``fn`` is traced, converted by autograph (which leaves ``fn`` itself as it is:
-    ``vectorized_map`` calls it from TensorFlow's own code) and vectorized anew for every
-    batch: 15-60 ms for a small function, more than the loop of a small check costs, on
-    every batch the engine computes. Here the vectorized computation ``body`` (a function
-    of the stacked tensor that calls ``tf.vectorized_map``, which inside a ``tf.function``
-    vectorizes in place) is traced once, without autograph, the batch dimension unknown."""
-
-    def __init__(self, body, spec):
-        self._body = body
-        self._spec = spec
-        self._concrete = None
-
-    def __call__(self, stacked):
-        if self._concrete is None:
-            self._concrete = tf.function(self._body, autograph=False,
-                                         input_signature=[self._spec]).get_concrete_function()
-        return self._concrete(stacked)
-
-
-def _stacked_spec(stacked, like):
-    """The signature of a stack of ``like``-shaped tensors, any number of them."""
-    return tf.TensorSpec((None, *tuple(int(s) for s in like.shape)), stacked.dtype)
-
-
-def _with_replaced(args, positions, values) -> tuple:
-    new = list(args)
-    for p, v in zip(positions, values):
-        new[p] = v
-    return tuple(new)
-
-
-class _Native:
-    """What the core asks TensorFlow to differentiate, in TensorFlow's own arithmetic.
-
-    The core's derived callables (:class:`InputPart`, :class:`OutputPart`) combine arrays
-    with Python's operators; ``InputPart`` rebuilds a complex input as ``re + im * 1j``,
-    which TensorFlow refuses (it does not promote a float tensor to complex). This backend
-    unpacks them and rebuilds each with the same values through ``tf.complex`` /
-    ``tf.math.real`` / ``tf.math.imag``.
-    """
-
-    def __init__(self, be):
-        self.be = be
-
-    def __call__(self, fn):
-        be = self.be
-        if isinstance(fn, InputPart):
-            inner = self(fn.fn)
-            positions, originals, part = fn.positions, fn.originals, fn.part
-
-            def rebuilt(*args):
-                new = list(args)
-                for k in positions:
-                    orig = originals[k]
-                    moved = _to_tf(args[k], like=orig)
-                    if part == "real":
-                        new[k] = tf.complex(moved, tf.math.imag(_to_tf(orig)))
-                    else:
-                        new[k] = tf.complex(tf.math.real(_to_tf(orig)), moved)
-                return be.as_tuple(inner(*new))
-
-            return rebuilt
-        if isinstance(fn, OutputPart):
-            inner = self(fn.fn)
-            take = tf.math.real if fn.part == "real" else tf.math.imag
-
-            def part_of(*args):
-                return tuple(take(o) if owns(o) and _dtype(o).is_complex else o for o in be.as_tuple(inner(*args)))
-
-            return part_of
-        return fn
-
-
-class TfTrace(Trace):
-    """``fn``'s outputs and the persistent ``tf.GradientTape`` that recorded them."""
-
-    def __init__(self, outputs: tuple, tape, sources: list, be):
-        super().__init__(outputs)
-        self._tape = tape
-        self._sources = sources
-        self._be = be
-        self._batched = {}  # output position -> its _BatchedForm of VJPs
-
-    def _targets(self, output_positions, cotangents):
-        targets, grads = [], []
-        for p, c in zip(output_positions, cotangents):
-            o = self.outputs[p]
-            if not _is_inexact(o):
-                continue
-            targets.append(o)
-            grads.append(_to_tf(c, _dtype(o), like=o) if c is not None else tf.zeros_like(o))
-            if tuple(grads[-1].shape) != tuple(o.shape):
-                grads[-1] = tf.reshape(grads[-1], tf.shape(o))
-        return targets, grads
-
-    def vjp(self, output_positions, cotangents) -> list:
-        targets, grads = self._targets(output_positions, cotangents)
-        if not targets:
-            return [None] * len(self._sources)
-        result = self._tape.gradient(targets, self._sources, output_gradients=grads, unconnected_gradients=_NONE)
-        return [None if g is None else _host(tf.convert_to_tensor(g)) for g in result]
-
-    def vjp_batched(self, output_position, stacked_cotangents) -> list:
-        o = self.outputs[output_position]
-        stacked = _to_tf(stacked_cotangents, _dtype(o), like=o)
-        form = self._batched.get(output_position)
-        if form is None:
-            tape, sources = self._tape, self._sources
-
-            def single(c):
-                grads = tape.gradient(o, sources, output_gradients=c,
-                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                return [tf.convert_to_tensor(g) for g in grads]
-
-            form = self._batched[output_position] = _BatchedForm(lambda s: tf.vectorized_map(single, s),
-                                                                 _stacked_spec(stacked, o))
-        try:
-            with _quiet_notes():
-                batched = form(stacked)
-        except Exception as e:  # the backward's failure under vectorized_map: the check's finding
-            raise RuntimeError(f"tf.vectorized_map of the gradient failed: {type(e).__name__}: {e}") from e
-        return [_host(g) for g in batched]
-
-
-class TfPerturber(Perturber):
-    """Moves ``args[position]`` for one evaluation of ``fn``: a ``tf.Variable`` in place
-    (assigned back bitwise in a ``finally``), a ``tf.Tensor`` by passing a moved copy.
-    Returns the outputs as NumPy arrays (non-array outputs as they are)."""
-
-    def __init__(self, args: tuple, position: int, be):
-        self.args = tuple(args)
-        self.position = position
-        self.x = args[position]
-        self.shape = tuple(int(s) for s in self.x.shape)
-        self.numel = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-        self._original = _host(self.x).copy()
-        self._be = be
-        self._native = _Native(be)
-
-    def index(self, flat: int) -> tuple:
-        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
-
-    def _evaluate(self, fn, moved: np.ndarray) -> tuple:
-        fn = self._native(fn)
-        x = self.x
-        if isinstance(x, tf.Variable):
-            x.assign(moved)
-            try:
-                outs = self._be.as_tuple(fn(*self.args))
-                return tuple(_host(o) if owns(o) else o for o in outs)
-            finally:
-                x.assign(self._original)
-        value = _to_tf(moved, like=x)
-        outs = self._be.as_tuple(fn(*_with_replaced(self.args, [self.position], [value])))
-        return tuple(_host(o) if owns(o) else o for o in outs)
-
-    def evaluate_element(self, fn, flat, step, sign) -> tuple:
-        moved = self._original.copy()
-        view = moved.reshape(-1)
-        # the same arithmetic as torch's in-place move: x[idx] - step, x[idx] + step
-        view[flat] = view[flat] - step if sign < 0 else view[flat] + step
-        return self._evaluate(fn, moved)
-
-    def evaluate_direction(self, fn, step, sign) -> tuple:
-        step = _host(step)
-        moved = self._original - step if sign < 0 else self._original + step
-        return self._evaluate(fn, moved.astype(self._original.dtype, copy=False).reshape(self._original.shape))
-
-
-class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
+class TensorFlowBackend(TfBatched, TfSecondOrder, HostChecks, TakesWrt, Backend):
     """Dense real and complex TensorFlow tensors and variables; ``wrt=`` picks the
     checked inputs.
 
@@ -346,19 +80,6 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
     def _per_call_copy(self) -> None:
         self._native = _Native(self)
         self._forms = {}  # the batched forms traced for one check (:meth:`_form`)
-
-    def _form(self, key, held: tuple, body, spec) -> _BatchedForm:
-        """The batched form ``key`` of this check, traced on its first use: ``held`` (the
-        function and the arguments that ``body`` closes over) must be the very objects it
-        was made with, else it is made anew. Forms live as long as the check's backend (one
-        check): a function that reads values it does not take as arguments is traced anew
-        by the next check."""
-        entry = self._forms.get(key)
-        if entry is not None and len(entry[0]) == len(held) and all(a is b for a, b in zip(entry[0], held)):
-            return entry[1]
-        form = _BatchedForm(body, spec)
-        self._forms[key] = (held, form)
-        return form
 
     def array_namespace(self, *arrays):
         """agcheck's small array-API namespace over ``tf.math`` / ``tf.linalg``."""
@@ -521,33 +242,6 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
             result.append(np.zeros(_host(o).shape, _host(o).dtype) if t is None else _host(t))
         return tuple(result)
 
-    def _jvp_stack(self, fn, args, positions, j, stacked):
-        """``tf.vectorized_map`` of the JVP along each of ``stacked`` (tangents of
-        ``args[positions[j]]``, the others zero): stacked tangents of every array output."""
-        x = args[positions[j]]
-        stacked = _to_tf(stacked, _dtype(x), like=x)
-        native = self._native(fn)
-
-        def single(t):
-            primals = [args[p] for p in positions]
-            tangents = [t if i == j else tf.zeros_like(_to_tf(args[p])) for i, p in enumerate(positions)]
-            with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-                outs = self.as_tuple(native(*args))
-            return [acc.jvp(o, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                    for o in outs if _is_inexact(o)]
-
-        form = self._form(("jvp", id(fn), tuple(positions), j), (fn, *args),
-                          lambda s: tf.vectorized_map(single, s), _stacked_spec(stacked, x))
-        try:
-            with _quiet_notes():
-                return [_host(r) for r in form(stacked)]
-        except Exception as e:  # fn or its derivative under vectorized_map: the check's finding
-            raise RuntimeError(
-                f"tf.vectorized_map of the forward-mode derivative failed: {type(e).__name__}: {e}") from e
-
-    def jvp_batched(self, fn, args, position, stacked_tangents) -> tuple:
-        return tuple(self._jvp_stack(fn, args, [position], 0, stacked_tangents))
-
     def vjp_with_undefined_outputs(self, fn, args, checked, undefined, trace=None) -> list:
         # TensorFlow has no undefined output gradients: an output nobody differentiates
         # gets zero output_gradients (that is what a tf.custom_gradient receives), so every
@@ -555,82 +249,6 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
         trace = trace if trace is not None else self.trace(fn, args, checked)
         positions = [k for k, o in enumerate(trace.outputs) if _is_inexact(o)]
         return trace.vjp(positions, [None] * len(positions))
-
-    # -- batched forms (the batched engine) ---------------------------------------------
-    def evaluate_batch(self, fn, args, position, stacked):
-        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked``
-        (``tf.vectorized_map``); per output, the stacked results as NumPy arrays."""
-        x = args[position]
-        stacked = _to_tf(stacked, _dtype(x), like=x)
-        native = self._native(fn)
-
-        def at(value):
-            return tuple(self.as_tuple(native(*_with_replaced(args, [position], [value]))))
-
-        form = self._form(("evaluate", id(fn), position), (fn, *args), lambda s: tf.vectorized_map(at, s),
-                          _stacked_spec(stacked, x))
-        with _quiet_notes():
-            return tuple(_host(o) for o in form(stacked))
-
-    def element_moves(self, x, flat, step, sign):
-        """Copies of ``x`` (NumPy), the ``b``-th with element ``flat[b]`` moved by
-        ``sign * step``, computed as the perturber computes it (``x[k] - step``)."""
-        base = _host(x).reshape(-1)
-        index = np.asarray(flat, dtype=np.int64)
-        moved = np.repeat(base[None, :], len(flat), axis=0)
-        entries = base[index]
-        moved[np.arange(len(flat)), index] = entries - step if sign < 0 else entries + step
-        return moved.reshape(len(flat), *tuple(int(s) for s in x.shape))
-
-    def one_hots(self, like, flat):
-        n = self.numel(like)
-        z = np.zeros((len(flat), n), dtype=_np_dtype(self._kind(like)))
-        z[np.arange(len(flat)), np.asarray(flat, dtype=np.int64)] = 1
-        return z.reshape(len(flat), *tuple(int(s) for s in like.shape))
-
-    def jvp_rows(self, fn, args, checked, j, flat):
-        return self.jvp_along(fn, args, checked, j, self.one_hots(args[checked[j]], flat))
-
-    def jvp_along(self, fn, args, checked, j, stacked):
-        rows = self._jvp_stack(fn, args, list(checked), j, stacked)
-        b = int(stacked.shape[0])
-        return [r.reshape(b, -1) for r in rows]
-
-    # -- second order -----------------------------------------------------------------
-    def random_cotangent(self, like, generator, noncontiguous):
-        """Uniform values in [-1, 1) shaped like ``like`` (float64 for non-floating
-        outputs), as a ``tf.Tensor``; ``noncontiguous`` has no meaning for TensorFlow's
-        tensors (no strides) and is ignored."""
-        kind = self._kind(like) if self.is_floating_or_complex(like) else tf.float64
-        shape = tuple(int(s) for s in like.shape)
-        real = kind.real_dtype
-        values = generator.uniform(shape, minval=-1.0, maxval=1.0, dtype=tf.float64)
-        if kind.is_complex:
-            values = tf.complex(values, generator.uniform(shape, minval=-1.0, maxval=1.0, dtype=tf.float64))
-            return tf.cast(values, kind)
-        return tf.cast(values, real)
-
-    def differentiable_vjp(self, fn, n_inputs, input_positions, cotangent_positions, evaluated=None,
-                           few_calls=False, evaluated_seconds=None):
-        """The VJP of ``fn`` as a function of ``(*inputs, *cotangents)``, computed with a
-        tape inside the caller's tapes (and forward accumulators), so that it can be
-        differentiated again; inputs with an unconnected gradient are left out, as
-        torch leaves out undefined ones."""
-        ordered = sorted(set(input_positions))
-        native = self._native
-
-        def vjp_of_fn(*args):
-            primals, cotangents = args[:n_inputs], args[n_inputs:]
-            sources = [primals[k] for k in ordered]
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
-                for s in sources:
-                    tape.watch(s)
-                outs = [o for o in self.as_tuple(native(fn)(*primals)) if _is_inexact(o)]
-            grads = [_to_tf(c, _dtype(o), like=o) for c, o in zip(cotangents, outs)]
-            result = tape.gradient(outs, sources, output_gradients=grads, unconnected_gradients=_NONE)
-            return tuple(tf.convert_to_tensor(g) for g in result if g is not None)
-
-        return vjp_of_fn
 
     # -- array algebra: NumPy on the host (see the module's docstring) -------------------
     def xp(self, x):
@@ -737,45 +355,6 @@ class TensorFlowBackend(BatchedForms, HostChecks, TakesWrt, Backend):
         """Nothing to switch: TensorFlow computes in the dtype of its tensors (float64
         data stay float64 without any global setting)."""
         return contextlib.nullcontext()
-
-    def vjp_of_vjp(self, fn, args, checked, output, cotangent, gradient_cotangents) -> dict:
-        """Second derivatives through nested ``tf.GradientTape``s: the VJP of output
-        ``output`` with ``cotangent``, computed inside a persistent outer tape, then the
-        VJP of each gradient with each of ``gradient_cotangents``. TensorFlow's complex
-        convention is torch's at both levels, so nothing is mapped; an unconnected
-        derivative is zeros."""
-        fn = self._native(fn)
-        sources = [args[p] for p in checked]
-        shapes = [tuple(int(s) for s in x.shape) for x in sources]
-        sizes = [int(np.prod(s, dtype=np.int64)) if s else 1 for s in shapes]
-        dtypes = [_np_dtype(_dtype(x)) for x in sources]
-        with tf.GradientTape(persistent=True, watch_accessed_variables=False) as outer:
-            for x in sources:
-                outer.watch(x)
-            with tf.GradientTape(watch_accessed_variables=False) as inner:
-                for x in sources:
-                    inner.watch(x)
-                out = self.as_tuple(fn(*args))[output]
-            if _is_inexact(out):
-                w = _to_tf(np.asarray(cotangent), _dtype(out), like=out)
-                grads = inner.gradient(out, sources, output_gradients=tf.reshape(w, tf.shape(out)),
-                                       unconnected_gradients=_NONE)
-            else:
-                grads = [None] * len(sources)
-        result = {}
-        for j1, g in enumerate(grads):
-            for j2, x2 in enumerate(sources):
-                rows = []
-                for c in gradient_cotangents[j1]:
-                    h = None
-                    if g is not None:
-                        c = _to_tf(np.asarray(c).reshape(shapes[j1]), g.dtype, like=g)
-                        h = outer.gradient(g, x2, output_gradients=c, unconnected_gradients=_NONE)
-                    rows.append(np.zeros(sizes[j2], dtype=dtypes[j2]) if h is None
-                                else _host(tf.convert_to_tensor(h)).reshape(-1))
-                result[(j1, j2)] = np.stack(rows, 0) if rows else np.zeros((0, sizes[j2]), dtypes[j2])
-        del outer
-        return result
 
     def compiled(self, fn):
         """``fn`` itself: TensorFlow 2 runs eagerly unless the user wraps a function in
