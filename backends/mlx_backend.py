@@ -30,216 +30,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from contextlib import contextmanager
-from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
 
-from agcheck.backends.host_checks import HostChecks, HostNamespace
-from agcheck.backends.base import Backend, Perturber, Trace
-from agcheck.backends.batched_forms import BatchedForms
+from agcheck.backends.host_checks import HostChecks
+from agcheck.backends.base import Backend
+from agcheck.backends.mlx_arrays import (_XP, _Outputs, _as_mx, _back, _copy, _evaluated, _is_inexact, _mx_dtype,
+                                         _np_dtype, _on_cpu_for, _view, _with_replaced, owns)
+from agcheck.backends.mlx_batched import MlxBatched
+from agcheck.backends.mlx_trace import MlxPerturber, MlxTrace
 from agcheck.backends.wrt import TakesWrt, normalize_wrt, resolve_wrt
 
 __all__ = ["MlxBackend", "MlxTrace", "MlxPerturber", "BACKEND_CLASS", "owns"]
 
-_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64", "complex64")
-#: NumPy dtype -> MLX dtype (complex128, which MLX lacks, becomes complex64)
-_TO_MX = {np.dtype(n): getattr(mx, "bool_" if n == "bool" else n) for n in _NAMES}
-_TO_MX[np.dtype("complex128")] = mx.complex64
-#: MLX dtype -> NumPy dtype (bfloat16, which NumPy lacks, is read as float32)
-_TO_NP = {v: k for k, v in _TO_MX.items() if k != np.dtype("complex128")}
-_TO_NP[mx.bfloat16] = np.dtype("float32")
-
-
-def owns(x) -> bool:
-    """Is ``x`` an MLX array?"""
-    return isinstance(x, mx.array)
-
-
-def _is_inexact(x) -> bool:
-    return owns(x) and mx.issubdtype(x.dtype, mx.inexact)
-
-
-def _np_dtype(dtype) -> np.dtype:
-    return _TO_NP[dtype] if isinstance(dtype, mx.Dtype) else np.dtype(dtype)
-
-
-def _mx_dtype(dtype):
-    if isinstance(dtype, mx.Dtype):
-        return dtype
-    try:
-        return _TO_MX[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"MLX has no dtype for NumPy's {np.dtype(dtype)}") from None
-
-
-def _view(x) -> np.ndarray:
-    """The values of ``x`` as a NumPy array, for reading only: an MLX array's own memory
-    where NumPy can read it (bfloat16 is copied as float32); NumPy arrays as they are."""
-    if owns(x) and x.dtype == mx.bfloat16:
-        x = x.astype(mx.float32)
-    return np.asarray(x)
-
-
-def _copy(x) -> np.ndarray:
-    """A NumPy copy of ``x`` (a view of an MLX array's memory would write into it)."""
-    return np.array(_view(x), copy=True)
-
-
-def _back(values, dtype=None):
-    """NumPy ``values`` as a new MLX array of ``dtype`` (by default the MLX dtype of the
-    values' own), cast as NumPy casts. Making an array computes nothing on any device."""
-    values = np.asarray(values)
-    target = _mx_dtype(values.dtype if dtype is None else dtype)
-    if target != mx.bfloat16:
-        values = values.astype(_np_dtype(target), copy=False)
-    return mx.array(values, dtype=target)
-
-
-def _back_like(values, like=None, dtype=None):
-    """A NumPy result of the core's algebra as an MLX array: of ``dtype`` when one was asked
-    for, else of ``like``'s dtype where ``like``'s values were read in the result's (a
-    bfloat16 array stays bfloat16)."""
-    values = np.asarray(values)
-    if dtype is None and owns(like) and _np_dtype(like.dtype) == values.dtype:
-        dtype = like.dtype
-    return _back(values, dtype)
-
-
-#: the core's algebra: NumPy on the arrays' host views, results made MLX arrays
-_XP = HostNamespace(_view, _back_like, dtype=_np_dtype)
-
-
-def _as_mx(x, dtype=None, shape=None):
-    """``x`` (MLX, NumPy or a Python number) as an MLX array of ``dtype`` and ``shape``."""
-    if owns(x):
-        if dtype is not None and x.dtype != dtype:
-            x = x.astype(dtype)
-    else:
-        x = _back(x, dtype)
-    if shape is not None and tuple(x.shape) != tuple(shape):
-        x = mx.reshape(x, tuple(shape))
-    return x
-
-
-def _on_cpu_for(arrays):
-    """``mx.stream(mx.cpu)`` where an MLX array among ``arrays`` is float64 (which MLX
-    computes on the CPU only), else a context that does nothing."""
-    if any(owns(a) and a.dtype == mx.float64 for a in arrays):
-        return mx.stream(mx.cpu)
-    return contextlib.nullcontext()
-
-
-def _evaluated(values):
-    """``values`` (a list or tuple) with its MLX arrays evaluated: MLX is lazy, and the work
-    of a call (and any error it raises) belongs to that call, not to a later read."""
-    arrays = [v for v in values if owns(v)]
-    if arrays:
-        mx.eval(arrays)
-    return values
-
-
-def _with_replaced(args, positions, values) -> tuple:
-    new = list(args)
-    for p, v in zip(positions, values):
-        new[p] = v
-    return tuple(new)
-
-
-def _moved_entries(entries: np.ndarray, step, sign):
-    """``entries - step`` or ``entries + step`` in their dtype, the step rounded to that
-    dtype first, as MLX rounds a Python scalar (the element move of slow mode)."""
-    delta = entries.dtype.type(step)
-    return entries - delta if sign < 0 else entries + delta
-
-
-class _Outputs:
-    """``fn`` as MLX's transformations take it: a function of the checked inputs alone
-    returning the list of its floating and complex MLX outputs (what is differentiated);
-    the positions of those among everything ``fn`` returns are recorded at each call."""
-
-    def __init__(self, fn, args, positions, as_tuple):
-        self.fn, self.args, self.positions, self.as_tuple = fn, args, list(positions), as_tuple
-        self.inexact: list[int] = []
-        self.arrays: list = []  # shapes and dtypes of every MLX output of the last call
-
-    def __call__(self, *values) -> list:
-        outs = self.as_tuple(self.fn(*_with_replaced(self.args, self.positions, values)))
-        self.inexact = [k for k, o in enumerate(outs) if _is_inexact(o)]
-        self.arrays = [(k, tuple(o.shape), o.dtype) for k, o in enumerate(outs) if owns(o)]
-        return [outs[k] for k in self.inexact]
-
-
-class MlxTrace(Trace):
-    """``fn``'s outputs at the traced point; each VJP is one ``mx.vjp`` (``fn`` again)."""
-
-    def __init__(self, outputs: tuple, of_checked: _Outputs, primals: list):
-        super().__init__(outputs)
-        self._of_checked = of_checked
-        self._primals = primals
-        self._inexact = [k for k, o in enumerate(outputs) if _is_inexact(o)]
-
-    def _cotangents(self, given: dict) -> list:
-        outs = self.outputs
-        return [_as_mx(given[k], outs[k].dtype, outs[k].shape) if given.get(k) is not None
-                else mx.zeros(outs[k].shape, outs[k].dtype) for k in self._inexact]
-
-    def _vjp(self, given: dict) -> list:
-        if not self._inexact:
-            return [mx.zeros_like(x) for x in self._primals]
-        _, grads = mx.vjp(self._of_checked, self._primals, self._cotangents(given))
-        return list(grads)
-
-    def vjp(self, output_positions, cotangents) -> list:
-        with _on_cpu_for(self._primals):
-            return _evaluated(self._vjp(dict(zip(output_positions, cotangents))))
-
-    def vjp_batched(self, output_position, stacked_cotangents) -> list:
-        out = self.outputs[output_position]
-        stacked = _as_mx(stacked_cotangents, out.dtype)
-        with _on_cpu_for(self._primals):
-            return _evaluated(list(mx.vmap(lambda c: tuple(self._vjp({output_position: c})))(stacked)))
-
-
-class MlxPerturber(Perturber):
-    """Evaluates ``fn`` on a new argument tuple with ``args[position]`` replaced by a
-    moved copy; the caller's array is never written to."""
-
-    def __init__(self, args: tuple, position: int, as_tuple):
-        self.args = args
-        self.position = position
-        self.x = args[position]
-        self.shape = tuple(self.x.shape)
-        self.numel = int(self.x.size)
-        self._as_tuple = as_tuple
-
-    @cached_property
-    def _host(self) -> np.ndarray:
-        """The input's values, copied to the host once, when an element is first moved."""
-        return _copy(self.x)
-
-    def index(self, flat: int) -> tuple:
-        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.shape else ()
-
-    def _call(self, fn, moved: np.ndarray) -> tuple:
-        value = _back(moved, self.x.dtype)
-        return _evaluated(self._as_tuple(fn(*_with_replaced(self.args, [self.position], [value]))))
-
-    def evaluate_element(self, fn, flat, step, sign) -> tuple:
-        moved = self._host.copy()
-        view = moved.reshape(-1)
-        view[flat] = _moved_entries(view[flat:flat + 1], step, sign)[0]
-        return self._call(fn, moved)
-
-    def evaluate_direction(self, fn, step, sign) -> tuple:
-        x, step = self._host, _view(step).reshape(self.shape)
-        dtype = np.promote_types(x.dtype, step.dtype)
-        moved = x.astype(dtype) - step.astype(dtype) if sign < 0 else x.astype(dtype) + step.astype(dtype)
-        return self._call(fn, moved.astype(x.dtype))
-
-
-class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
+class MlxBackend(MlxBatched, HostChecks, TakesWrt, Backend):
     """Dense real and complex MLX arrays; ``wrt=`` picks the checked inputs.
 
     Options (per call, through :meth:`with_options`):
@@ -406,50 +211,6 @@ class MlxBackend(BatchedForms, HostChecks, TakesWrt, Backend):
         # MLX has no undefined output gradients: zero cotangents for every output
         trace = trace if trace is not None else self.trace(fn, args, checked)
         return trace.vjp([], [])
-
-    # -- batched forms (the batched engine) ---------------------------------------------
-    def evaluate_batch(self, fn, args, position, stacked):
-        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (``mx.vmap``)."""
-        x = args[position]
-
-        def at(value):
-            return tuple(self.as_tuple(fn(*_with_replaced(args, [position], [value]))))
-
-        with _on_cpu_for(args):
-            return _evaluated(tuple(mx.vmap(at)(_as_mx(stacked, x.dtype))))
-
-    def element_moves(self, x, flat, step, sign):
-        """Copies of ``x``, the ``b``-th with element ``flat[b]`` moved by ``sign * step``,
-        computed as the perturber computes it."""
-        base = _view(x).reshape(-1)
-        index = np.asarray(flat, dtype=np.intp)
-        moved = np.repeat(base[None, :], len(flat), axis=0)
-        moved[np.arange(len(flat)), index] = _moved_entries(base[index], step, sign)
-        return _back(moved.reshape((len(flat), *x.shape)), x.dtype)
-
-    def one_hots(self, like, flat):
-        z = np.zeros((len(flat), self.numel(like)), dtype=_np_dtype(like.dtype))
-        z[np.arange(len(flat)), np.asarray(flat, dtype=np.intp)] = 1
-        return _back(z.reshape((len(flat), *like.shape)), like.dtype)
-
-    def jvp_rows(self, fn, args, checked, j, flat):
-        return self.jvp_along(fn, args, checked, j, self.one_hots(args[checked[j]], flat))
-
-    def jvp_along(self, fn, args, checked, j, stacked):
-        """JVPs along each of ``stacked`` (tangents of input ``checked[j]``, the others'
-        zero): per floating or complex output a ``(len(stacked), numel)`` array."""
-        position = list(checked)[j]
-        x = args[position]
-
-        def single(t):
-            # the other inputs held constant rather than given zero tangents: the same JVP,
-            # and MLX 0.32's vmap of a matmul's JVP with a zero tangent fails on broadcasting
-            return tuple(self._forward(fn, args, [position], [t])[1])
-
-        b = int(stacked.shape[0])
-        with _on_cpu_for(args):
-            rows = mx.vmap(single)(_as_mx(stacked, x.dtype))
-        return _evaluated([mx.reshape(r, (b, -1)) for r in rows])
 
     # -- second order -----------------------------------------------------------------
     def random_cotangent(self, like, generator, noncontiguous):
