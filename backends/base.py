@@ -28,71 +28,25 @@ The contract has three parts:
   gradients, second order, sparse layouts, and one protocol for the engine's faster paths,
   :class:`~agcheck.backends.batched_forms.BatchedForms` (batched evaluations, batched JVPs,
   stacked evaluations). A backend without it gets the same verdicts from the loops.
+
+The names (:class:`Capability`, the verb lists, the two errors) are written in
+:mod:`~agcheck.backends.contract_names`, :class:`Trace` and :class:`Perturber` in
+:mod:`~agcheck.backends.trace`; this module re-exports them.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
+from agcheck.backends.contract_names import (BATCHED_FORMS, CAPABILITY_METHODS, CORE_METHODS, DEFAULTED_METHODS,
+                                             REQUIRED_METHODS, BackendUnavailableError, Capability, UnsupportedError)
 from agcheck.backends.interop import Interop
 from agcheck.backends.parts import InputPart, OutputPart
+from agcheck.backends.trace import Perturber, Trace
 
 __all__ = ["Backend", "Trace", "Perturber", "BackendUnavailableError", "Capability",
            "UnsupportedError", "OutputPart", "InputPart", "REQUIRED_METHODS", "DEFAULTED_METHODS", "CORE_METHODS",
            "CAPABILITY_METHODS", "BATCHED_FORMS", "missing_verbs", "require_contract", "summary_edges"]
-
-
-class Capability:
-    """The names of the optional parts of the contract, as a backend lists them in
-    :attr:`Backend.capabilities`. The core asks :meth:`Backend.supports` before it uses
-    an optional method; a check whose capability is missing is refused before any work
-    (:meth:`Backend.refusal`), never passed silently."""
-
-    REVERSE = "reverse"  #: reverse mode: Trace.vjp (check_backward_ad)
-    FORWARD = "forward"  #: forward mode: jvp, jvp_wrt (check_forward_ad)
-    BATCHED_GRAD = "batched"  #: Trace.vjp_batched (check_batched_grad)
-    BATCHED_FORWARD = "batched_forward"  #: jvp_batched (check_batched_forward_grad)
-    UNDEFINED_GRAD = "undefined_grad"  #: vjp_with_undefined_outputs (check_undefined_grad)
-    MASKED = "masked"  #: masked=True is meaningful (sparse layouts, or dense arrays only)
-    SPARSE = "sparse"  #: sparse layouts: layout, densify, to_dense, gradient_layout_problem
-    SECOND_ORDER = "second_order"  #: differentiable_vjp, random_cotangent (gradgradcheck)
-    BATCHED_EVALUATION = "batched_evaluation"  #: evaluate_batch, element_moves, one_hots (engine)
-    BATCHED_JVP = "batched_jvp"  #: jvp_rows, jvp_along (engine, forward mode)
-    STACKED_EVALUATION = "stacked_evaluation"  #: evaluate_stacked (engine)
-    FUNCTIONAL_BATCHED_EVALUATION = "functional_batched_evaluation"  #: evaluate_batch_functional (engine)
-
-
-#: the verbs every backend writes itself (the base class has no default for them)
-REQUIRED_METHODS = (
-    "owns", "is_checked", "is_complex", "is_floating_or_complex", "is_double_precision",
-    "is_differentiable_output", "is_bool", "trace", "perturber", "jvp", "allclose",
-    "generator", "uniform_unit_vector", "normal_like", "from_numpy",
-)
-
-#: the rest of the required core, with defaults written against the array API
-DEFAULTED_METHODS = ("xp", "to_numpy", "precision", "one_hot", "as_int")
-
-#: the required core of the contract
-CORE_METHODS = REQUIRED_METHODS + DEFAULTED_METHODS
-
-#: the capabilities of the engine's faster paths: :meth:`Backend.supports` grants them only
-#: to a backend that implements :class:`~agcheck.backends.batched_forms.BatchedForms`
-BATCHED_FORMS = frozenset({
-    Capability.BATCHED_EVALUATION, Capability.BATCHED_JVP, Capability.STACKED_EVALUATION,
-    Capability.FUNCTIONAL_BATCHED_EVALUATION,
-})
-
-#: the methods a backend implements when it lists a capability
-CAPABILITY_METHODS = {
-    Capability.FORWARD: ("jvp_wrt", "part_as_input"),
-    Capability.BATCHED_FORWARD: ("jvp_batched",),
-    Capability.UNDEFINED_GRAD: ("vjp_with_undefined_outputs",),
-    Capability.BATCHED_EVALUATION: ("evaluate_batch", "element_moves", "one_hots"),
-    Capability.BATCHED_JVP: ("jvp_rows", "jvp_along"),
-    Capability.STACKED_EVALUATION: ("evaluate_stacked",),
-    Capability.FUNCTIONAL_BATCHED_EVALUATION: ("evaluate_batch_functional",),
-    Capability.SECOND_ORDER: ("random_cotangent", "differentiable_vjp"),
-}
 
 
 def missing_verbs(cls) -> list[str]:
@@ -118,102 +72,6 @@ def require_contract(cls) -> None:
 
 #: the array-API namespace of each array type met (:meth:`Backend.xp`)
 _NAMESPACES: dict = {}
-
-
-class UnsupportedError(NotImplementedError):
-    """An optional method was called on a backend that does not declare its capability."""
-
-
-class BackendUnavailableError(ImportError):
-    """The framework behind a backend is not installed."""
-
-
-class Trace:
-    """The outputs of one evaluation of ``fn`` and the reverse-mode derivative at that point.
-
-    Parameters
-    ----------
-    outputs : tuple
-        Everything ``fn`` returned, as a tuple.
-    """
-
-    def __init__(self, outputs: tuple):
-        self.outputs = outputs
-
-    def vjp(self, output_positions: Sequence[int], cotangents: Sequence[Any]) -> list:
-        """Vector-Jacobian product.
-
-        Returns one entry per checked input: the gradient (an array) or ``None`` where
-        the gradient is undefined (the input is unused).
-        """
-        raise NotImplementedError
-
-    def unit_vjps(self, output_position: int, columns: Iterable[int], one_hot: Callable) -> Iterator[list]:
-        """The VJP of each one-hot cotangent ``one_hot(output, j)``, ``j`` in ``columns``, in
-        order: one list per column as :meth:`vjp` returns it, of arrays that later
-        columns leave untouched."""
-        out = self.outputs[output_position]
-        for j in columns:
-            yield self.vjp([output_position], [one_hot(out, j)])
-
-    def vjp_batched(self, output_position: int, stacked_cotangents) -> list:
-        """Many VJPs at once: ``stacked_cotangents`` has a leading batch dimension; one
-        entry per checked input, stacked the same way, or ``None`` (undefined).
-        Capability :attr:`Capability.BATCHED_GRAD`."""
-        raise UnsupportedError("vjp_batched")
-
-    def vjp_many(self, output_position: int, stacked_cotangents) -> list:
-        """Many VJPs at once for the engine, as :meth:`vjp_batched` returns them, by
-        whatever batching the framework offers (:meth:`vjp_batched` is what
-        ``check_batched_grad`` tests, and may support fewer backward passes); by default
-        :meth:`vjp_batched`."""
-        return self.vjp_batched(output_position, stacked_cotangents)
-
-    def batching_obstacle(self) -> str | None:
-        """Why ``fn`` certainly cannot be evaluated in batched form
-        (:meth:`Backend.evaluate_batch`), as this evaluation shows it (e.g. an operation
-        without a batching rule), or ``None`` when nothing shows. The engine then skips
-        that form without calling ``fn``; ``None`` promises nothing."""
-        return None
-
-
-class Perturber:
-    """Moves one input in place and evaluates ``fn``; the input is restored bitwise.
-
-    Obtained from :meth:`Backend.perturber`; the backend guarantees restoration also
-    when ``fn`` raises, and after the ``with`` block that created it.
-    """
-
-    numel: int
-    shape: tuple
-
-    def index(self, flat: int) -> tuple:
-        """The multi-index of the flat element ``flat`` (for messages)."""
-        raise NotImplementedError
-
-    def evaluate_element(self, fn: Callable, flat: int, step, sign: int) -> tuple:
-        """Outputs of ``fn`` with element ``flat`` moved by ``sign * step`` (``step`` a
-        real or complex scalar, ``sign`` +1 or -1), computed as ``x[flat] + step`` or
-        ``x[flat] - step`` so that the rounding is the reference's."""
-        raise NotImplementedError
-
-    def evaluate_element_moves(self, fn: Callable, flat: int, moves: Sequence[tuple]) -> list:
-        """:meth:`evaluate_element` at each ``(step, sign)`` of ``moves`` in turn: one
-        tuple of outputs per move."""
-        return [self.evaluate_element(fn, flat, step, sign) for step, sign in moves]
-
-    def evaluate_direction(self, fn: Callable, step, sign: int) -> tuple:
-        """Outputs of ``fn`` with the whole input moved by ``sign * step`` (``step`` an
-        array shaped like the input)."""
-        raise NotImplementedError
-
-    # Inputs stored sparsely: ``numel`` counts the stored elements (what is moved), while
-    # the Jacobian has one row per element of the input's dense equivalent.
-    def dense_rows(self):
-        """``None`` when stored element ``k`` is Jacobian row ``k`` (dense arrays); else
-        ``(n_rows, rows)``: the Jacobian has ``n_rows`` rows, stored element ``k`` is row
-        ``rows[k]``, and the rows of elements that are not stored are zero."""
-        return None
 
 
 class Backend(Interop):
