@@ -49,12 +49,12 @@ def product_tanh(a, b):
 @pytest.fixture(autouse=True)
 def _batching_pays(monkeypatch):
     """Batched VJPs (and vmapped VJP functions), however small the check."""
-    from agcheck.backends import torch_backend
+    from agcheck.backends import torch_batched
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
-    monkeypatch.setattr(torch_backend, "VMAPPED_VJP_FROM_ELEMENTS", 0)
-    monkeypatch.setattr(torch_backend, "VMAPPED_COTANGENTS_FROM_ELEMENTS", 0)
+    monkeypatch.setattr(torch_batched, "VMAPPED_VJP_FROM_ELEMENTS", 0)
+    monkeypatch.setattr(torch_batched, "VMAPPED_COTANGENTS_FROM_ELEMENTS", 0)
 
 
 def test_is_grads_batched_has_no_rule_for_einsum():
@@ -155,17 +155,17 @@ def test_vjps_keep_the_batching_that_worked_for_an_output_when_another_output_ca
     # batch to torch.func, the reentrancy pass would have computed the eigenvalues'
     # columns otherwise than the first pass did (their batched VJPs then raised there,
     # and the check went back to the reference engine: 10 calls of fn became 202)
-    from agcheck.backends import torch_backend
+    from agcheck.backends import torch_trace
 
     used = []
-    legacy = torch_backend.TorchTrace.vjp_batched
-    monkeypatch.setattr(torch_backend.TorchTrace, "vjp_batched",
+    legacy = torch_trace.TorchTrace.vjp_batched
+    monkeypatch.setattr(torch_trace.TorchTrace, "vjp_batched",
                         lambda self, *a: used.append("is_grads_batched") or legacy(self, *a))
-    vmapped = torch_backend._vmapped_vjps
-    monkeypatch.setattr(torch_backend, "_vmapped_vjps", lambda *a, **kw: used.append("torch.func") or vmapped(*a, **kw))
+    vmapped = torch_trace._vmapped_vjps
+    monkeypatch.setattr(torch_trace, "_vmapped_vjps", lambda *a, **kw: used.append("torch.func") or vmapped(*a, **kw))
     x = make(6)
     y0, y1 = torch.tanh(2 * x), ReadsItsCotangent.apply(x)
-    trace = torch_backend.TorchTrace((y0, y1), (x,))
+    trace = torch_trace.TorchTrace((y0, y1), (x,))
     stacked = torch.eye(6, dtype=x.dtype)
     first = trace.vjp_many(0, stacked)
     with pytest.raises(RuntimeError):
@@ -177,7 +177,7 @@ def test_vjps_keep_the_batching_that_worked_for_an_output_when_another_output_ca
     # where is_grads_batched raises at once, torch.func batches every later call
     a, b = make(3, 3), make(3, 3, seed=1)
     y = product_tanh(a, b)
-    trace = torch_backend.TorchTrace((y,), (a, b))
+    trace = torch_trace.TorchTrace((y,), (a, b))
     ones = torch.eye(9, dtype=y.dtype).reshape(9, 3, 3)
     used.clear()
     trace.vjp_many(0, ones)
