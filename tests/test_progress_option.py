@@ -1,12 +1,12 @@
 """``progress=True``: the bar is driven to completion on every engine path; quiet otherwise."""
-import sys
+import importlib
 
 import pytest
 import torch
 
 import agcheck
 
-gradcheck_module = sys.modules["agcheck.gradcheck"]  # the package's name is the function
+run_module = importlib.import_module("agcheck.core.run")  # where a check makes its progress bar
 
 
 class Recorder:
@@ -34,7 +34,7 @@ class Recorder:
 @pytest.fixture
 def recorder(monkeypatch):
     Recorder.instances = []
-    monkeypatch.setattr(gradcheck_module, "Progress", Recorder)
+    monkeypatch.setattr(run_module, "Progress", Recorder)
     return Recorder
 
 
