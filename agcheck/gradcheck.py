@@ -109,7 +109,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Any, *, backend: str | Backend | N
         element depends on at most one element of each input (elementwise, broadcast,
         indexing), every entry from ``O(log n)`` evaluations; where the analytical
         Jacobian's pattern is banded or blocked, input elements that never meet are
-        moved together. Both are verified over rounds of sign patterns, and anything
+        moved together. Both are verified over several sign patterns, and anything
         else goes to the batched path (see docs/performance.md). ``"reference"`` runs
         torch's element-by-element algorithm only.
     memory_budget : int, optional
