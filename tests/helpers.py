@@ -160,6 +160,27 @@ class SinWithJvp(torch.autograd.Function):
         return t * x.cos() * SinWithJvp.factor
 
 
+class OneEntryOff(torch.autograd.Function):
+    """sin, its backward 1% off in entry 5 (vmappable)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.sin()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        out = (grad * x.cos()).clone()
+        out[..., 5] += 0.01 * grad[..., 5]
+        return out
+
+
 class Square(torch.autograd.Function):
     """``z * z`` (real or complex), its backward scaled by ``Square.factor``."""
 

@@ -8,7 +8,7 @@ import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.core.outcome import EngineEvent
 
-from .helpers import ScaledSin, SinWithJvp, busy, first_paragraph, make, run_check as run, torch_message, torch_text
+from .helpers import OneEntryOff, ScaledSin, SinWithJvp, busy, first_paragraph, make, run_check as run, torch_message, torch_text
 
 
 @pytest.fixture(autouse=True)
@@ -192,25 +192,6 @@ def test_not_vmappable_falls_back_to_the_loop():
     assert looped.decision == "looped" and "vmap: raised RuntimeError" in looped.detail
     assert r.verdict == torch.autograd.gradcheck(lambda t: t * float(t.sum().item()), (make(40),),
                                                  raise_exception=False)
-
-
-class OneEntryOff(torch.autograd.Function):
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x):
-        return x.sin()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        out = (grad * x.cos()).clone()
-        out[..., 5] += 0.01 * grad[..., 5]
-        return out
 
 
 def test_a_batched_mismatch_is_judged_and_reported_by_the_reference():

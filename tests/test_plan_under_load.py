@@ -8,7 +8,7 @@ import torch
 
 import agcheck
 
-from .helpers import ScaledSin, make
+from .helpers import OneEntryOff, ScaledSin, make
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -18,27 +18,6 @@ def _busy_loops():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.busy_loops
-
-
-class _OneEntryOff(torch.autograd.Function):
-    """sin, its backward one entry off (vmappable)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x):
-        return x.sin()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        out = (grad * x.cos()).clone()
-        out[..., 5] += 0.01 * grad[..., 5]
-        return out
 
 
 W = make(300, 300, seed=3).detach() / 20
@@ -54,7 +33,7 @@ def _checks():
     return [
         ("small", agcheck.gradcheck, torch.sin, (make(5, 7),), {}),
         ("medium", agcheck.gradcheck, lambda a, b: torch.tanh(a @ b), (make(24, 24), make(24, 24, seed=1)), {}),
-        ("medium, wrong", agcheck.gradcheck, lambda a, b: _OneEntryOff.apply(a @ b),
+        ("medium, wrong", agcheck.gradcheck, lambda a, b: OneEntryOff.apply(a @ b),
          (make(24, 24), make(24, 24, seed=1)), {}),
         ("elementwise", agcheck.gradcheck, lambda t: torch.sin(t) * 2, (make(4000),), {}),
         ("refused", agcheck.gradcheck, lambda t: ScaledSin.apply(W6 @ t), (make(6, 10, seed=21),), {}),
