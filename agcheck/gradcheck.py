@@ -1,10 +1,11 @@
 """``agcheck.gradcheck``: which checks run, in which order, on which pieces of ``fn``."""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 from dataclasses import fields
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 from agcheck.backends.base import Backend
 from agcheck.checks import batched_gradients, grad_output_scaling, jacobian, undefined_grads
@@ -158,7 +159,10 @@ def gradcheck(fn: Callable[..., Any], inputs: Any, *, backend: str | Backend | N
         fast_mode=fast_mode, masked=masked, engine=engine, memory_budget=memory_budget,
         stencil=stencil, progress=progress, fast_tolerance=fast_tolerance,
     )
-    return run_gradcheck(fn, inputs, opts, backend, **backend_options)
+    run = prepared_run(fn, inputs, opts, backend, **backend_options)
+    with checking(run, {"fn": fn, "inputs": inputs, "keywords": backend_options}) as verdict:
+        all_checks(run, watch_calls=True)  # the checks' calls of fn: from here, not a frame below
+    return verdict.passed
 
 
 #: gradcheck's own keywords, for naming a misspelt one
@@ -179,25 +183,35 @@ def refuse_misspelt(name: str, options: dict, keywords) -> None:
             raise TypeError(f"{name}() got an unexpected keyword argument {key!r}; did you mean {close[0]!r}?")
 
 
-def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *, snapshots=None,
-                  subject: dict | None = None, **backend_options) -> bool:
-    """:func:`gradcheck` with its keywords already gathered in ``opts``; ``snapshots``
-    (``{position: snapshot}``, taken before a call of ``fn`` the caller made) stand for the
-    check's own of those inputs, so that a change that call made is found too; ``subject``
-    names the caller's check in a failure's report (:func:`complete_report`'s ``fn``,
-    ``inputs``, ``call`` and ``keywords``; by default this gradcheck of ``fn``)."""
-    if subject is None:
-        subject = {"fn": fn, "inputs": inputs, "keywords": backend_options}
+def prepared_run(fn: Callable, inputs, opts: GradcheckOptions, backend=None, **backend_options) -> CheckRun:
+    """The context of a gradcheck of ``fn`` at ``inputs`` with the keywords ``opts``: the
+    backend resolved and able to run the checks asked for."""
     be, fn, args = resolve_problem(fn, inputs, backend, backend_options)
     require_capabilities(be, opts)
-    # fn is the caller's own, not a VJP built around it, where no call of it preceded
-    run = CheckRun(fn, args, be, opts)
+    return CheckRun(fn, args, be, opts)
+
+
+class Verdict:
+    """What :func:`checking` concludes: ``passed`` (False: a failure not raised)."""
+
+    passed = True
+
+
+@contextlib.contextmanager
+def checking(run: CheckRun, subject: dict) -> Iterator[Verdict]:
+    """Around the checks of ``run`` (:func:`all_checks`): the backend's and NumPy's random
+    states kept, the inputs verified at the end (a changed input, not the derivative, is
+    then to blame), a raised failure's report filled in (``subject``: the caller's check,
+    as :func:`complete_report` names it) or, with ``raise_exception=False``, the failure
+    turned into ``passed = False``. The checks run in the caller's frame, not below this
+    one."""
+    be, opts, verdict = run.be, run.opts, Verdict()
     try:
-        with be.preserve_state(args), numpy_rng_preserved():
+        with be.preserve_state(run.args), numpy_rng_preserved():
             try:
-                all_checks(run, snapshots, watch_calls=snapshots is None)
+                yield verdict
             except BaseException as e:
-                run.verify_inputs(cause=e)  # a changed input, not the derivative, is then to blame
+                run.verify_inputs(cause=e)
                 if isinstance(e, GradcheckError) and opts.raise_exception:
                     complete_report(e, be, opts, **subject)  # reports are filled in only for a raised failure
                     run.verify_inputs(cause=e)
@@ -207,8 +221,7 @@ def run_gradcheck(fn: Callable, inputs, opts: GradcheckOptions, backend=None, *,
         if opts.raise_exception:
             be.adopt_error(e)  # torch: also torch.autograd.gradcheck.GradcheckError
             raise
-        return False
-    return True
+        verdict.passed = False
 
 
 #: evaluations of the engine's probes the first pass over complex outputs may also keep
@@ -217,36 +230,48 @@ SHARED_PROBE_EVALUATIONS = 8
 
 # -- the order of the checks is torch's -------------------------------------------------
 def all_checks(run: CheckRun, snapshots: dict | None = None, watch_calls: bool = False) -> None:
-    """Run the checks the options ask for, in torch's order; ``snapshots`` and
-    ``watch_calls`` as :func:`run_gradcheck` sets them up for the input guard."""
+    """Run the checks the options ask for, in torch's order. ``snapshots``
+    (``{position: snapshot}``, taken before a call of ``fn`` the caller made) stand for the
+    check's own of those inputs, so that a change that call made is found too;
+    ``watch_calls``: ``fn`` is the caller's own, its calls watched for in-place writes."""
+    be, opts = run.be, run.opts
     try:
-        _all_checks(run, snapshots, watch_calls)
+        run.checked = _validate_inputs(run)
+        guard = run.guard = InputGuard(be, run.args, run.checked, snapshots)
+        if watch_calls:
+            run.fn = guard.watch(run.fn)
+        trace = be.trace(run.fn, run.args, run.checked)
+        guard.verify("the comparison of reverse-mode derivatives")
+        diff = _differentiable(run, trace.outputs)
+        be.validate_outputs([trace.outputs[k] for k in diff])
+        if not opts.fast_mode:
+            _warn_if_costly(run, trace.outputs)
+        # real outputs (the common case) are compared from here: one frame less above fn
+        top = Piece.of(be, run.fn, run.args, run.checked, trace)
+        if opts.check_backward_ad and any(be.is_complex(o) for o in top.outputs):
+            _complex_reverse_mode(run, top)
+        elif opts.check_backward_ad:
+            jacobian.check(run, top)
+        guard.checkpoint("the comparison of forward-mode derivatives")
+        if opts.check_forward_ad:
+            if any(be.is_complex(a) for a in run.args if be.is_array(a)):
+                forward = _complex_forward_mode(run)
+            else:
+                forward = [Piece.of(be, run.fn, run.args, run.checked, trace, forward=True)]
+                jacobian.check(run, forward[0])
+            for piece in forward if opts.check_undefined_grad else ():
+                undefined_grads.check_forward(run, piece)
+        run.numerical_memo.clear()
+        _later_checks(run, top, guard)
     finally:
         run.numerical_memo.clear()  # not kept alive by a raised error's traceback
         run.progress.close()
 
 
-def _all_checks(run: CheckRun, snapshots: dict | None, watch_calls: bool) -> None:
-    be, opts = run.be, run.opts
-    run.checked = _validate_inputs(run)
-    run.guard = InputGuard(be, run.args, run.checked, snapshots)
-    if watch_calls:
-        run.fn = run.guard.watch(run.fn)
-    trace = be.trace(run.fn, run.args, run.checked)
-    run.guard.verify("the comparison of reverse-mode derivatives")
-    diff = _differentiable(run, trace.outputs)
-    be.validate_outputs([trace.outputs[k] for k in diff])
-    if not opts.fast_mode:
-        _warn_if_costly(run, trace.outputs)
-
-    top = Piece.of(be, run.fn, run.args, run.checked, trace)
-    guard = run.guard
-    if opts.check_backward_ad:
-        _reverse_mode(run, top)
-    guard.checkpoint("the comparison of forward-mode derivatives")
-    if opts.check_forward_ad:
-        _forward_mode(run, top)
-    run.numerical_memo.clear()
+def _later_checks(run: CheckRun, top: Piece, guard: InputGuard) -> None:
+    """The batched-gradient, grad_output-scaling and undefined-gradient checks, after the
+    Jacobians'."""
+    opts = run.opts
     guard.checkpoint("the batched forward-mode check")
     if opts.check_batched_forward_grad:
         batched_gradients.check_forward(run, top)
@@ -308,11 +333,8 @@ def _differentiable(run: CheckRun, outputs) -> list:
     return [k for k, o in enumerate(outputs) if be.is_differentiable_output(o)]
 
 # -- reverse and forward mode, with the complex split -------------------------------
-def _reverse_mode(run: CheckRun, top: Piece) -> None:
+def _complex_reverse_mode(run: CheckRun, top: Piece) -> None:
     be = run.be
-    if not any(be.is_complex(o) for o in top.outputs):
-        jacobian.check(run, top)
-        return
     complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
     # torch's order, imaginary parts first; the real parts' pass takes the first
     # pass's evaluations at the same moves instead of calling fn again
@@ -345,21 +367,16 @@ def _shared_bytes(run: CheckRun, top: Piece) -> int:
     return min(run.memory_budget // 4, per_evaluation * (moves + SHARED_PROBE_EVALUATIONS))
 
 
-def _forward_mode(run: CheckRun, top: Piece) -> None:
+def _complex_forward_mode(run: CheckRun) -> list:
+    """The forward-mode comparison over complex inputs, imaginary parts first as torch
+    orders them; the pieces compared."""
     be = run.be
     complex_inputs = [k for k, a in enumerate(run.args) if be.is_array(a) and be.is_complex(a)]
-    if not complex_inputs:
-        pieces = [Piece.of(be, run.fn, run.args, run.checked, top.trace, forward=True)]
-    else:
-        pieces = []
-        for part in ("imag", "real"):
-            fn = input_part(be, run.fn, complex_inputs, run.args, part)
-            args = split_inputs(be, run.args, complex_inputs, part)
-            pieces.append(Piece.of(be, fn, args, run.checked, be.trace(fn, args, run.checked), forward=True,
-                                   complex_indices=complex_inputs, test_imag=part == "imag"))
-            jacobian.check(run, pieces[-1])
-    if not complex_inputs:
-        jacobian.check(run, pieces[0])
-    if run.opts.check_undefined_grad:
-        for piece in pieces:
-            undefined_grads.check_forward(run, piece)
+    pieces = []
+    for part in ("imag", "real"):
+        fn = input_part(be, run.fn, complex_inputs, run.args, part)
+        args = split_inputs(be, run.args, complex_inputs, part)
+        pieces.append(Piece.of(be, fn, args, run.checked, be.trace(fn, args, run.checked), forward=True,
+                               complex_indices=complex_inputs, test_imag=part == "imag"))
+        jacobian.check(run, pieces[-1])
+    return pieces

@@ -13,7 +13,7 @@ from agcheck.backends.base import Backend
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.errors import GradOutputsError, OutputTypeError
-from agcheck.gradcheck import GRADCHECK_KEYWORDS, refuse_misspelt, run_gradcheck, takes_torchs_func
+from agcheck.gradcheck import GRADCHECK_KEYWORDS, all_checks, checking, prepared_run, refuse_misspelt, takes_torchs_func
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
 __all__ = ["gradgradcheck"]
@@ -99,7 +99,10 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
         given = grad_outputs if level == 0 else None
         fn, args = _vjp_problem(be, fn, args, given, gen_non_contig_grad_outputs, level, fast_mode,
                                 taken if level == 0 else None)
-    return run_gradcheck(fn, args, opts, be, snapshots=taken, subject=subject)
+    run = prepared_run(fn, args, opts, be)
+    with checking(run, subject) as verdict:
+        all_checks(run, snapshots=taken)
+    return verdict.passed
 
 
 def _vjp_problem(be, fn, args, grad_outputs, noncontiguous, level, fast_mode=False, taken=None):

@@ -37,17 +37,10 @@ class TorchBatched(BatchedForms):
             return _vmap(lambda t: self.jvp_wrt(fn, args, position, t))(stacked_tangents)
 
     # -- batched forms (the batched engine) ---------------------------------------------
-    def evaluate_batch(self, fn, args, position, stacked):
-        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (vmapped)."""
-        return self._vmapped(fn, args, position, stacked, functional=False)
-
-    def evaluate_batch_functional(self, fn, args, position, stacked):
-        """:meth:`evaluate_batch` through ``torch.func.functionalize``: writes into tensors
-        fn creates become out-of-place ops, which vmap batches where it refuses the in-place
-        ones ("vmap: inplace arithmetic ... is not possible")."""
-        return self._vmapped(fn, args, position, stacked, functional=True)
-
-    def _vmapped(self, fn, args, position, stacked, functional):
+    def evaluate_batch(self, fn, args, position, stacked, functional=False):
+        """``fn`` evaluated with ``args[position]`` replaced by each of ``stacked`` (vmapped;
+        ``functional``: through ``torch.func.functionalize``, see
+        :meth:`evaluate_batch_functional`)."""
         vjp_fn = _vjp_function(fn)
         if vjp_fn is not None and position >= vjp_fn.n_inputs:
             if functional:
@@ -55,15 +48,19 @@ class TorchBatched(BatchedForms):
                 raise ValueError("cotangents move by the vmapped backward pass alone")
             grads = vjp_fn.over_cotangents(args, position, stacked)
             return grads if vjp_fn is fn else fn.taken(grads)
-
-        def at(value):
-            moved = list(args)
-            moved[position] = value
-            return self.as_tuple(fn(*moved))
-
-        batched = torch.func.vmap(torch.func.functionalize(at) if functional else at)
+        moved = list(args)
+        moved[position] = stacked
+        # fn itself is vmapped, the other arguments unbatched: no frame between vmap and fn
+        batched = torch.func.vmap(torch.func.functionalize(fn) if functional else fn,
+                                  in_dims=tuple(0 if q == position else None for q in range(len(args))))
         with _quiet_batching():
-            return tuple(o.detach() for o in batched(stacked))
+            return tuple(o.detach() for o in self.as_tuple(batched(*moved)))
+
+    def evaluate_batch_functional(self, fn, args, position, stacked):
+        """:meth:`evaluate_batch` through ``torch.func.functionalize``: writes into tensors
+        fn creates become out-of-place ops, which vmap batches where it refuses the in-place
+        ones ("vmap: inplace arithmetic ... is not possible")."""
+        return self.evaluate_batch(fn, args, position, stacked, functional=True)
 
     def evaluate_stacked(self, fn, args, position, stacked, tiled=()):
         x = args[position]

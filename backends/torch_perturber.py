@@ -4,14 +4,16 @@ and restored exactly; the dense perturber and the sparse and MKL-DNN ones
 (:mod:`agcheck.backends.torch_sparse`) build on it."""
 from __future__ import annotations
 
+import contextlib
 import contextvars
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from agcheck.backends.base import Perturber
 
-__all__ = ["VALUES_ONLY", "values_of", "InPlacePerturber"]
+__all__ = ["VALUES_ONLY", "values_only", "detached_outputs", "InPlacePerturber"]
 
 
 #: True while a perturber evaluates ``fn`` for its values alone: a VJP function of the
@@ -21,18 +23,19 @@ __all__ = ["VALUES_ONLY", "values_of", "InPlacePerturber"]
 VALUES_ONLY = contextvars.ContextVar("agcheck_values_only", default=False)
 
 
-def _detached_outputs(as_tuple, outs) -> tuple:
+def detached_outputs(as_tuple, outs) -> tuple:
     return tuple([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in as_tuple(outs)])
 
 
-def values_of(as_tuple, fn, args) -> tuple:
-    """``fn(*args)``'s outputs, detached copies, evaluated under :data:`VALUES_ONLY`."""
+@contextlib.contextmanager
+def values_only() -> Iterator[None]:
+    """:data:`VALUES_ONLY` set within; ``fn`` called in the body runs in the caller's frame,
+    not a frame below."""
     token = VALUES_ONLY.set(True)
     try:
-        outs = fn(*args)
+        yield
     finally:
         VALUES_ONLY.reset(token)
-    return _detached_outputs(as_tuple, outs)
 
 
 class InPlacePerturber(Perturber):
@@ -56,7 +59,8 @@ class InPlacePerturber(Perturber):
         return self.args
 
     def _call(self, fn) -> tuple:
-        return values_of(self._as_tuple, fn, self._arguments())
+        with values_only():
+            return detached_outputs(self._as_tuple, fn(*self._arguments()))
 
     def evaluate_element(self, fn, flat, step, sign) -> tuple:
         # fn is called from this frame: user code that walks the stack (torch.manual_seed
@@ -66,7 +70,7 @@ class InPlacePerturber(Perturber):
         token = VALUES_ONLY.set(True)
         try:
             target.copy_(original - step if sign < 0 else original + step)
-            return _detached_outputs(self._as_tuple, fn(*self._arguments()))
+            return detached_outputs(self._as_tuple, fn(*self._arguments()))
         finally:
             VALUES_ONLY.reset(token)
             target.copy_(original)
@@ -81,7 +85,7 @@ class InPlacePerturber(Perturber):
         try:
             for step, sign in moves:
                 (torch.sub if sign < 0 else torch.add)(original, step, out=target)
-                values.append(_detached_outputs(self._as_tuple, fn(*self._arguments())))
+                values.append(detached_outputs(self._as_tuple, fn(*self._arguments())))
             return values
         finally:
             VALUES_ONLY.reset(token)
@@ -97,7 +101,8 @@ class InPlacePerturber(Perturber):
             originals = flat[index]
             try:
                 flat[index] = originals - torch.as_tensor(deltas, dtype=flat.dtype, device=flat.device)
-                return values_of(self._as_tuple, fn, self._arguments())
+                with values_only():
+                    return detached_outputs(self._as_tuple, fn(*self._arguments()))
             finally:
                 flat[index] = originals
         targets = [self._entry(f) for f in flats]
@@ -105,7 +110,8 @@ class InPlacePerturber(Perturber):
         try:
             for t, o, d in zip(targets, originals, deltas):
                 t.copy_(o - d)
-            return values_of(self._as_tuple, fn, self._arguments())
+            with values_only():
+                return detached_outputs(self._as_tuple, fn(*self._arguments()))
         finally:
             for t, o in zip(targets, originals):
                 t.copy_(o)

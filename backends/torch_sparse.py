@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from agcheck.backends.torch_perturber import InPlacePerturber, values_of
+from agcheck.backends.torch_perturber import InPlacePerturber, detached_outputs, values_only
 
 __all__ = [
     "SPARSE_LAYOUTS",
@@ -355,7 +355,8 @@ class SparsePerturber(InPlacePerturber):
         moved.requires_grad_(self.x.requires_grad)
         args = list(self.args)
         args[self.position] = moved
-        return values_of(self._as_tuple, fn, args)
+        with values_only():
+            return detached_outputs(self._as_tuple, fn(*args))
 
 
 class MkldnnPerturber(InPlacePerturber):

@@ -224,15 +224,15 @@ def test_pattern_colours_separate_outputs_sharing_an_input_element():
 # -- gradgradcheck: the VJP of an elementwise function is elementwise in (x, v) ---------
 
 def _logged_gradgradcheck(monkeypatch, fn, x):
-    gradcheck_module = importlib.import_module("agcheck.gradcheck")
+    gradgradcheck_module = importlib.import_module("agcheck.gradgradcheck")
     runs = []
-    original = gradcheck_module.all_checks
+    original = gradgradcheck_module.all_checks
 
     def recording(run, *args, **kwargs):
         runs.append(run)
         return original(run, *args, **kwargs)
 
-    monkeypatch.setattr(gradcheck_module, "all_checks", recording)
+    monkeypatch.setattr(gradgradcheck_module, "all_checks", recording)
     verdict = agcheck.gradgradcheck(fn, (x,), raise_exception=False)
     return verdict, [f"{e.decision}: {e.detail}" if e.detail else e.decision for r in runs for e in r.engine_log]
 

@@ -51,13 +51,13 @@ def test_an_input_is_probed_only_when_its_rows_are_reached(moved_raises, vjps_ma
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0 if vjps_may_batch else float("inf"))
     probed = []
-    original = _Problem._probe
+    original = _Problem._log_batching  # once per input probed
 
     def spied(self, pos):
         probed.append(pos)
         return original(self, pos)
 
-    monkeypatch.setattr(_Problem, "_probe", spied)
+    monkeypatch.setattr(_Problem, "_log_batching", spied)
     x, y = make(16), make(16, seed=1)
     start = float(x[1])
 
@@ -245,13 +245,14 @@ def test_complex_rows_are_batched_as_one_call_holds_them(backward_factor, monkey
     from agcheck.engine import rows
 
     sizes = []
-    original = rows.Problem._batched_rows
+    original = rows.Problem._element_moves
 
-    def recording(self, pos, flat, *args):
-        sizes.append(len(flat))
-        return original(self, pos, flat, *args)
+    def recording(self, pos, start, stop, step):
+        if not isinstance(step, complex):  # the real moves of each batch of rows
+            sizes.append(stop - start)
+        return original(self, pos, start, stop, step)
 
-    monkeypatch.setattr(rows.Problem, "_batched_rows", recording)
+    monkeypatch.setattr(rows.Problem, "_element_moves", recording)
     monkeypatch.setattr(ScaledExp, "factor", backward_factor)
     z = torch.randn(200, dtype=torch.complex128, generator=torch.Generator().manual_seed(4), requires_grad=True)
     r = run(lambda t: ScaledExp.apply(t) * t.conj(), (z,), memory_budget=4 << 20)
@@ -348,7 +349,7 @@ def test_slow_or_delayed_batched_calls_leave_the_plan_as_it_was(broken, call, de
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # the VJPs of 64 outputs batched too
     fn = _sines(broken, dense=True)
     quiet = run(fn, (make(64),), engine="batched")
-    owner, name = (_Problem, "_batched_rows") if call == "rows" else (None, "batched_columns")
+    owner, name = (_Problem, "_element_moves") if call == "rows" else (None, "batched_columns")
     calls = _delayed(monkeypatch, name, (lambda: busy(0.05)) if delay == "busy" else (lambda: time.sleep(0.05)), owner)
     delayed = run(fn, (make(64),), engine="batched")
     assert calls and plan(delayed) == plan(quiet)
@@ -368,17 +369,17 @@ def test_rows_and_columns_are_batched_as_the_memory_budget_allows(monkeypatch):
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     rows, columns = [], []
-    batched_rows, batched_columns = _Problem._batched_rows, engine.batched_columns
+    element_moves, batched_columns = _Problem._element_moves, engine.batched_columns
 
-    def counted_rows(self, pos, flat, *args):
-        rows.append(len(flat))
-        return batched_rows(self, pos, flat, *args)
+    def counted_rows(self, pos, start, stop, step):  # the moves of one batched call of rows
+        rows.append(stop - start)
+        return element_moves(self, pos, start, stop, step)
 
     def counted_columns(p, k, c0, c1, *args, **kwargs):
         columns.append(c1 - c0)
         return batched_columns(p, k, c0, c1, *args, **kwargs)
 
-    monkeypatch.setattr(_Problem, "_batched_rows", counted_rows)
+    monkeypatch.setattr(_Problem, "_element_moves", counted_rows)
     monkeypatch.setattr(engine, "batched_columns", counted_columns)
     w = make(300, 300, seed=3).detach() / 20
     fn = lambda x: torch.sin(w @ x)
@@ -918,7 +919,7 @@ def test_a_failing_forward_check_reuses_the_rows_the_engine_computed(scale, monk
     # input unbatchable), the JVPs batched: on a mismatch the reference engine gets the rows
     from agcheck.engine.rows import Problem as _Problem
 
-    monkeypatch.setattr(_Problem, "_probe", lambda self, pos: False)
+    monkeypatch.setattr(_Problem, "_batched_forms", lambda self, pos: [])
     monkeypatch.setattr(_DenseWithJvp, "scale", scale)
     kw = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False, raise_exception=False)
     x = make(120, seed=6)
@@ -978,13 +979,13 @@ def test_a_mismatch_is_decided_from_the_batched_rows_and_the_printed_rows(scale,
 
     monkeypatch.setattr(_DenseVmappable, "scale", scale)
     rows = []
-    original = _Problem._batched_rows
+    original = _Problem._element_moves
 
-    def counted(self, pos, flat, *args):
-        rows.append(len(flat))
-        return original(self, pos, flat, *args)
+    def counted(self, pos, start, stop, step):  # the moves of one batched call of rows
+        rows.append(stop - start)
+        return original(self, pos, start, stop, step)
 
-    monkeypatch.setattr(_Problem, "_batched_rows", counted)
+    monkeypatch.setattr(_Problem, "_element_moves", counted)
     x = make(150, seed=9)
     _DenseVmappable.calls = 0
     assert torch.autograd.gradcheck(_DenseVmappable.apply, (x,), raise_exception=False) is (scale == 1.0)
@@ -1013,7 +1014,7 @@ def test_a_failing_check_reuses_the_rows_looped_where_the_input_was_not_batched(
     # unbatchable): on the late mismatch, the reference engine takes them as they are
     from agcheck.engine.rows import Problem as _Problem
 
-    monkeypatch.setattr(_Problem, "_probe", lambda self, pos: False)
+    monkeypatch.setattr(_Problem, "_batched_forms", lambda self, pos: [])
     monkeypatch.setattr(_DenseVmappable, "scale", scale)
     monkeypatch.setattr(_DenseVmappable, "wrong_from", 100)  # late rows only
     x = make(150, seed=11)

@@ -123,12 +123,12 @@ def test_batched_rows_alone_never_fail_a_check(wrong, monkeypatch):
     # reference engine decides (and a wrong backward still fails)
     from agcheck.engine.rows import Problem
 
-    original = Problem._batched_rows
+    original = Problem._difference_rows
 
-    def off(self, pos, flat, *rest):
-        return {k: rows + 1e-2 for k, rows in original(self, pos, flat, *rest).items()}
+    def off(self, *args):
+        return {k: rows + 1e-2 for k, rows in original(self, *args).items()}
 
-    monkeypatch.setattr(Problem, "_batched_rows", off)
+    monkeypatch.setattr(Problem, "_difference_rows", off)
     monkeypatch.setattr(_TwoByTwo, "wrong", wrong)
     args = (make(50, seed=7), make(50, seed=8))
     r = run(_TwoByTwo.apply, args)

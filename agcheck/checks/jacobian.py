@@ -40,14 +40,6 @@ BATCHED_ROWS_NOTE = ("the Jacobians' entries that torch's message prints, and th
                      "or JVPs, which agree with those to rounding")
 
 
-def check(run, piece: Piece) -> None:
-    """Compare the analytical derivatives of ``piece`` with finite differences."""
-    if run.opts.fast_mode:
-        _compare_fast(run, piece)
-    else:
-        _compare_slow(run, piece)
-
-
 def _non_finite_note(be, numerical, analytical) -> str:
     """Say so when NaN or Inf, not a wrong formula, makes the Jacobians differ."""
     notes = [name for name, j in (("numerical", numerical), ("analytical", analytical))
@@ -64,8 +56,13 @@ def _non_finite_note(be, numerical, analytical) -> str:
 
 
 # -- slow mode: full Jacobians ----------------------------------------------------------
-def _compare_slow(run, piece: Piece) -> None:
+def check(run, piece: Piece) -> None:
+    """Compare the analytical derivatives of ``piece`` with finite differences: full
+    Jacobians, or in fast mode random projections."""
     be = run.be
+    if run.opts.fast_mode:
+        _compare_fast(run, piece)
+        return
     if not piece.diff:
         no_differentiable_outputs.check_slow(run, piece)
         return
@@ -107,7 +104,9 @@ def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytic
     opts = run.opts
     moved = run.numerical_args(piece.args)
     reuse = reuse or {}
-    numerical = [_remembered_or_computed(run, piece, moved, p, reuse.get(p)) for p in piece.checked]
+    numerical = []
+    for p in piece.checked:  # a loop: no frame between this one and fn's calls
+        numerical.append(_remembered_or_computed(run, piece, moved, p, reuse.get(p)))
     pair = _analytical_pairs(run, piece, reuse_analytical or {})
     for i, k in enumerate(piece.diff):
         pair.compute(i, checks=True)
@@ -141,22 +140,19 @@ def _numerical_jacobians(run, piece: Piece, moved, p, blocks) -> dict:
     ``blocks`` taken as they were computed (the engine requires dense inputs, whose rows
     are their elements)."""
     be = run.be
-
-    def rows(elements=None):
-        return jac.numerical_jacobians(be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]),
-                                       run.stencil, elements=elements, on_element=run.progress.advance)
-
+    # fn is called one frame below this one (no closure between)
+    problem = (be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]), run.stencil)
     if not blocks:
-        return rows()
+        return jac.numerical_jacobians(*problem, on_element=run.progress.advance)
     n, done, parts = be.numel(piece.args[p]), 0, []
     for start, stop, computed in blocks:
         if start > done:
-            parts.append(rows(range(done, start)))
+            parts.append(jac.numerical_jacobians(*problem, elements=range(done, start), on_element=run.progress.advance))
         parts.append(computed)
         run.progress.advance(stop - start)
         done = stop
     if done < n:
-        parts.append(rows(range(done, n)))
+        parts.append(jac.numerical_jacobians(*problem, elements=range(done, n), on_element=run.progress.advance))
     x = piece.args[p]
     whole = {}
     for k in parts[0]:

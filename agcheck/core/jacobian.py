@@ -82,21 +82,6 @@ def _moves(stencil, step) -> list:
     return [(abs(m) * step if abs(m) != 1 else step, 1 if m > 0 else -1) for m in stencil.offsets]
 
 
-def _evaluations(stencil, evaluate, step):
-    """``fn`` at every point of the stencil; ``evaluate(step, sign)`` moves the input."""
-    return [evaluate(s, sign) for s, sign in _moves(stencil, step)]
-
-
-def evaluate_moved_element(be, fn: Callable, args: tuple, position: int, eps: float,
-                           stencil=STENCILS["central"]) -> None:
-    """One call of ``fn`` as the element-by-element loop makes it: the first element of
-    ``args[position]`` moved by the stencil's first step (outputs discarded)."""
-    first_moves = _element_moves(stencil, eps, be.is_complex(args[position]))[0][:1]
-    with be.perturber(args, position) as perturber, sharing(fn):
-        if perturber.numel:
-            perturber.evaluate_element_moves(fn, 0, first_moves)
-
-
 def _element_moves(stencil, eps, complex_input) -> list:
     """Each element's moves: along the real axis, then (complex input) the imaginary one."""
     return [_moves(stencil, step) for step in ((eps, eps * 1j) if complex_input else (eps,))]
@@ -279,7 +264,9 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
     x = args[position]
     with be.perturber(args, position) as perturber, sharing(fn):
         def along(step):
-            values = _evaluations(stencil, lambda s, sign: perturber.evaluate_direction(fn, s, sign), step)
+            values = []
+            for s, sign in _moves(stencil, step):  # a loop: no frame between this one and fn's calls
+                values.append(perturber.evaluate_direction(fn, s, sign))
             return stencil_difference(be, values, eps, stencil)
 
         def shaped(v):  # the probe as the perturber moves the input (a sparse input: its stored values)

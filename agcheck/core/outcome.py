@@ -119,5 +119,9 @@ class UserErrors:
             self._seen.append(e)
             raise
 
+    def remember(self, exc: BaseException) -> None:
+        """Count ``exc``, raised by a plain call made without :meth:`call`, among them."""
+        self._seen.append(exc)
+
     def __contains__(self, exc: BaseException) -> bool:
         return any(exc is seen for seen in self._seen)

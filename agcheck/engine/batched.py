@@ -52,29 +52,64 @@ def _require_dense(be, args) -> None:
 
 def compare_slow_reverse(run, piece) -> Outcome:
     """Slow-mode reverse check of one piece, batched: passed, or undecided with a reason."""
+    be, opts, args, checked, diff = run.be, run.opts, piece.args, piece.checked, piece.diff
     try:
-        _require_dense(run.be, piece.args)
+        _require_dense(be, args)
     except EngineFallback as reason:
         return undecided(str(reason))
-    p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+    # the paths are chosen in this frame: the probes' calls of fn run one frame below it
+    p = Problem(run, piece.fn, piece.trace, args, checked)
     try:
-        _reverse(run, p, piece.diff)
+        # compressed differences need a few dozen evaluations: worth it also one call at a time
+        if opts.engine == "auto" and coloured.try_compressed_reverse(p, checked, diff):
+            run.progress.advance(n_in_total(be, args, checked))
+            return PASSED
+        n_in = n_in_total(be, args, checked)
+        colourable = opts.engine == "auto" and n_in * p.out_numel >= coloured.MIN_ENTRIES
+        if p.keep_rows and (colourable or _columns_may_batch(p, diff)):
+            _reverse_whole(run, p, diff, colourable)
+            return PASSED
+        # each input's batched forms are probed where a path first needs them: a check
+        # whose first input's rows raise (as torch's checker meets the error, at its first
+        # rows) pays no probe of the others; where rows are kept, an input that cannot be
+        # batched has its rows computed, element by element, before the next is probed
+        batchable = False
+        for q in checked:
+            batchable = p.batched_ok(q)
+            if batchable:
+                break
+            if p.keep_rows:
+                for _ in p.numerical_row_chunks(q, report=False):
+                    pass
+        if not batchable:
+            raise EngineFallback("no input can be moved in batches")
+        if p.keep_rows:
+            _reverse_whole(run, p, diff, colourable)
+        else:
+            _reverse_by_column_blocks(p, diff, n_in)
     except EngineFallback as reason:
-        if str(reason) != MISMATCH:
-            return undecided(str(reason), p.exact_numerical())
-        inputs = [piece.args[q] for q in piece.checked]
-        if isinstance(reason, _RowsKept):
-            try:
-                decided = failure.decide(p, reason.diff or piece.diff, reason.analytical, reason.kept, reason.where,
-                                         lambda k, c0, c1: columns.looped_columns(p, k, c0, c1, inputs))
-            except EngineFallback:
-                decided = None
-            if decided is not None:
-                return decided
-        _finish_rows(p)
-        _finish_columns(p, inputs)
-        return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
+        return _handed_back(p, piece, reason)
     return PASSED
+
+
+def _handed_back(p, piece, reason: EngineFallback) -> Outcome:
+    """The undecided outcome of a check the engine hands back, with what it computed; a
+    mismatch seen with whole Jacobians at hand is first confirmed
+    (:func:`failure.decide`)."""
+    if str(reason) != MISMATCH:
+        return undecided(str(reason), p.exact_numerical())
+    inputs = [piece.args[q] for q in piece.checked]
+    if isinstance(reason, _RowsKept):
+        try:
+            decided = failure.decide(p, reason.diff or piece.diff, reason.analytical, reason.kept, reason.where,
+                                     lambda k, c0, c1: columns.looped_columns(p, k, c0, c1, inputs))
+        except EngineFallback:
+            decided = None
+        if decided is not None:
+            return decided
+    _finish_rows(p)
+    _finish_columns(p, inputs)
+    return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
 
 
 def _finish_rows(p) -> None:
@@ -131,38 +166,6 @@ class _RowsKept(EngineFallback):
         self.analytical, self.kept, self.where = analytical, kept, where
         #: the outputs compared, those ``analytical`` holds (None: all of them)
         self.diff = None
-
-
-def _reverse(run, p, diff) -> None:
-    be, opts, args, checked = run.be, run.opts, p.args, p.checked
-
-    # each input's batched forms are probed where a path first needs them: a check whose
-    # first input's rows raise (as torch's checker meets the error, at its first rows)
-    # pays no probe of the others
-    def any_batchable():
-        # where rows are kept, an input that cannot be batched has its rows computed,
-        # element by element (the numerical-first path below, or the reference engine,
-        # takes them), before the next input is probed
-        for q in checked:
-            if p.batched_ok(q):
-                return True
-            if p.keep_rows:
-                for _ in p.numerical_row_chunks(q, report=False):
-                    pass
-        return False
-
-    # compressed differences need a few dozen evaluations: worth it also one call at a time
-    if opts.engine == "auto" and coloured.try_compressed_reverse(p, checked, diff):
-        run.progress.advance(n_in_total(be, args, checked))
-        return
-    n_in = n_in_total(be, args, checked)
-    colourable = opts.engine == "auto" and n_in * p.out_numel >= coloured.MIN_ENTRIES
-    if p.keep_rows and (colourable or _columns_may_batch(p, diff) or any_batchable()):
-        _reverse_whole(run, p, diff, colourable)
-        return
-    if not any_batchable():
-        raise EngineFallback("no input can be moved in batches")
-    _reverse_by_column_blocks(p, diff, n_in)
 
 
 def _reverse_whole(run, p, diff, colourable) -> None:

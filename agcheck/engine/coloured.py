@@ -316,8 +316,11 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
     """:func:`try_compressed_reverse` in forward mode: ``jvp_signed(j, signs)`` gives the JVPs
     along the signed moves, per floating output an ``(patterns, m)`` NumPy array."""
     be = p.be
-    if not all(p.batched_ok(q) for q in checked) or any(be.is_complex(p.args[q]) for q in checked):
+    if any(be.is_complex(p.args[q]) for q in checked):
         return False  # forward-mode rows of complex inputs pair two directions: the exact engine's
+    for q in checked:  # a loop: the probes' calls of fn run one frame below this one
+        if not p.batched_ok(q):
+            return False
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in p.floats)
     return entries >= MIN_ENTRIES and _attempt(p, "compressed",
                                                lambda: _compressed_forward(p, checked, diff, jvp_signed))

@@ -4,6 +4,8 @@ within the batch memory; a mismatch seen with every row at hand is decided from 
 (:func:`failure.decide_forward`)."""
 from __future__ import annotations
 
+import functools
+
 from agcheck.backends.base import Capability
 from agcheck.core.outcome import PASSED, Outcome, undecided
 from agcheck.engine import coloured, columns, failure
@@ -20,6 +22,13 @@ def compare_slow_forward(run, piece) -> Outcome:
     try:
         _require_dense(run.be, piece.args)
         p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+        if not run.be.supports(Capability.BATCHED_JVP):
+            raise EngineFallback("no batched JVP")
+        # tried from this frame: its probes' calls of fn run one frame below the next
+        if run.opts.engine == "auto" and coloured.try_compressed_forward(
+                p, piece.checked, piece.diff, functools.partial(_jvp_signed, p)):
+            run.progress.advance(n_in_total(run.be, piece.args, piece.checked))
+            return PASSED
         _forward(run, p, piece.diff)
     except EngineFallback as reason:
         exact = None
@@ -37,20 +46,16 @@ def compare_slow_forward(run, piece) -> Outcome:
     return PASSED
 
 
-def _forward(run, p, diff) -> None:
-    be, opts = run.be, run.opts
-    fn, args, checked = p.fn, p.args, p.checked
-    if not be.supports(Capability.BATCHED_JVP):
-        raise EngineFallback("no batched JVP")
-    if opts.engine == "auto":
-        def jvp_signed(j, signs):
-            x = args[checked[j]]
-            stacked = be.array_like(signs.astype(be.to_numpy(x).dtype).reshape(len(signs), *x.shape), x)
-            return [None if a is None else be.to_numpy(a) for a in be.jvp_along(fn, args, checked, j, stacked)]
+def _jvp_signed(p, j, signs) -> list:
+    """The JVPs along the signed moves ``signs`` of input ``p.checked[j]`` (NumPy arrays)."""
+    be, x = p.be, p.args[p.checked[j]]
+    stacked = be.array_like(signs.astype(be.to_numpy(x).dtype).reshape(len(signs), *x.shape), x)
+    return [None if a is None else be.to_numpy(a) for a in be.jvp_along(p.fn, p.args, p.checked, j, stacked)]
 
-        if coloured.try_compressed_forward(p, checked, diff, jvp_signed):
-            run.progress.advance(n_in_total(be, args, checked))
-            return
+
+def _forward(run, p, diff) -> None:
+    be = run.be
+    fn, args, checked = p.fn, p.args, p.checked
     # every row computed is kept where a failure can be decided from them: the first row
     # block that differs ends the comparison, not the rows
     kept = failure.KeptRows(p) if failure.may_decide(p) else None
@@ -65,13 +70,15 @@ def _forward(run, p, diff) -> None:
             # under vmap), it fails before a looped numerical side that the reference
             # engine would compute again
             probe = be.jvp_rows(fn, args, checked, j, [0])
-        for s, e, rows in _jvp_blocks(p, q, p.numerical_row_chunks(q), kept if remembered is None else None):
-            # a one-element input's rows are the probe's: its jvp runs once, as in torch
-            analytical = probe if probe is not None and (s, e) == (0, 1) else _jvp_rows(p, j, s, e)
-            probe = None
-            _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e)
-            if differs is None:
-                differs = _block_differs(p, diff, analytical, rows, kept, (q, s, e))
+        for chunk in p.numerical_row_chunks(q):  # fn's calls run one frame below this one
+            for s, e, rows in _jvp_blocks(p, q, chunk, kept if remembered is None else None):
+                # a one-element input's rows are the probe's: its jvp runs once, as in torch
+                analytical = probe if probe is not None and (s, e) == (0, 1) else \
+                    be.jvp_rows(fn, args, checked, j, list(range(s, e)))  # one batched JVP
+                probe = None
+                _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e)
+                if differs is None:
+                    differs = _block_differs(p, diff, analytical, rows, kept, (q, s, e))
         if differs is None and kept is not None:
             kept.passed.add(q)
     if differs is not None:
@@ -110,25 +117,20 @@ def _block_differs(p, diff, analytical, rows, kept, where):
     return None
 
 
-def _jvp_blocks(p, q, chunks, kept):
-    """The numerical row blocks ``chunks`` of input ``q`` (each given to ``kept``, when
-    not ``None``), cut into the blocks one batched JVP computes within the batch memory
-    at the memory the shapes imply for a row (:meth:`Problem.chunk_rows`): rows computed
-    one element at a time come in one block of any size, and a JVP of them all at once would hold every
-    tangent and its intermediates."""
+def _jvp_blocks(p, q, chunk, kept):
+    """The numerical row block ``chunk`` of input ``q`` (given to ``kept``, when not
+    ``None``), cut into the blocks one batched JVP computes within the batch memory at the
+    memory the shapes imply for a row (:meth:`Problem.chunk_rows`): rows computed one
+    element at a time come in one block of any size, and a JVP of them all at once would
+    hold every tangent and its intermediates."""
     be = p.be
     n = be.numel(p.args[q])
     estimate = columns.derivative_row_bytes(p, n)
-    for s, e, rows in chunks:
-        if kept is not None:
-            kept.add(q, s, e, rows)
-        a = s
-        while a < e:
-            b = min(e, a + p.chunk_rows(estimate, n))
-            yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
-            a = b
-
-
-def _jvp_rows(p, j, s, e):
-    """The forward-mode rows ``s:e`` of input ``p.checked[j]`` (one batched JVP)."""
-    return p.be.jvp_rows(p.fn, p.args, p.checked, j, list(range(s, e)))
+    s, e, rows = chunk
+    if kept is not None:
+        kept.add(q, s, e, rows)
+    a = s
+    while a < e:
+        b = min(e, a + p.chunk_rows(estimate, n))
+        yield a, b, rows if (a, b) == (s, e) else {k: r[a - s:b - s] for k, r in rows.items()}
+        a = b

@@ -100,65 +100,79 @@ class Problem(SampleRows):
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
-        """Can ``args[pos]`` be moved in batches? (a batched form agrees with plain calls,
-        and fn sees the input move)"""
-        if pos not in self._batched:
-            self._batched[pos] = self._probe(pos)
-            if self._batched[pos]:
-                figures = {"rows_per_batch": self.chunk_rows(self._row_bytes(pos), self.be.numel(self.args[pos]))}
-                if pos in self._tiled:
-                    figures["tiled"] = len(self._tiled[pos])
-                event = EngineEvent("numerical", "batched", pos, via=self._via[pos], figures=figures)
-            else:
-                event = EngineEvent("numerical", "looped", pos, self._unbatchable.get(pos, ""))
-            self.run.engine_log.append(event)
-        return self._batched[pos]
-
-    def evaluate(self, pos, stacked):
-        """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
-        batched form the probe chose for that input."""
-        return self._evaluators[pos](stacked)
-
-    def _probe(self, pos) -> bool:
-        """Evaluate two moves of ``args[pos]`` (along a random direction) in a batched
-        form: ``stacked`` (one plain call, the copies laid along fn's own first
-        dimension, and the other arguments that share that dimension repeated beside them
-        where the copies alone do not fit) where fn gives each copy its own result, else
-        ``vmap`` (``vmap`` first where the input's first dimension is not a batch:
-        :meth:`_batch_first`), and ``functional`` (``vmap`` with fn's in-place writes made
-        out-of-place) where ``vmap`` raised. The plain calls at the same moves, which a
-        batched form must agree with, are made only once a form has given results of the
-        right shapes: a form that raises at once costs no plain call."""
+        """Can ``args[pos]`` be moved in batches? Probed once (the result and the form
+        chosen are logged): two moves of the input (along a random direction) are
+        evaluated in a batched form: ``stacked`` (one plain call, the copies laid along
+        fn's own first dimension, and the other arguments that share that dimension
+        repeated beside them where the copies alone do not fit) where fn gives each copy
+        its own result, else ``vmap`` (``vmap`` first where the input's first dimension is
+        not a batch: :meth:`_batch_first`), and ``functional`` (``vmap`` with fn's in-place
+        writes made out-of-place) where ``vmap`` raised; a form is taken where it agrees
+        with plain calls at the same moves (fn sees the input move and keeps the copies
+        apart), made only once a form has given results of the right shapes: a form that
+        raises at once costs no plain call."""
+        if pos in self._batched:
+            return self._batched[pos]
         be, x = self.be, self.args[pos]
-        if be.numel(x) < MIN_BATCHED_NUMEL or not be.supports(Capability.BATCHED_EVALUATION):
-            return False
-        forms = self._batched_forms(pos)
-        if not forms:
-            return False  # before any call: no batched form can apply
+        forms = []
+        if be.numel(x) >= MIN_BATCHED_NUMEL and be.supports(Capability.BATCHED_EVALUATION):
+            forms = self._batched_forms(pos)  # before any call: no batched form may apply
         eps = self.run.eps_for(x)
-        xp = be.xp(x)
-        step = xp.reshape(self._probe_direction(pos), tuple(x.shape)) * eps
-        moved = xp.stack([xp.astype(x - step, x.dtype), xp.astype(x + step, x.dtype)], axis=0)
+        moved = self._probe_moves(pos, eps) if forms else None
         raised, rejected = set(), []
+        self._batched[pos] = False
         for via, tiled, evaluate in forms:
             if via == "functional" and "vmap" not in raised:
                 continue
-            why = self._disagreement(functools.partial(evaluate, tiled=tiled) if tiled else evaluate, pos, moved, eps)
+            try:  # fn is called one frame below this one
+                batched = evaluate(self.fn, self.args, pos, moved, **(
+                    {"tiled": tiled} if tiled else {}))
+            except Exception as e:
+                if e in self.run.user_errors:
+                    raise
+                why: str | None = f"{_RAISED} {type(e).__name__}"
+            else:
+                why = self._disagreement(batched, pos, eps)
             if why is None:
+                self._batched[pos] = True
                 self._via[pos] = via
                 if tiled:
                     self._tiled[pos] = tiled
                 # bound once: each batched call is then one call of the backend's form
                 self._evaluators[pos] = functools.partial(evaluate, self.fn, self.args, pos, **(
                     {"tiled": tiled} if tiled else {}))
-                return True
+                break
             rejected.append(f"{via} with {len(tiled)} tiled: {why}" if tiled else f"{via}: {why}")
             if why == _PLAIN_CALLS_RAISED:
                 break
             if why.startswith(_RAISED):
                 raised.add(via)
-        self._unbatchable[pos] = "; ".join(filter(None, [self._unbatchable.get(pos), *rejected]))
-        return False
+        if not self._batched[pos]:
+            self._unbatchable[pos] = "; ".join(filter(None, [self._unbatchable.get(pos), *rejected]))
+        self._log_batching(pos)
+        return self._batched[pos]
+
+    def _log_batching(self, pos) -> None:
+        if self._batched[pos]:
+            figures = {"rows_per_batch": self.chunk_rows(self._row_bytes(pos), self.be.numel(self.args[pos]))}
+            if pos in self._tiled:
+                figures["tiled"] = len(self._tiled[pos])
+            event = EngineEvent("numerical", "batched", pos, via=self._via[pos], figures=figures)
+        else:
+            event = EngineEvent("numerical", "looped", pos, self._unbatchable.get(pos, ""))
+        self.run.engine_log.append(event)
+
+    def evaluate(self, pos, stacked):
+        """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
+        batched form the probe chose for that input."""
+        return self._evaluators[pos](stacked)
+
+    def _probe_moves(self, pos, eps):
+        """The probe's two moves of ``args[pos]``, stacked."""
+        x = self.args[pos]
+        xp = self.be.xp(x)
+        step = xp.reshape(self._probe_direction(pos), tuple(x.shape)) * eps
+        return xp.stack([xp.astype(x - step, x.dtype), xp.astype(x + step, x.dtype)], axis=0)
 
     def _probe_direction(self, pos):
         """The probe's flat unit direction for ``args[pos]`` (the same on every call)."""
@@ -172,12 +186,17 @@ class Problem(SampleRows):
         error propagates)."""
         if pos not in self._reference:
             be, x = self.be, self.args[pos]
-            eps, call = self.run.eps_for(x), self.run.user_errors.call
+            eps = self.run.eps_for(x)
             step = be.xp(x).reshape(self._probe_direction(pos), tuple(x.shape)) * eps
             self._reference[pos] = None
             try:
                 with be.perturber(self.args, pos) as perturber:
-                    values = [call(perturber.evaluate_direction, self.fn, step, sign) for sign in (-1, 1)]
+                    try:  # fn is called one frame below this one
+                        values = [perturber.evaluate_direction(self.fn, step, -1),
+                                  perturber.evaluate_direction(self.fn, step, 1)]
+                    except Exception as e:
+                        self.run.user_errors.remember(e)
+                        raise
                     self._reference[pos] = jac.stencil_difference(be, values, eps)
             except Exception as e:
                 if e in self.run.user_errors:
@@ -241,18 +260,12 @@ class Problem(SampleRows):
                       and a.shape[0] == x.shape[0])
         return found or None
 
-    def _disagreement(self, evaluate, pos, moved, eps) -> str | None:
-        """``None`` where ``evaluate`` at the two probe moves agrees with the plain calls,
-        else why not: it raised, its results have other shapes, its difference quotient
+    def _disagreement(self, batched, pos, eps) -> str | None:
+        """``None`` where a batched form's results at the two probe moves agree with the
+        plain calls, else why not: its results have other shapes, its difference quotient
         differs from the plain calls' because fn does not see the batch or mixes the
         copies, or :data:`_PLAIN_CALLS_RAISED`."""
         be = self.be
-        try:
-            batched = evaluate(self.fn, self.args, pos, moved)
-        except Exception as e:
-            if e in self.run.user_errors:
-                raise
-            return f"{_RAISED} {type(e).__name__}"
         if any(tuple(batched[k].shape) != (2, *self.outputs[k].shape) for k in self.floats):
             return "results of other shapes"
         sequential = self._plain_reference(pos)
@@ -399,14 +412,8 @@ class Problem(SampleRows):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
         advance = self.run.progress.advance if report else _ignored
-        remembered = self._remembered.get(pos)
-        if remembered is not None:
-            for start, stop in remembered.bounds:
-                chunk = (start, stop, {k: rows[start:stop] for k, rows in remembered.rows.items()})
-                if remembered.exact:
-                    self._note(pos, chunk)
-                advance(stop - start)
-                yield chunk
+        if self._remembered.get(pos) is not None:
+            yield from self._remembered_chunks(pos, advance)
             return
         if pos not in self._exact_rows and not self.batched_ok(pos):
             chunks = self._noted(pos, self._looped_row_chunks(pos, 0, n, eps))
@@ -421,28 +428,44 @@ class Problem(SampleRows):
                 advance(chunk[1] - chunk[0])
                 yield chunk
             return
+        # batched: every stencil point of every row of a chunk in one call (a complex
+        # input: its real moves, then its imaginary ones), called from this frame
         size = self.chunk_rows(self._row_bytes(pos), n)
         for start in range(0, n, size):
             stop = min(n, start + size)
-            rows = self._batched_rows(pos, list(range(start, stop)), eps, be.is_complex(x))
+            parts = []
+            for step in (eps, eps * 1j) if be.is_complex(x) else (eps,):  # a loop: no frame above fn's calls
+                outs = self._evaluators[pos](self._element_moves(pos, start, stop, step))
+                parts.append(self._difference_rows(pos, outs, stop - start, eps))
             advance(stop - start)
-            yield start, stop, rows
+            yield start, stop, parts[0] if len(parts) == 1 else {
+                k: be.xp(x).astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
 
-    def _batched_rows(self, pos, flat, eps, complex_input):
-        """Rows ``flat`` of ``args[pos]`` by batched evaluations: every stencil point of
-        every row in one call (a complex input: its real moves, then its imaginary ones)."""
-        be, x, stencil = self.be, self.args[pos], self.run.stencil
-        b, points = len(flat), len(stencil.offsets)
-        parts, xp = [], be.xp(x)
-        for step in (eps, eps * 1j) if complex_input else (eps,):
-            moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
-                     for m in stencil.offsets]
-            outs = self._evaluators[pos](xp.reshape(xp.stack(moves, axis=0), (points * b, *x.shape)))
-            parts.append({k: be.combine(stencil, xp.unstack(xp.reshape(outs[k], (points, b, be.numel(self.outputs[k]))),
-                                                            axis=0), eps) for k in self.floats})
-        if not complex_input:
-            return parts[0]
-        return {k: xp.astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
+    def _remembered_chunks(self, pos, advance):
+        remembered = self._remembered[pos]
+        for start, stop in remembered.bounds:
+            chunk = (start, stop, {k: rows[start:stop] for k, rows in remembered.rows.items()})
+            if remembered.exact:
+                self._note(pos, chunk)
+            advance(stop - start)
+            yield chunk
+
+    def _element_moves(self, pos, start, stop, step):
+        """Every stencil point of input elements ``start:stop`` of ``args[pos]``, moved by
+        ``step``, stacked for one batched evaluation."""
+        be, x, xp = self.be, self.args[pos], self.be.xp(self.args[pos])
+        flat = list(range(start, stop))
+        moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
+                 for m in self.run.stencil.offsets]
+        return xp.reshape(xp.stack(moves, axis=0), (len(moves) * len(flat), *x.shape))
+
+    def _difference_rows(self, pos, outs, b, eps) -> dict:
+        """The rows a batched evaluation at :meth:`_element_moves` gives: the stencil's
+        difference of each output (``{output position: (b, m) rows}``)."""
+        be, stencil, xp = self.be, self.run.stencil, self.be.xp(self.args[pos])
+        points = len(stencil.offsets)
+        return {k: be.combine(stencil, xp.unstack(xp.reshape(outs[k], (points, b, be.numel(self.outputs[k]))), axis=0),
+                              eps) for k in self.floats}
 
 
 def _ignored(_n) -> None:
