@@ -95,11 +95,11 @@ def _read_off(compressed, colour, signs, own, other):
     return entries, compressed[:, ~expected]
 
 
-def _attempt(p, path: str, decide) -> bool:
+def _attempt(p, path: str, decide, *args) -> bool:
     """Whether ``decide()`` passed (``""``, or the event saying how), logged on ``path``."""
     run = p.run
     try:
-        why = decide()
+        why = decide(*args)  # not through a lambda: one frame less above fn's calls
     except RowsDiffer:
         raise
     except Declined as reason:
@@ -130,7 +130,7 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
         stop = min(n_rows, start + size)
         if p.batched_ok(q):
             stacked = be.array_like(move_rows(start, stop, False).reshape(stop - start, *x.shape), x)
-            outs = p.evaluate(q, stacked)
+            outs = p.evaluators[q](stacked)
             outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in outputs}
         else:
             outs = p.evaluate_looped(q, move_rows(start, stop, True), outputs)
@@ -144,33 +144,42 @@ def _differences(p, q, colour, n_colours, signs, outputs) -> dict:
     moved by each sign pattern (``signs``: ``(patterns, n)``); a complex input's on both axes."""
     stencil, eps = p.run.stencil, p.run.eps_for(p.args[q])
     xs = p.be.to_numpy(p.args[q]).reshape(-1)
-    points, offsets = len(stencil.offsets), np.asarray(stencil.offsets)
+    points = len(stencil.offsets)
+    n_rows = signs.shape[0] * n_colours * points
 
-    def moves(step):
-        def move_rows(start, stop, as_deltas):
-            # row i: sign pattern i // (C P), colour (i // P) % C, stencil point i % P; that
-            # colour's elements move by +h or -h as the sequential perturbation moves one
-            # (x + (-h) is x - h to the bit), the others stay
-            i = np.arange(start, stop)
-            m = offsets[i % points]
-            h = np.where(np.abs(m) == 1, step, np.abs(m) * step).astype(xs.dtype)[:, None]
-            deltas = np.where((signs[i // (n_colours * points)] > 0) == (m > 0)[:, None], h, -h)
-            if n_colours == 1:
-                return deltas if as_deltas else xs + deltas
-            moved = colour == ((i // points) % n_colours)[:, None]
-            return np.where(moved, deltas, 0) if as_deltas else np.where(moved, xs + deltas, xs)
+    def reduce(o):
+        o = o.reshape(-1, points, o.shape[-1])
+        return stencil.combine([o[:, i] for i in range(points)], eps)
 
-        def reduce(o):
-            o = o.reshape(-1, points, o.shape[-1])
-            return stencil.combine([o[:, i] for i in range(points)], eps)
-
-        return _evaluate(p, q, move_rows, signs.shape[0] * n_colours * points, outputs, reduce, points)
-
-    rows = moves(eps)
+    # _evaluate is called from this frame (fn's calls one frame below it)
+    rows = _evaluate(p, q, _SignedMoves(xs, stencil, eps, colour, n_colours, signs), n_rows, outputs, reduce, points)
     if np.iscomplexobj(xs):
-        imag = moves(eps * 1j)
+        imag = _evaluate(p, q, _SignedMoves(xs, stencil, eps * 1j, colour, n_colours, signs), n_rows, outputs,
+                         reduce, points)
         rows = {k: (rows[k] + imag[k] * 1j).astype(xs.dtype) for k in rows}
     return {k: v.reshape(signs.shape[0], n_colours, -1) for k, v in rows.items()}
+
+
+class _SignedMoves:
+    """``move_rows(start, stop, as_deltas)`` for :func:`_evaluate`: row i moves by sign
+    pattern i // (C P), colour (i // P) % C, stencil point i % P; that colour's elements move
+    by +h or -h as the sequential perturbation moves one (x + (-h) is x - h to the bit), the
+    others stay."""
+
+    def __init__(self, xs, stencil, step, colour, n_colours, signs):
+        self.xs, self.step, self.colour, self.n_colours, self.signs = xs, step, colour, n_colours, signs
+        self.offsets = np.asarray(stencil.offsets)
+
+    def __call__(self, start, stop, as_deltas):
+        xs, points = self.xs, len(self.offsets)
+        i = np.arange(start, stop)
+        m = self.offsets[i % points]
+        h = np.where(np.abs(m) == 1, self.step, np.abs(m) * self.step).astype(xs.dtype)[:, None]
+        deltas = np.where((self.signs[i // (self.n_colours * points)] > 0) == (m > 0)[:, None], h, -h)
+        if self.n_colours == 1:
+            return deltas if as_deltas else xs + deltas
+        moved = self.colour == ((i // points) % self.n_colours)[:, None]
+        return np.where(moved, deltas, 0) if as_deltas else np.where(moved, xs + deltas, xs)
 
 
 def _rank_in_class(colour) -> np.ndarray:
@@ -231,19 +240,23 @@ def try_compressed_reverse(p, checked, diff) -> bool:
     """Whether a slow reverse-mode comparison passed by compressed differences (else the exact engine decides)."""
     be = p.be
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in diff)
-    return entries >= MIN_ENTRIES and _attempt(p, "compressed", lambda: _compressed_reverse(p, checked, diff))
+    return entries >= MIN_ENTRIES and _attempt(p, "compressed", _compressed_reverse, p, checked, diff)
 
 
 def _compressed_reverse(p, checked, diff) -> str:
     be = p.be
-    patterns = {q: _probe(p, q, diff) for q in checked}
+    patterns = {}
+    for q in checked:  # loops, not comprehensions: one frame less above fn's calls
+        patterns[q] = _probe(p, q, diff)
     sizes = [be.numel(p.args[q]) for q in checked] + [be.numel(p.outputs[k]) for k in diff]
     n_patterns = 1 + max(bits_for(s) for s in sizes) + RANDOM_SIGNS
     if not _reverse_worth_it(p, checked, diff, patterns, n_patterns):
         raise Declined("not worth it")
     rng = np.random.default_rng(SIGN_SEED)
     col_signs = {q: index_signs(be.numel(p.args[q]), n_patterns, rng) for q in checked}
-    numerical = {q: _differences(p, q, None, 1, col_signs[q], diff) for q in checked}
+    numerical = {}
+    for q in checked:
+        numerical[q] = _differences(p, q, None, 1, col_signs[q], diff)
     for k in diff:
         row_signs = index_signs(be.numel(p.outputs[k]), n_patterns, rng)
         why = _compressed_output(p, k, checked, patterns, {q: numerical[q][k] for q in checked}, col_signs, row_signs)
@@ -322,8 +335,7 @@ def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
         if not p.batched_ok(q):
             return False
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in p.floats)
-    return entries >= MIN_ENTRIES and _attempt(p, "compressed",
-                                               lambda: _compressed_forward(p, checked, diff, jvp_signed))
+    return entries >= MIN_ENTRIES and _attempt(p, "compressed", _compressed_forward, p, checked, diff, jvp_signed)
 
 
 def _compressed_forward(p, checked, diff, jvp_signed) -> str:
@@ -422,7 +434,7 @@ def try_from_analytical(p, checked, diff, analytical, kept=None) -> bool:
     :class:`DenseBlock`) under every sign pattern. Raises :class:`RowsDiffer` at the first
     exact row block that differs, once that input's rows are all in ``kept`` (a
     :class:`~agcheck.engine.failure.KeptRows`), where given."""
-    return _attempt(p, "coloured", lambda: _from_analytical(p, checked, diff, analytical, kept))
+    return _attempt(p, "coloured", _from_analytical, p, checked, diff, analytical, kept)
 
 
 def _from_analytical(p, checked, diff, analytical, kept):

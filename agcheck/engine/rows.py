@@ -59,7 +59,8 @@ class Problem(SampleRows):
         self._reference = {}  # per input: the probe's plain difference quotient (None: it raised)
         self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
-        self._evaluators = {}  # per batched input: its batched form, called with the stacked copies
+        #: per batched input: its batched form, called with the stacked copies of the input
+        self.evaluators = {}
         self._unbatchable = {}  # per input: why each batched form was left out or rejected
         #: whether VJPs are batched: ``None`` until the first batch, ``False`` where the
         #: backend has no batched VJPs, the loop of VJPs is too short to repay their setup
@@ -139,7 +140,7 @@ class Problem(SampleRows):
                 if tiled:
                     self._tiled[pos] = tiled
                 # bound once: each batched call is then one call of the backend's form
-                self._evaluators[pos] = functools.partial(evaluate, self.fn, self.args, pos, **(
+                self.evaluators[pos] = functools.partial(evaluate, self.fn, self.args, pos, **(
                     {"tiled": tiled} if tiled else {}))
                 break
             rejected.append(f"{via} with {len(tiled)} tiled: {why}" if tiled else f"{via}: {why}")
@@ -161,11 +162,6 @@ class Problem(SampleRows):
         else:
             event = EngineEvent("numerical", "looped", pos, self._unbatchable.get(pos, ""))
         self.run.engine_log.append(event)
-
-    def evaluate(self, pos, stacked):
-        """``fn`` at each of ``stacked`` (moved copies of ``args[pos]``) in one call, in the
-        batched form the probe chose for that input."""
-        return self._evaluators[pos](stacked)
 
     def _probe_moves(self, pos, eps):
         """The probe's two moves of ``args[pos]``, stacked."""
@@ -435,7 +431,7 @@ class Problem(SampleRows):
             stop = min(n, start + size)
             parts = []
             for step in (eps, eps * 1j) if be.is_complex(x) else (eps,):  # a loop: no frame above fn's calls
-                outs = self._evaluators[pos](self._element_moves(pos, start, stop, step))
+                outs = self.evaluators[pos](self._element_moves(pos, start, stop, step))
                 parts.append(self._difference_rows(pos, outs, stop - start, eps))
             advance(stop - start)
             yield start, stop, parts[0] if len(parts) == 1 else {
