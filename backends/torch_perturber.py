@@ -4,16 +4,14 @@ and restored exactly; the dense perturber and the sparse and MKL-DNN ones
 (:mod:`agcheck.backends.torch_sparse`) build on it."""
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from agcheck.backends.base import Perturber
 
-__all__ = ["VALUES_ONLY", "values_only", "detached_outputs", "InPlacePerturber"]
+__all__ = ["VALUES_ONLY", "detached_outputs", "InPlacePerturber"]
 
 
 #: True while a perturber evaluates ``fn`` for its values alone: a VJP function of the
@@ -25,17 +23,6 @@ VALUES_ONLY = contextvars.ContextVar("agcheck_values_only", default=False)
 
 def detached_outputs(as_tuple, outs) -> tuple:
     return tuple([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in as_tuple(outs)])
-
-
-@contextlib.contextmanager
-def values_only() -> Iterator[None]:
-    """:data:`VALUES_ONLY` set within; ``fn`` called in the body runs in the caller's frame,
-    not a frame below."""
-    token = VALUES_ONLY.set(True)
-    try:
-        yield
-    finally:
-        VALUES_ONLY.reset(token)
 
 
 class InPlacePerturber(Perturber):
@@ -59,8 +46,11 @@ class InPlacePerturber(Perturber):
         return self.args
 
     def _call(self, fn) -> tuple:
-        with values_only():
+        token = VALUES_ONLY.set(True)
+        try:  # fn is called from this frame
             return detached_outputs(self._as_tuple, fn(*self._arguments()))
+        finally:
+            VALUES_ONLY.reset(token)
 
     def evaluate_element(self, fn, flat, step, sign) -> tuple:
         # fn is called from this frame: user code that walks the stack (torch.manual_seed
@@ -101,8 +91,11 @@ class InPlacePerturber(Perturber):
             originals = flat[index]
             try:
                 flat[index] = originals - torch.as_tensor(deltas, dtype=flat.dtype, device=flat.device)
-                with values_only():
+                token = VALUES_ONLY.set(True)
+                try:  # fn is called from this frame
                     return detached_outputs(self._as_tuple, fn(*self._arguments()))
+                finally:
+                    VALUES_ONLY.reset(token)
             finally:
                 flat[index] = originals
         targets = [self._entry(f) for f in flats]
@@ -110,8 +103,11 @@ class InPlacePerturber(Perturber):
         try:
             for t, o, d in zip(targets, originals, deltas):
                 t.copy_(o - d)
-            with values_only():
+            token = VALUES_ONLY.set(True)
+            try:  # fn is called from this frame
                 return detached_outputs(self._as_tuple, fn(*self._arguments()))
+            finally:
+                VALUES_ONLY.reset(token)
         finally:
             for t, o in zip(targets, originals):
                 t.copy_(o)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from agcheck.backends.torch_perturber import InPlacePerturber, detached_outputs, values_only
+from agcheck.backends.torch_perturber import VALUES_ONLY, InPlacePerturber, detached_outputs
 
 __all__ = [
     "SPARSE_LAYOUTS",
@@ -355,8 +355,11 @@ class SparsePerturber(InPlacePerturber):
         moved.requires_grad_(self.x.requires_grad)
         args = list(self.args)
         args[self.position] = moved
-        with values_only():
+        token = VALUES_ONLY.set(True)
+        try:  # fn is called from this frame
             return detached_outputs(self._as_tuple, fn(*args))
+        finally:
+            VALUES_ONLY.reset(token)
 
 
 class MkldnnPerturber(InPlacePerturber):

@@ -113,7 +113,10 @@ class TorchPerturber(torch_perturber.InPlacePerturber):
                 torch.add(self._original, step, alpha=-1 if sign < 0 else 1, out=self.data)  # no temporary
             else:
                 self.data.copy_(self._original - step if sign < 0 else self._original + step)
-            with torch_perturber.values_only():  # fn is called from this frame
+            token = torch_perturber.VALUES_ONLY.set(True)
+            try:  # fn is called from this frame
                 return torch_perturber.detached_outputs(self._as_tuple, fn(*self._arguments()))
+            finally:
+                torch_perturber.VALUES_ONLY.reset(token)
         finally:
             self.data.copy_(self._original)
