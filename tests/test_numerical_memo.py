@@ -63,15 +63,16 @@ def test_the_forward_pass_evaluates_fn_for_no_numerical_jacobian(engine, monkeyp
     # the forward pass's own calls, counted in the run that makes them: two runs' reverse
     # passes may differ (timings decide how the engine moves the inputs)
     forward_calls = []
-    orchestration = importlib.import_module("agcheck.gradcheck")
-    forward_mode = orchestration._forward_mode
+    comparison = importlib.import_module("agcheck.checks.jacobian")
+    check = comparison.check
 
-    def counted(run, top):
+    def counted(run, piece):
         before = _Dense.calls
-        forward_mode(run, top)
-        forward_calls.append(_Dense.calls - before)
+        check(run, piece)
+        if piece.forward:
+            forward_calls.append(_Dense.calls - before)
 
-    monkeypatch.setattr(orchestration, "_forward_mode", counted)
+    monkeypatch.setattr(comparison, "check", counted)
     reverse_only, _ = _evaluations(n, engine=engine, **dict(_BOTH, check_forward_ad=False))
     both, _ = _evaluations(n, engine=engine, **_BOTH)
     assert reverse_only.verdict and both.verdict and len(forward_calls) == 1
