@@ -1,18 +1,22 @@
 """Whether a slow-mode check goes to the element-by-element loop or to the engine: a
 function of the check's shapes and of what the backend declares (:mod:`agcheck.engine.cost`),
-logged as the plan's first event."""
+logged as the plan's first event. A loop of few calls, but not very few, is priced in
+calls of a reference function timed beside one call of ``fn``: a ratio, never seconds."""
 from __future__ import annotations
+
+import time
 
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.piece import Piece
 from agcheck.engine import cost
 
-__all__ = ["loop_is_cheap"]
+__all__ = ["loop_is_cheap", "call_in_reference_calls"]
 
 
 def loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     """Whether the element-by-element loop makes too few calls for the engine to pay
-    (then it decides at once); the decision is logged either way, with its figures."""
+    (then it decides at once); the decision is logged either way, with its figures (the
+    counts: a timed ratio decides only within ``cost.timed_band`` and is not logged)."""
     be = run.be
     n_out = sum(be.numel(piece.outputs[k]) for k in piece.diff)
     # a complex input is moved along its real and its imaginary axis: twice the evaluations
@@ -23,5 +27,41 @@ def loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     if calls >= limit:
         run.engine_log.append(EngineEvent("plan", "engine", None, "the loop makes many calls", figures=figures))
         return False
+    if calls in cost.timed_band(be.whole_batches) and cost.loop_is_dear(calls, call_in_reference_calls(run, piece)):
+        run.engine_log.append(EngineEvent("plan", "engine", None, "the loop makes dear calls", figures=figures))
+        return False
     run.engine_log.append(EngineEvent("plan", "reference", None, "the loop makes few calls", figures=figures))
     return True
+
+
+def call_in_reference_calls(run, piece: Piece) -> float:
+    """One call of ``fn`` as the loop makes it (the first element of the first checked
+    input moved by one step, through the guarded ``fn``: ``cost.TIMED_CALLS`` calls more),
+    in units of the same call of a reference function (``x + x`` of that input, the same
+    backend's operation) timed just before it; the fastest call of each counts. 0 where
+    no element can be moved."""
+    be = run.be
+    moved = run.numerical_args(piece.args)
+    for p in piece.checked:
+        with be.perturber(moved, p) as perturber:
+            if not perturber.numel:
+                continue
+            step = run.eps_for(piece.args[p])
+
+            def reference(*args):
+                return args[p] + args[p]
+
+            t_reference = min(_thread_seconds(perturber.evaluate_element, reference, 0, step, 1)
+                              for _ in range(cost.REFERENCE_REPEATS))
+            t_fn = min(_thread_seconds(perturber.evaluate_element, piece.fn, 0, step, 1)
+                       for _ in range(cost.TIMED_CALLS))
+            return t_fn / max(t_reference, 1e-9)
+    return 0.0
+
+
+def _thread_seconds(call, *args) -> float:
+    """The CPU seconds of this thread ``call(*args)`` took (another process's load is not
+    counted)."""
+    start = time.thread_time()
+    call(*args)
+    return time.thread_time() - start

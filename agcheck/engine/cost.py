@@ -1,17 +1,23 @@
 """The engine's plan rules: what follows from a check's shapes and the backend's declared
-forms, never from the time anything took.
+forms and, for a loop of a few dozen calls, from one call of ``fn`` against a reference
+function's; never from seconds.
 
 Whether the engine runs at all follows from the number of calls the element-by-element
 loop would make (:func:`loop_calls`): below ``ENGINE_FROM_CALLS`` (on a backend that
 compiles a program for every new shape, ``Backend.whole_batches``: ``COMPILED_ENGINE_FACTOR``
-times as many) the reference engine decides at once. How many rows or
+times as many) the reference engine decides at once, unless the loop's calls are dear: a
+check whose loop makes a few dozen calls or more has one call of ``fn`` priced against a
+reference function's call timed beside it (:func:`timed_band`, :func:`loop_is_dear`), a
+ratio of CPU times taken in one moment, never seconds. How many rows or
 columns one batched call takes follows from the bytes the shapes imply and the memory
 budget (:func:`rows_per_chunk`).
 """
 from __future__ import annotations
 
 __all__ = ["CHUNK_SHARE", "RAMP", "MAX_BATCH", "ENGINE_FROM_CALLS", "COMPILED_ENGINE_FACTOR",
-           "INTERMEDIATES", "BATCHED_VJPS_FROM_CALLS", "loop_calls", "engine_from_calls", "rows_per_chunk", "batch_cap"]
+           "INTERMEDIATES", "BATCHED_VJPS_FROM_CALLS", "TIMED_FROM_SHARE", "DEAR_CALL", "REFERENCE_REPEATS",
+           "TIMED_CALLS",
+           "loop_calls", "engine_from_calls", "timed_band", "loop_is_dear", "rows_per_chunk", "batch_cap"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
@@ -43,6 +49,23 @@ COMPILED_ENGINE_FACTOR = 10
 #: 0.3-0.7 s, once per process, and already there wherever torch's own code used them);
 #: from here on a check's batches save 5-50 ms against its loop of VJPs
 BATCHED_VJPS_FROM_CALLS = 256
+#: a check whose loop makes fewer calls than ``ENGINE_FROM_CALLS``, but at least this share
+#: of them, has one call of ``fn`` priced before the plan (:func:`timed_band`); fewer
+#: calls leave the engine too little to save, whatever each costs
+TIMED_FROM_SHARE = 4
+#: in that band the engine runs where the loop's calls cost at least ``DEAR_CALL *
+#: ENGINE_FROM_CALLS`` calls of a reference function (``x + x`` of the input, moved and
+#: called as the loop calls ``fn``; :func:`loop_is_dear`). A small function's call costs
+#: 1-1.3 of them (sin: 1.1-1.3 quiet and beside two busy processes, 2 at the most seen),
+#: which keeps every such check with the loop; over 19 checks of 60-160 calls
+#: (``bench/plan_band.py``: chains of ops, SVDs in a custom Function, solves) the engine
+#: took 0.68-0.99 of the loop's time from 2 on, 1.04-1.37 times it below
+DEAR_CALL = 2
+#: the reference function's call is timed this many times and ``fn``'s ``TIMED_CALLS``
+#: times, the fastest of each kept: the first call of either costs up to 3 times more
+#: (its code cold), 8 times more beside busy processes
+REFERENCE_REPEATS = 3
+TIMED_CALLS = 2
 
 
 def loop_calls(n_moved: int, n_in: int, n_out: int, *, forward: bool) -> int:
@@ -58,6 +81,24 @@ def engine_from_calls(whole_batches: bool) -> int:
     """The loop calls from which the engine runs, on a backend that compiles a program
     for every new shape (``whole_batches``) or not."""
     return ENGINE_FROM_CALLS * (COMPILED_ENGINE_FACTOR if whole_batches else 1)
+
+
+def timed_band(whole_batches: bool) -> range:
+    """The loop calls for which one call of ``fn`` is timed before the plan: below
+    ``ENGINE_FROM_CALLS`` (the engine runs anyway from there), from its
+    ``TIMED_FROM_SHARE``-th (fewer calls leave too little for the engine to save, whatever
+    they cost); none on a backend that compiles a program for every new shape, whose
+    engine costs compilations that one evaluation does not measure."""
+    if whole_batches:
+        return range(0)
+    return range(ENGINE_FROM_CALLS // TIMED_FROM_SHARE, ENGINE_FROM_CALLS)
+
+
+def loop_is_dear(calls: int, call_units: float) -> bool:
+    """Whether a loop of ``calls`` calls, each ``call_units`` times the call of the
+    reference function, costs what the engine's fixed costs repay: as much as
+    ``DEAR_CALL * ENGINE_FROM_CALLS`` reference calls."""
+    return calls * call_units >= DEAR_CALL * ENGINE_FROM_CALLS
 
 
 def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int, cap: int | None = None) -> int:
