@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import agcheck
-from agcheck.engine import coloured
+from agcheck.engine import coloured, colouring
 from agcheck.core.outcome import EngineEvent
 from .helpers import property_settings
 from .helpers import run_check as run
@@ -205,10 +205,10 @@ def test_dense_functions_are_not_compressed():
 
 
 def test_index_signs_separate_every_pair():
-    signs = coloured.index_signs(1000, 1 + coloured.bits_for(1000) + 4, np.random.default_rng(0))
+    signs = colouring.index_signs(1000, 1 + colouring.bits_for(1000) + 4, np.random.default_rng(0))
     assert (signs[0] == 1).all()
     # any two indices get opposite relative signs in some round
-    codes = signs[1:1 + coloured.bits_for(1000)].T
+    codes = signs[1:1 + colouring.bits_for(1000)].T
     assert len({tuple(c) for c in codes}) == 1000
 
 
@@ -397,20 +397,20 @@ def test_colouring_separates_elements_that_meet():
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 50, size=400)
     cols = rng.integers(0, 120, size=400)
-    colour = coloured.colour_columns(rows, cols, 120, limit=120)
+    colour = colouring.colour_columns(rows, cols, 120, limit=120)
     assert colour is not None
     seen = {}
     for r, c in zip(rows, cols):
         assert seen.setdefault((r, colour[c]), c) == c
-    assert coloured.colour_columns(rows, cols, 120, limit=2) is None
+    assert colouring.colour_columns(rows, cols, 120, limit=2) is None
 
 
 def test_a_row_wider_than_the_limit_needs_no_colouring_attempt():
     block = coloured.DenseBlock(np.array([[1.0, 2.0, 0.0], [0.0, np.nan, 3.0]]))
     assert block.widest(axis=1) == 2 and block.widest(axis=0) == 2  # NaN counts as an entry
     rows, cols = np.array([0, 0, 0, 1]), np.array([0, 1, 2, 0])
-    assert coloured.colour_columns(rows, cols, 3, limit=2) is None
-    assert coloured.colour_columns(rows, cols, 3, limit=3) is not None
+    assert colouring.colour_columns(rows, cols, 3, limit=2) is None
+    assert colouring.colour_columns(rows, cols, 3, limit=3) is not None
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.01])

@@ -11,14 +11,13 @@ Jacobian's pattern. These paths only pass checks: the exact engines decide the r
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from agcheck.core.outcome import EngineEvent
+from agcheck.engine.colouring import SIGN_SEED, bits_for, colour_columns, index_signs, rank_in_class
 
 __all__ = ["try_compressed_reverse", "try_compressed_forward", "try_from_analytical", "DenseBlock", "RowsDiffer",
-           "colour_columns", "allclose_like_torch", "MIN_ENTRIES", "SIGN_SEED"]
+           "allclose_like_torch", "MIN_ENTRIES"]
 
 #: Jacobians of fewer entries (summed over inputs) are left to the exact engine
 MIN_ENTRIES = 1 << 16
@@ -28,7 +27,6 @@ RANDOM_SIGNS = 12
 _MIN_SAVING = 4
 _PROBE_STEP = 2.0 ** -6  # relative size of the probe's moves
 _COPY_FACTOR = 4  # bytes of a moved copy's evaluation, in multiples of its input and outputs
-SIGN_SEED = 8191
 
 
 class Declined(Exception):
@@ -41,24 +39,6 @@ class RowsDiffer(Exception):
     def __init__(self, q, k, start, stop):
         super().__init__(f"input {q}, output {k}, rows {start}:{stop}")
         self.where = (q, k, start, stop)
-
-
-def bits_for(n: int) -> int:
-    return max(1, math.ceil(math.log2(max(n, 2))))
-
-
-def index_signs(count: int, n_patterns: int, rng) -> np.ndarray:
-    """``(n_patterns, count)`` signs: all +1, then one pattern per index bit, then random."""
-    signs = np.empty((n_patterns, count), dtype=np.int8)
-    signs[0] = 1
-    index, bits, b = np.arange(count), bits_for(count), 0
-    for r in range(1, n_patterns):
-        if b < bits and (1 << b) < count:
-            signs[r] = 1 - 2 * ((index >> b) & 1)
-            b += 1
-        else:
-            signs[r] = 1 - 2 * rng.integers(0, 2, size=count)
-    return signs
 
 
 def allclose_like_torch(a, b, rtol, atol) -> bool:
@@ -152,43 +132,32 @@ def _differences(p, q, colour, n_colours, signs, outputs) -> dict:
         return stencil.combine([o[:, i] for i in range(points)], eps)
 
     # _evaluate is called from this frame (fn's calls one frame below it)
-    rows = _evaluate(p, q, _SignedMoves(xs, stencil, eps, colour, n_colours, signs), n_rows, outputs, reduce, points)
+    rows = _evaluate(p, q, _signed_moves(xs, stencil, eps, colour, n_colours, signs), n_rows, outputs, reduce, points)
     if np.iscomplexobj(xs):
-        imag = _evaluate(p, q, _SignedMoves(xs, stencil, eps * 1j, colour, n_colours, signs), n_rows, outputs,
+        imag = _evaluate(p, q, _signed_moves(xs, stencil, eps * 1j, colour, n_colours, signs), n_rows, outputs,
                          reduce, points)
         rows = {k: (rows[k] + imag[k] * 1j).astype(xs.dtype) for k in rows}
     return {k: v.reshape(signs.shape[0], n_colours, -1) for k, v in rows.items()}
 
 
-class _SignedMoves:
-    """``move_rows(start, stop, as_deltas)`` for :func:`_evaluate`: row i moves by sign
-    pattern i // (C P), colour (i // P) % C, stencil point i % P; that colour's elements move
-    by +h or -h as the sequential perturbation moves one (x + (-h) is x - h to the bit), the
-    others stay."""
+def _signed_moves(xs, stencil, step, colour, n_colours, signs):
+    """``move_rows(start, stop, as_deltas)`` for :func:`_evaluate`."""
+    points, offsets = len(stencil.offsets), np.asarray(stencil.offsets)
 
-    def __init__(self, xs, stencil, step, colour, n_colours, signs):
-        self.xs, self.step, self.colour, self.n_colours, self.signs = xs, step, colour, n_colours, signs
-        self.offsets = np.asarray(stencil.offsets)
-
-    def __call__(self, start, stop, as_deltas):
-        xs, points = self.xs, len(self.offsets)
+    def move_rows(start, stop, as_deltas):
+        # row i: sign pattern i // (C P), colour (i // P) % C, stencil point i % P; that
+        # colour's elements move by +h or -h as the sequential perturbation moves one
+        # (x + (-h) is x - h to the bit), the others stay
         i = np.arange(start, stop)
-        m = self.offsets[i % points]
-        h = np.where(np.abs(m) == 1, self.step, np.abs(m) * self.step).astype(xs.dtype)[:, None]
-        deltas = np.where((self.signs[i // (self.n_colours * points)] > 0) == (m > 0)[:, None], h, -h)
-        if self.n_colours == 1:
+        m = offsets[i % points]
+        h = np.where(np.abs(m) == 1, step, np.abs(m) * step).astype(xs.dtype)[:, None]
+        deltas = np.where((signs[i // (n_colours * points)] > 0) == (m > 0)[:, None], h, -h)
+        if n_colours == 1:
             return deltas if as_deltas else xs + deltas
-        moved = self.colour == ((i // points) % self.n_colours)[:, None]
+        moved = colour == ((i // points) % n_colours)[:, None]
         return np.where(moved, deltas, 0) if as_deltas else np.where(moved, xs + deltas, xs)
 
-
-def _rank_in_class(colour) -> np.ndarray:
-    """Each element's rank among the elements of its colour, in index order."""
-    order = np.argsort(colour, kind="stable")
-    sizes = np.bincount(colour)
-    ranks = np.empty(len(colour), dtype=np.int64)
-    ranks[order] = np.arange(len(colour)) - (np.cumsum(sizes) - sizes)[colour[order]]
-    return ranks
+    return move_rows
 
 
 class _Pattern:
@@ -199,7 +168,7 @@ class _Pattern:
         self.dep = dep
         self.rows = np.flatnonzero(dep >= 0)
         self.colour = np.zeros(len(dep), dtype=np.int64)
-        self.colour[self.rows] = _rank_in_class(dep[self.rows])
+        self.colour[self.rows] = rank_in_class(dep[self.rows])
         self.n_colours = int(self.colour.max()) + 1 if len(dep) else 1
 
 
@@ -393,41 +362,6 @@ class DenseBlock:
         return self._pattern
 
 
-def _valid_colouring(colour, rows, cols) -> bool:
-    keys = rows.astype(np.int64) * (int(colour.max()) + 1) + colour[cols]
-    return int(np.bincount(keys).max()) <= 1
-
-
-def colour_columns(rows, cols, n_cols, limit):
-    """A colouring of the input elements ``cols`` such that no output element (``rows``)
-    meets two of one colour (``None``: more than ``limit`` colours needed): strided (index
-    modulo, or divided by, the widest row: banded and blocked patterns), else greedy."""
-    if not len(rows):
-        return np.zeros(n_cols, dtype=np.int64)
-    width = int(np.bincount(rows).max())
-    if width > limit:  # the widest row needs that many colours
-        return None
-    index = np.arange(n_cols)
-    for colour in (index % width, index // -(-n_cols // width)):
-        if _valid_colouring(colour, rows, cols):
-            return colour
-    order = np.argsort(cols, kind="stable")
-    rows, cols = rows[order], cols[order]
-    bounds = np.searchsorted(cols, np.arange(n_cols + 1))
-    used = np.zeros((int(rows.max()) + 1, limit + 1), dtype=bool)
-    colour = np.zeros(n_cols, dtype=np.int64)
-    for j in range(n_cols):
-        r = rows[bounds[j]:bounds[j + 1]]
-        if not len(r):
-            continue
-        c = int(np.flatnonzero(~used[r].any(axis=0))[0])
-        if c >= limit:
-            return None
-        colour[j] = c
-        used[r, c] = True
-    return colour
-
-
 def try_from_analytical(p, checked, diff, analytical, kept=None) -> bool:
     """Whether the numerical side, by coloured differences (inputs that cannot be coloured:
     exact rows), matched the analytical Jacobian ``analytical[k][j]`` (a
@@ -493,7 +427,7 @@ def _coloured_input(p, q, diff, jac) -> str:
     matched, else the disagreement."""
     colour, entries = _colouring(p, q, diff, jac)
     n, n_colours = len(colour), int(colour.max()) + 1
-    rank = _rank_in_class(colour)
+    rank = rank_in_class(colour)
     n_patterns = 1 + bits_for(int(rank.max()) + 1) + RANDOM_SIGNS
     points = len(p.run.stencil.offsets)
     moves = n_patterns * n_colours * points

@@ -10,7 +10,7 @@ import numpy as np
 
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.row_block import RowBlock
-from agcheck.engine import coloured
+from agcheck.engine import coloured, colouring
 from agcheck.engine.rows import INTERMEDIATES
 
 __all__ = ["EngineFallback", "MIN_VJP_SAMPLES", "column_blocks", "analytical_columns", "columns_and_how",
@@ -307,14 +307,14 @@ def coloured_second_pass(p, k, inputs, blocks) -> bool:
     m = be.numel(out)
     if m < _MIN_COLOURED_OUTPUTS:
         return False
-    rng = np.random.default_rng(coloured.SIGN_SEED)
+    rng = np.random.default_rng(colouring.SIGN_SEED)
     by_colouring = {}
     limit = _MAX_COLOUR_SHARE * m // 3
     for i, block in enumerate(blocks):
         colour = None
         if block.widest(axis=0) <= limit:  # else no colouring can do (known without the pattern)
             out_idx, in_idx = block.pattern()
-            colour = coloured.colour_columns(in_idx, out_idx, m, limit)
+            colour = colouring.colour_columns(in_idx, out_idx, m, limit)
         if colour is None:
             p.run.engine_log.append(EngineEvent("vjp", "column by column", i, "input reaches too many outputs"))
             return False
