@@ -28,7 +28,12 @@ RAMP = (8, 64)
 #: little more per row on eager CPU frameworks, and some ops get slower per row (torch's
 #: float64 CPU convolutions: a CNN's batched rows at 64 or 256 a call took 2.7 times the
 #: CPU time they took at 32, bench/compare.py's samples_cnn), while a batched backward whose
-#: memory grows faster than the batch stays bounded
+#: memory grows faster than the batch stays bounded. A cap in bytes would not serve better:
+#: rows of about the same bytes want opposite caps (samples_cnn, 512 + 512 float64 elements
+#: a row, ran 1.3 times faster at 8 rows a call than at 32; complex, 200 + 200 complex128,
+#: 2.1 times slower at 8 and 1.17 times faster at 64), and tanh(a @ b) of 48x48 matrices
+#: took no less at 64 or with no cap (first check of a process: 0.55 s at 32, 0.64 s at 64,
+#: 0.66 s uncapped; the same within noise when warm)
 MAX_BATCH = 32
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 INTERMEDIATES = 4
