@@ -261,10 +261,10 @@ def all_checks(run: CheckRun, snapshots: dict | None = None, watch_calls: bool =
                 jacobian.check(run, forward[0])
             for piece in forward if opts.check_undefined_grad else ():
                 undefined_grads.check_forward(run, piece)
-        run.numerical_memo.clear()
+        run.rows.clear()
         _later_checks(run, top, guard)
     finally:
-        run.numerical_memo.clear()  # not kept alive by a raised error's traceback
+        run.rows.clear()  # not kept alive by a raised error's traceback
         run.progress.close()
 
 

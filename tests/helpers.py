@@ -260,3 +260,20 @@ def tensorflow_or_skip():
     from agcheck.backends.tensorflow_loading import import_tensorflow
 
     return import_tensorflow()
+
+
+def reference_takes(monkeypatch) -> dict:
+    """Per input position, the row blocks ``[(start, stop, rows)]`` the reference engine
+    takes from the run's rows (computed by the engine as it computes them), at its latest
+    comparison from now on."""
+    from agcheck.checks import jacobian
+
+    taken, original = {}, jacobian._numerical_jacobians
+
+    def spied(run, piece, moved, p, whole):
+        kept = run.rows.of(piece.fn, piece.args, p)
+        taken[p] = [] if kept is None else kept.blocks(exact_only=not whole)
+        return original(run, piece, moved, p, whole)
+
+    monkeypatch.setattr(jacobian, "_numerical_jacobians", spied)
+    return taken

@@ -8,7 +8,8 @@ import agcheck
 from agcheck.engine import forward_jacobian
 from agcheck.core.outcome import EngineEvent
 
-from .helpers import OneEntryOff, ScaledSin, SinWithJvp, busy, first_paragraph, make, run_check as run, torch_message, torch_text
+from .helpers import OneEntryOff, ScaledSin, SinWithJvp, busy, first_paragraph, make, reference_takes, run_check as run, \
+    torch_message, torch_text
 
 
 @pytest.fixture(autouse=True)
@@ -106,10 +107,11 @@ def test_rows_computed_before_no_input_is_found_batchable_are_not_computed_again
             in_reference.append(len(calls) - before)
 
     monkeypatch.setattr(reference, "_reference_slow", counted)
+    taken = reference_takes(monkeypatch)
     r = run(fn, (make(16), make(16, seed=1)), engine="batched")
     assert r.verdict is (factor == 1.0)
     assert [o.reason for o in r.engine_fallbacks] == ["no input can be moved in batches"]
-    assert set(r.engine_fallbacks[0].numerical) == {0, 1} and in_reference == [0]
+    assert {q for q, blocks in taken.items() if blocks} == {0, 1} and in_reference == [0]
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.1])
@@ -927,11 +929,12 @@ def test_a_failing_forward_check_reuses_the_rows_the_engine_computed(scale, monk
     torch_verdict = torch.autograd.gradcheck(_DenseWithJvp.apply, (x,), **kw)
     torch_calls = _DenseWithJvp.calls
     _DenseWithJvp.calls = 0
+    taken = reference_takes(monkeypatch)
     r = run(_DenseWithJvp.apply, (x,), **kw)
     assert r.verdict is torch_verdict is (scale == 1.0)
     assert _DenseWithJvp.calls <= 1.05 * torch_calls, (_DenseWithJvp.calls, torch_calls)
     if scale != 1.0:
-        assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"] and r.engine_fallbacks[0].numerical
+        assert [o.reason for o in r.engine_fallbacks] == ["Jacobian mismatch"] and taken[0]
         strict = {k: v for k, v in kw.items() if k != "raise_exception"}
         with pytest.raises(RuntimeError) as ours:
             agcheck.gradcheck(_DenseWithJvp.apply, (x,), **strict)
@@ -991,6 +994,7 @@ def test_a_mismatch_is_decided_from_the_batched_rows_and_the_printed_rows(scale,
     assert torch.autograd.gradcheck(_DenseVmappable.apply, (x,), raise_exception=False) is (scale == 1.0)
     torch_calls = _DenseVmappable.calls
     _DenseVmappable.calls = 0
+    taken = reference_takes(monkeypatch)
     r = run(_DenseVmappable.apply, (x,))
     assert r.verdict is (scale == 1.0)
     assert sum(rows) == 150  # every row, once
@@ -998,7 +1002,7 @@ def test_a_mismatch_is_decided_from_the_batched_rows_and_the_printed_rows(scale,
         return
     (fallback,) = r.engine_fallbacks
     assert fallback.reason == "Jacobian mismatch"
-    assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(0, 150)]
+    assert [(s, e) for s, e, _ in taken[0]] == [(0, 150)]
     (confirmed,) = [e for e in r.engine_log if e.path == "failure"]
     assert confirmed.decision == "confirmed"
     assert confirmed.figures["exact_rows"] <= 7  # torch prints 3 + 3 rows, and the worst one
@@ -1022,12 +1026,12 @@ def test_a_failing_check_reuses_the_rows_looped_where_the_input_was_not_batched(
     torch_verdict = torch.autograd.gradcheck(_DenseVmappable.apply, (x,), raise_exception=False)
     torch_calls = _DenseVmappable.calls
     _DenseVmappable.calls = 0
+    taken = reference_takes(monkeypatch)
     r = run(_DenseVmappable.apply, (x,), raise_exception=False)
     assert r.verdict is torch_verdict is (scale == 1.0)
     assert "looped" in paths(r)
     if scale != 1.0:
-        (fallback,) = r.engine_fallbacks
-        assert [(s, e) for s, e, _ in fallback.numerical[0]] == [(0, 150)]
+        assert [(s, e) for s, e, _ in taken[0]] == [(0, 150)]
         # torch's evaluations, and the engine's few probes besides
         assert _DenseVmappable.calls <= torch_calls + 20, (_DenseVmappable.calls, torch_calls)
         with pytest.raises(RuntimeError) as ours:

@@ -370,24 +370,26 @@ def test_a_failure_with_a_complex_input_is_decided_from_the_engines_rows(factor,
 
 
 @pytest.mark.parametrize("in_place", [True, False])
-def test_kept_rows_are_written_into_one_block_in_order_and_a_gap_is_seen(in_place, monkeypatch):
-    from agcheck.engine.failure import RowStore
+def test_kept_rows_are_written_into_one_array_and_a_gap_is_seen(in_place, monkeypatch):
+    from agcheck.core.numerical_rows import InputRows
 
     be = agcheck.get_backend("torch")
-    if not in_place:  # a backend whose arrays are immutable keeps the rows as computed
+    if not in_place:  # a backend whose arrays are immutable: the rows are written into NumPy
         monkeypatch.setattr(type(be), "row_block", lambda self, *a: None)
     rows = torch.arange(12, dtype=torch.float64).reshape(6, 2)
-    store = RowStore(be)
-    store.add("a", 0, rows[:4], 6)
-    assert store.whole("a", 6) is None  # not all kept yet
-    store.add("a", 4, rows[4:], 6)
-    assert (store.whole("a", 6) == rows.numpy()).all()
-    store.add("b", 0, rows[:2], 6)
-    store.add("b", 4, rows[4:], 6)  # rows 2:4 missing
-    assert store.whole("b", 6) is None and store.has("b")
-    store.add("b", 0, rows[:3], 6)  # computed again from the start
-    store.add("b", 3, rows[3:], 6)
-    assert (store.whole("b", 6) == rows.numpy()).all()
+    kept = InputRows(be, 6)
+    kept.add(0, 4, {0: rows[:4]}, exact=False)
+    assert kept.numpy() is None  # not all kept yet
+    kept.add(4, 6, {0: rows[4:]}, exact=False)
+    assert (kept.numpy()[0] == rows.numpy()).all()
+    assert torch.equal(kept.rows(1, 3)[0], rows[1:3])  # arrays of the rows' framework
+    gap = InputRows(be, 6)
+    gap.add(0, 2, {0: rows[:2]}, exact=False)
+    gap.add(4, 6, {0: rows[4:]}, exact=False)  # rows 2:4 missing
+    assert gap.numpy() is None and not gap.complete()
+    gap.add(0, 3, {0: rows[:3]}, exact=False)  # computed again from the start
+    gap.add(3, 4, {0: rows[3:4]}, exact=True)
+    assert (gap.numpy()[0] == rows.numpy()).all() and gap.bounds == [(0, 3), (3, 4)]
 
 
 class _LoopedForward(torch.autograd.Function):

@@ -172,21 +172,22 @@ def test_a_small_block_is_stacked_at_the_end_and_equal(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
 def test_rows_computed_in_one_array_are_kept_as_that_array_and_views_are_copied(backend):
-    from agcheck.engine.failure import RowStore
+    from agcheck.core.numerical_rows import InputRows
 
     be = agcheck.get_backend(backend)
     whole = torch.arange(12.0, dtype=torch.float64).reshape(4, 3)
     if backend == "numpy":
         whole = whole.numpy().copy()
-    store = RowStore(be)
-    store.add("whole", 0, whole, 4)
-    assert store.block("whole", 4) is whole or store.block("whole", 4).data_ptr() == whole.data_ptr()
-    bigger = whole[:, :2]  # a view into a larger array: kept as a copy, not the array it views
-    store.add("view", 0, bigger, 4)
-    kept = store.block("view", 4)
-    assert kept is not None and np.array_equal(be.to_numpy(kept), be.to_numpy(bigger))
+    store = InputRows(be, 4)
+    store.add(0, 4, {"whole": whole, "view": whole[:, :2]}, exact=False)
+    assert store.numpy()["whole"] is whole or np.shares_memory(store.numpy()["whole"], be.to_numpy(whole))
+    # a view into a larger array: kept as a copy, not the array it views
+    bigger = whole[:, :2]
+    kept = store.rows(0, 4)["view"]
+    assert np.array_equal(be.to_numpy(kept), be.to_numpy(bigger))
     bigger[0, 0] = -1.0
     assert be.to_numpy(kept)[0, 0] == 0.0
-    store.add("parts", 0, whole[:2], 4)
-    store.add("parts", 2, whole[2:], 4)
-    assert np.array_equal(store.whole("parts", 4), be.to_numpy(whole))
+    parts = InputRows(be, 4)
+    parts.add(0, 2, {0: whole[:2]}, exact=False)
+    parts.add(2, 4, {0: whole[2:]}, exact=False)
+    assert np.array_equal(parts.numpy()[0], be.to_numpy(whole))

@@ -12,7 +12,7 @@ from agcheck.engine import cost
 from agcheck.engine.rows import Problem
 from agcheck.core.run import CheckRun
 from agcheck.options import GradcheckOptions
-from .helpers import ScaledSin, busy, run_check
+from .helpers import ScaledSin, busy, reference_takes, run_check
 
 B, SIDE = 3, 10
 
@@ -234,9 +234,10 @@ def test_a_fn_of_samples_takes_under_half_the_calls_of_the_reference(monkeypatch
 
 
 def test_a_failing_check_hands_over_all_rows_moved_by_samples(monkeypatch):
+    taken = reference_takes(monkeypatch)
     r, _ = _counted_check(monkeypatch, 1.01)
-    (fallback,) = r.engine_fallbacks
-    blocks = fallback.numerical[0]
+    assert len(r.engine_fallbacks) == 1
+    blocks = taken[0]
     assert blocks[0][0] == 0 and blocks[-1][1] == 64  # the reference engine computes no row
     assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
     x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
@@ -305,6 +306,7 @@ def test_rows_moved_together_are_all_kept_when_a_later_block_differs(monkeypatch
     monkeypatch.setattr(_LastColumnOff, "scale", scale)
     fn, count = _calls(_late_mismatch)
     x = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    taken = reference_takes(monkeypatch)
     r = run_check(fn, (x,))
     assert r.verdict is (scale == 1.0)
     assert ("numerical", "by samples") in [(e.path, e.decision) for e in r.engine_log]
@@ -312,8 +314,8 @@ def test_rows_moved_together_are_all_kept_when_a_later_block_differs(monkeypatch
     # of each other sample (96) if their blocks were computed twice
     assert count[0] < 32 + 40, count[0]
     if scale != 1.0:
-        (fallback,) = r.engine_fallbacks
-        blocks = fallback.numerical[0]
+        assert len(r.engine_fallbacks) == 1
+        blocks = taken[0]
         covered = sum(stop - start for start, stop, _ in blocks)
         assert covered >= 48  # samples 1 to 3 at least, exactly
         with pytest.raises(agcheck.GradcheckError) as ours:

@@ -10,7 +10,6 @@ import numpy as np
 
 from agcheck.checks import large_blocks, loop_plan, no_differentiable_outputs
 from agcheck.core import jacobian as jac
-from agcheck.core.numerical_memo import MemoRows
 from agcheck.core.piece import Piece
 from agcheck.engine import batched as engine
 from agcheck.engine import forward_rows
@@ -68,45 +67,48 @@ def check(run, piece: Piece) -> None:
         return
     n_in = sum(be.numel(x) for x in piece.inputs)
     run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
-    if run.opts.engine == "batched" or run.opts.engine == "auto" and not loop_plan.loop_is_cheap(run, piece, n_in):
-        compare = forward_rows.compare_slow_forward if piece.forward else engine.compare_slow_reverse
-        try:
-            outcome = compare(run, piece)
-        except Exception as error:
-            if error in run.user_errors or isinstance(error, OWN_ERRORS) and os.environ.get(STRICT_ENGINE):
+    try:
+        if run.opts.engine == "batched" or run.opts.engine == "auto" and not loop_plan.loop_is_cheap(run, piece, n_in):
+            compare = forward_rows.compare_slow_forward if piece.forward else engine.compare_slow_reverse
+            try:
+                outcome = compare(run, piece)
+            except Exception as error:
+                if error in run.user_errors or isinstance(error, OWN_ERRORS) and os.environ.get(STRICT_ENGINE):
+                    raise
+                ENGINE_LOG.debug("the engine handed the check to the reference engine on %s: %s",
+                                 type(error).__name__, error, exc_info=error)
+                outcome = undecided(f"{type(error).__name__}: {error}")
+            if outcome.passed:
+                return
+            run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
+            if large_blocks.too_large(run, piece) and all(be.layout(x) == "dense" for x in piece.inputs):
+                large_blocks.compare_in_chunks(run, piece)  # within the memory budget
+                return
+            run.progress.start(n_in, "Jacobians, element by element")
+            try:
+                _reference_slow(run, piece, whole=outcome.whole, reuse_analytical=outcome.analytical or {})
+            except GradcheckError as error:
+                if outcome.inexact:
+                    error.report.notes.append(BATCHED_ROWS_NOTE)
                 raise
-            ENGINE_LOG.debug("the engine handed the check to the reference engine on %s: %s",
-                             type(error).__name__, error, exc_info=error)
-            outcome = undecided(f"{type(error).__name__}: {error}")
-        if outcome.passed:
             return
-        run.engine_fallbacks.append(outcome)  # the reference engine decides, and explains
-        if large_blocks.too_large(run, piece) and all(be.layout(x) == "dense" for x in piece.inputs):
-            large_blocks.compare_in_chunks(run, piece)  # within the memory budget
-            return
-        run.progress.start(n_in, "Jacobians, element by element")
-        try:
-            _reference_slow(run, piece, reuse=outcome.numerical or {}, reuse_analytical=outcome.analytical or {})
-        except GradcheckError as error:
-            if outcome.inexact:
-                error.report.notes.append(BATCHED_ROWS_NOTE)
-            raise
-        return
-    _reference_slow(run, piece)
+        _reference_slow(run, piece)
+    finally:
+        run.rows.piece_done(piece.forward)
 
 
-def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytical: dict | None = None) -> None:
-    """torch's element-by-element comparison, block by block in torch's order; ``reuse``
-    holds row blocks of the numerical Jacobians already computed that way (by the engine),
-    ``{input position: [(start, stop, {output position: rows})]}``, and
-    ``reuse_analytical`` analytical columns (:attr:`Outcome.analytical`): only the other
-    rows and columns are computed."""
+def _reference_slow(run, piece: Piece, whole: bool = False, reuse_analytical: dict | None = None) -> None:
+    """torch's element-by-element comparison, block by block in torch's order. The rows
+    of the run's numerical rows (:mod:`agcheck.core.numerical_rows`) computed that way (by
+    the engine, or by the reverse-mode pass of the same check), all of them where
+    ``whole`` (:attr:`Outcome.whole`), and the analytical columns ``reuse_analytical``
+    (:attr:`Outcome.analytical`) are taken: only the other rows and columns are computed.
+    A reverse-mode pass leaves its rows there for the forward-mode pass that follows."""
     opts = run.opts
     moved = run.numerical_args(piece.args)
-    reuse = reuse or {}
     numerical = []
     for p in piece.checked:  # a loop: no frame between this one and fn's calls
-        numerical.append(_remembered_or_computed(run, piece, moved, p, reuse.get(p)))
+        numerical.append(_numerical_jacobians(run, piece, moved, p, whole))
     pair = _analytical_pairs(run, piece, reuse_analytical or {})
     for i, k in enumerate(piece.diff):
         pair.compute(i, checks=True)
@@ -117,31 +119,21 @@ def _reference_slow(run, piece: Piece, reuse: dict | None = None, reuse_analytic
                 if opts.raise_exception:  # a report no one sees is not built
                     _report_other_blocks(run, piece, error, pair, numerical, (i, j))
                 raise
+    if not piece.forward and run.rows.wanted:
+        for p, rows in zip(piece.checked, numerical):
+            n = run.be.numel(piece.args[p])
+            run.rows.of(piece.fn, piece.args, p, n).add(0, n, rows, exact=True)
 
 
-def _remembered_or_computed(run, piece: Piece, moved, p, blocks) -> dict:
-    """:func:`_numerical_jacobians` of input ``p``; the forward-mode pass takes those the
-    reverse-mode pass computed the same way (:mod:`agcheck.core.numerical_memo`), and the
-    reverse-mode pass leaves its own there."""
-    memo, be = run.numerical_memo, run.be
-    if piece.forward:
-        remembered = memo.take(piece.fn, piece.args, p, exact_only=True)
-        if remembered is not None:
-            run.progress.advance(be.numel(piece.args[p]))
-            return remembered.rows
-        return _numerical_jacobians(run, piece, moved, p, blocks)
-    rows = _numerical_jacobians(run, piece, moved, p, blocks)
-    memo.put(piece.fn, piece.args, p, MemoRows(rows, [(0, be.numel(piece.args[p]))], exact=True))
-    return rows
-
-
-def _numerical_jacobians(run, piece: Piece, moved, p, blocks) -> dict:
-    """``{output position: Jacobian}`` of input ``p``, element by element, with the rows in
-    ``blocks`` taken as they were computed (the engine requires dense inputs, whose rows
-    are their elements)."""
+def _numerical_jacobians(run, piece: Piece, moved, p, whole: bool) -> dict:
+    """``{output position: Jacobian}`` of input ``p``, element by element, with the run's
+    rows of it taken as they were computed: those computed element by element, or all
+    where ``whole`` (the engine requires dense inputs, whose rows are their elements)."""
     be = run.be
     # fn is called one frame below this one (no closure between)
     problem = (be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]), run.stencil)
+    kept = run.rows.of(piece.fn, piece.args, p)
+    blocks = [] if kept is None else kept.blocks(exact_only=not whole)
     if not blocks:
         return jac.numerical_jacobians(*problem, on_element=run.progress.advance)
     n, done, parts = be.numel(piece.args[p]), 0, []

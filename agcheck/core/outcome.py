@@ -68,24 +68,22 @@ class EngineEvent:
 class Outcome:
     """A path's result: ``passed``, or undecided with ``reason``.
 
-    ``numerical`` carries what an undecided path already computed exactly as the
-    reference engine computes it: ``{input position: [(start, stop, {output position:
-    rows})]}``, blocks of rows of the element-by-element finite differences, so that the
-    reference engine computes only the others; ``None`` when there is nothing to reuse.
-    ``analytical`` likewise carries analytical Jacobians already computed one VJP per
-    column and checked for reentrancy: ``{output position: (column ranges, rows)}``,
-    ``rows`` a NumPy array ``(output numel, input numel)`` per checked input, exact in
-    the listed column ranges (output elements).
+    The numerical rows an undecided path computed exactly as the reference engine
+    computes them are in the run's rows (:mod:`agcheck.core.numerical_rows`), where the
+    reference engine takes them. ``analytical`` carries analytical Jacobians already
+    computed one VJP per column and checked for reentrancy: ``{output position: (column
+    ranges, rows)}``, ``rows`` a NumPy array ``(output numel, input numel)`` per checked
+    input, exact in the listed column ranges (output elements).
 
     ``whole`` marks a mismatch the engine confirmed (:mod:`~agcheck.engine.failure`):
-    then ``numerical`` and ``analytical`` cover the whole Jacobians, computed as the
+    then the run's rows and ``analytical`` cover the whole Jacobians, computed as the
     reference engine computes them where its message prints them and where the failure
-    was confirmed; ``inexact`` says that some of their other entries came from batched
-    evaluations or batched VJPs (the report then says so)."""
+    was confirmed, and the reference engine takes every row; ``inexact`` says that some
+    of their other entries came from batched evaluations or batched VJPs (the report then
+    says so)."""
 
     passed: bool
     reason: str = ""
-    numerical: dict | None = field(default=None, repr=False, compare=False)
     analytical: dict | None = field(default=None, repr=False, compare=False)
     whole: bool = False
     inexact: bool = False
@@ -97,10 +95,9 @@ class Outcome:
 PASSED = Outcome(True)
 
 
-def undecided(reason: str, numerical: dict | None = None, analytical: dict | None = None,
-              whole: bool = False, inexact: bool = False) -> Outcome:
+def undecided(reason: str, analytical: dict | None = None, whole: bool = False, inexact: bool = False) -> Outcome:
     """The outcome of a path that could not decide (the reference engine will)."""
-    return Outcome(False, reason, numerical, analytical, whole, inexact)
+    return Outcome(False, reason, analytical, whole, inexact)
 
 
 class UserErrors:

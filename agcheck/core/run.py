@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 from agcheck.backends.base import Backend
 from agcheck.core.input_guard import InputGuard
-from agcheck.core.numerical_memo import NumericalMemo
+from agcheck.core.numerical_rows import NumericalRows
 from agcheck.core.outcome import EngineEvent, Outcome, UserErrors
 from agcheck.stencil import Stencil, auto_eps, get_stencil
 from agcheck.options import GradcheckOptions
@@ -53,9 +53,8 @@ class CheckRun:
         self.user_errors = UserErrors()
         self.stencil: Stencil = get_stencil(opts.stencil)
         self.progress = Progress(enabled=opts.progress)
-        #: the reverse-mode pass's numerical Jacobians, for the forward-mode pass that follows
-        self.numerical_memo = NumericalMemo(
-            wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
+        #: the numerical Jacobian rows the check keeps, for every pass that reads them
+        self.rows = NumericalRows(be, wanted=opts.check_backward_ad and opts.check_forward_ad and not opts.fast_mode)
 
     @property
     def memory_budget(self) -> int:

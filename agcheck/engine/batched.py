@@ -97,11 +97,11 @@ def _handed_back(p, piece, reason: EngineFallback) -> Outcome:
     mismatch seen with whole Jacobians at hand is first confirmed
     (:func:`failure.decide`)."""
     if str(reason) != MISMATCH:
-        return undecided(str(reason), p.exact_numerical())
+        return undecided(str(reason))
     inputs = [piece.args[q] for q in piece.checked]
-    if isinstance(reason, _RowsKept):
+    if isinstance(reason, _Decidable):
         try:
-            decided = failure.decide(p, reason.diff or piece.diff, reason.analytical, reason.kept, reason.where,
+            decided = failure.decide(p, reason.diff or piece.diff, reason.analytical, reason.where,
                                      lambda k, c0, c1: columns.looped_columns(p, k, c0, c1, inputs))
         except EngineFallback:
             decided = None
@@ -109,7 +109,7 @@ def _handed_back(p, piece, reason: EngineFallback) -> Outcome:
             return decided
     _finish_rows(p)
     _finish_columns(p, inputs)
-    return undecided(str(reason), p.exact_numerical(), p.exact_analytical())
+    return undecided(str(reason), p.exact_analytical())
 
 
 def _finish_rows(p) -> None:
@@ -154,16 +154,16 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 MISMATCH = "Jacobian mismatch"
 
 
-class _RowsKept(EngineFallback):
-    """A mismatch seen with every numerical row and the whole analytical Jacobians at
-    hand: for :func:`failure.decide` (reverse mode: ``{output position: [DenseBlock per
-    input]}``) or :func:`failure.decide_forward` (forward mode: a :class:`failure.RowStore`
-    of JVP rows); ``where`` the row block seen to differ, as
-    :attr:`coloured.RowsDiffer.where`."""
+class _Decidable(EngineFallback):
+    """A mismatch seen with every numerical row kept (:func:`failure.may_decide`) and the
+    whole analytical Jacobians at hand: for :func:`failure.decide` (reverse mode:
+    ``{output position: [DenseBlock per input]}``) or :func:`failure.decide_forward`
+    (forward mode: the JVP rows per input index); ``where`` the row block seen to differ,
+    as :attr:`coloured.RowsDiffer.where`."""
 
-    def __init__(self, analytical, kept, where):
+    def __init__(self, analytical, where):
         super().__init__(MISMATCH)
-        self.analytical, self.kept, self.where = analytical, kept, where
+        self.analytical, self.where = analytical, where
         #: the outputs compared, those ``analytical`` holds (None: all of them)
         self.diff = None
 
@@ -195,14 +195,13 @@ def _reverse_whole(run, p, diff, colourable) -> None:
     # evaluation of fn that raises does so before it is paid; before a mismatch is
     # reported, so that a backward that is not reentrant is reported as that first
     try:
-        kept = _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
+        _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
     except EngineFallback as reason:
         if first is not None:
             _reentrancy_on_mismatch(p, inputs, first, analytical, reason)
         raise
     if first is not None:
-        _reentrancy_on_pass(p, inputs, first, analytical, kept)
-    _remember_rows(kept, checked)
+        _reentrancy_on_pass(p, inputs, first, analytical)
 
 
 def _reverse_by_column_blocks(p, diff, n_in) -> None:
@@ -232,19 +231,18 @@ def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
     Only where no failure report is built (``raise_exception=False``): a report compares
     every block, and the engine computes the later outputs' columns (in batches where
     the VJPs batch) for less than the report's loop would."""
-    analytical, first, kept = {}, {}, None
+    analytical, first = {}, {}
     for i, k in enumerate(diff):
         first[k] = columns.analytical_first_pass(p, k, inputs)
         analytical[k] = first[k][0]
         try:
-            kept = _compare_with_analytical(run, p, [k], {k: analytical[k]}, False, numerical)
+            _compare_with_analytical(run, p, [k], {k: analytical[k]}, False, numerical)
         except EngineFallback as reason:
-            if isinstance(reason, _RowsKept):  # decided on every output compared so far
+            if isinstance(reason, _Decidable):  # decided on every output compared so far
                 reason.diff, reason.analytical = diff[: i + 1], analytical
             _reentrancy_on_mismatch(p, inputs, first, analytical, reason)
             raise
-    _reentrancy_on_pass(p, inputs, first, analytical, kept)
-    _remember_rows(kept, p.checked)
+    _reentrancy_on_pass(p, inputs, first, analytical)
 
 
 def _reentrancy_on_mismatch(p, inputs, first, analytical, reason) -> None:
@@ -256,120 +254,110 @@ def _reentrancy_on_mismatch(p, inputs, first, analytical, reason) -> None:
     if str(reason) != MISMATCH:
         return
     outputs = list(first)
-    if isinstance(reason, _RowsKept):
+    if isinstance(reason, _Decidable):
         outputs = outputs[: outputs.index(reason.where[1]) + 1]
     corrected = [k for k in outputs if columns.reentrancy_pass(p, k, inputs, *first[k])]
-    if corrected and isinstance(reason, _RowsKept):
-        _failing_again(p, corrected, analytical, reason.kept)
+    if corrected and isinstance(reason, _Decidable):
+        _failing_again(p, corrected, analytical)
 
 
-def _reentrancy_on_pass(p, inputs, first, analytical, kept) -> None:
+def _reentrancy_on_pass(p, inputs, first, analytical) -> None:
     """Every output's reentrancy pass after its rows agreed; the outputs whose first pass
     by samples it corrected are compared again (:func:`_compare_again`)."""
     corrected = [k for k in first if columns.reentrancy_pass(p, k, inputs, *first[k])]
     if corrected:
-        _compare_again(p, corrected, analytical, kept)
+        _compare_again(p, corrected, analytical)
 
 
 def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=None):
     """The numerical side against the whole analytical Jacobians ``analytical``: coloured
     by their pattern where ``colourable`` and the pattern allows, else row block by row
     block (``numerical``: per input, its row blocks already computed; else they are
-    computed as they are compared). Returns the rows kept (:class:`failure.KeptRows`, or
-    None) when they agree; raises :class:`EngineFallback` (``MISMATCH``, or
-    :class:`_RowsKept` where the failure can be decided from the rows) when they do not."""
+    computed as they are compared), the inputs that agree in :attr:`Problem.passed`;
+    raises :class:`EngineFallback` (``MISMATCH``, or :class:`_Decidable` where the failure
+    can be decided from the rows) when they do not agree."""
     be, opts, checked = p.be, run.opts, p.checked
-    # every row computed is kept where a failure can be decided from them
-    kept = failure.KeptRows(p) if failure.may_decide(p) else None
-    if colourable and _coloured_agree(run, p, diff, analytical, kept):
-        return kept
+    decidable = failure.may_decide(p)  # a mismatch is then decided from the kept rows
+    p.passed = set()
+    if colourable and _coloured_agree(run, p, diff, analytical, decidable):
+        return
     # rows already computed exactly are reused, here and by the reference engine; the
     # first row block that differs ends the comparison, and the rows still to compute
     # unless every row is kept for deciding the failure (failure.decide)
     differs = None
     for j, q in enumerate(checked):
+        p.passed.discard(q)  # its rows computed again
         for s, e, rows in p.numerical_row_chunks(q) if numerical is None else numerical[q]:
-            if kept is not None:
-                kept.add(q, s, e, rows)
             if differs is not None:
                 continue
             for k in diff:
                 if not coloured.allclose_like_torch(analytical[k][j].by_input[s:e], be.to_numpy(rows[k]),
                                                       opts.rtol, opts.atol):
-                    differs = _differing_block(kept, (q, k, s, e))
+                    differs = _differing_block(decidable, (q, k, s, e))
                     break
-        if differs is None and kept is not None:
-            kept.passed.add(q)
+        if differs is None and decidable:
+            p.passed.add(q)
     if differs is not None:
-        raise _RowsKept(analytical, kept, differs)
-    return kept
+        raise _Decidable(analytical, differs)
 
 
-def _coloured_agree(run, p, diff, analytical, kept) -> bool:
+def _coloured_agree(run, p, diff, analytical, decidable) -> bool:
     """Whether the numerical side, coloured by the analytical pattern, agrees with
     ``analytical`` (False where the pattern does not allow colouring); a difference
-    raises as :func:`_compare_with_analytical` says, with every row in ``kept``."""
+    raises as :func:`_compare_with_analytical` says, with every row kept."""
     checked = p.checked
     try:
-        if coloured.try_from_analytical(p, checked, diff, analytical, kept):
+        if coloured.try_from_analytical(p, checked, diff, analytical, p if decidable else None):
             run.progress.advance(n_in_total(p.be, p.args, checked))
             return True
     except coloured.RowsDiffer as differs:
-        if kept is None:
+        if not decidable:
             raise EngineFallback(MISMATCH) from None  # decided: no row is computed twice
         for q in checked:  # the coloured inputs' rows, for the failure's decision
-            if not kept.has(q):
-                for s, e, rows in p.numerical_row_chunks(q, report=False):
-                    kept.add(q, s, e, rows)
-        raise _RowsKept(analytical, kept, differs.where) from None
+            if p.kept_rows(q) is None or not p.kept_rows(q).complete():
+                for _ in p.numerical_row_chunks(q, report=False):
+                    pass
+        raise _Decidable(analytical, differs.where) from None
     return False
 
 
-def _compare_again(p, corrected, analytical, kept) -> None:
+def _compare_again(p, corrected, analytical) -> None:
     """The kept numerical rows against the analytical Jacobians of the outputs
     ``corrected`` (whose rows the reentrancy pass replaced by the exact ones) after they
     agreed with the rows first computed; a difference is decided as any mismatch is
-    (:class:`_RowsKept`). Without every row kept the reference engine compares, with the
+    (:class:`_Decidable`). Without every row kept the reference engine compares, with the
     exact columns noted."""
-    failing = _failing_again(p, corrected, analytical, kept)
+    failing = _failing_again(p, corrected, analytical)
     if failing is None:
         raise EngineFallback(MISMATCH)
     if failing:
         q, k = failing[0]
-        raise _RowsKept(analytical, kept, (q, k, 0, p.be.numel(p.args[q])))
+        raise _Decidable(analytical, (q, k, 0, p.be.numel(p.args[q])))
 
 
-def _failing_again(p, corrected, analytical, kept) -> list | None:
+def _failing_again(p, corrected, analytical) -> list | None:
     """The blocks ``(input, output)`` of the outputs ``corrected`` whose kept numerical rows
     differ from the corrected analytical rows; their inputs, which agreed with the rows
     first computed, are no longer counted as agreeing (for :func:`failure.decide`).
     ``None`` where not every row was kept."""
-    numerical = kept.arrays() if kept is not None else None
+    numerical = failure.whole_numerical(p) if failure.may_decide(p) else None
     if numerical is None:
         return None
     opts = p.run.opts
     failing = [(q, k) for j, q in enumerate(p.checked) for k in corrected
                if not coloured.allclose_like_torch(analytical[k][j].by_input, numerical[q][k], opts.rtol, opts.atol)]
     for q, _ in failing:
-        kept.passed.discard(q)
+        p.passed.discard(q)
     return failing
 
 
-def _differing_block(kept, where):
+def _differing_block(decidable: bool, where):
     """``where`` (input, output, first row, end row): the first row block whose analytical
     and numerical rows differ. Without rows kept for deciding the failure the engine
     hands the check back at once (``EngineFallback``)."""
-    if kept is None:
+    if not decidable:
         raise EngineFallback(MISMATCH)
     return where
-
-
-def _remember_rows(kept, checked) -> None:
-    """After a passing reverse-mode pass: every input's rows that were all kept, for the
-    forward-mode pass of the same check."""
-    if kept is not None:
-        for q in checked:
-            kept.remember(q)
 
 
 def _columns_may_batch(p, diff) -> bool:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from agcheck.core import jacobian as jac
-from agcheck.core.numerical_memo import MemoRows
 from agcheck.engine.coloured import allclose_like_torch
 from agcheck.core.outcome import EngineEvent, Outcome, undecided
 
-__all__ = ["RowStore", "KeptRows", "may_decide", "decide", "decide_forward"]
+__all__ = ["may_decide", "whole_numerical", "decide", "decide_forward"]
 
 
 def may_decide(p) -> bool:
@@ -38,116 +37,19 @@ def may_decide(p) -> bool:
     return p.keep_rows and not any(p.be.is_complex(p.outputs[k]) for k in p.floats)
 
 
-def _like(p, q, k):
-    """What a row block of input ``q`` and output ``k`` is stored like: the output, or a
-    complex input (its rows are complex), as the reference engine stores them."""
-    x = p.args[q]
-    return x if p.be.is_complex(x) else p.outputs[k]
-
-
-class RowStore:
-    """Row blocks kept for a failure's decision, each key's rows written, in order, into one
-    array allocated at its first block (:meth:`Backend.row_block`, on the rows' device).
-    Kept as the separate arrays they were computed in, between a batch's large
-    temporaries, they would fragment the C allocator (:mod:`agcheck.core.row_block`: a
-    passing forward-mode check of 2,000 inputs peaked at 275-342 MB so, against 155 MB
-    written into blocks); where arrays are immutable they are kept as computed, and a key's
-    rows computed in one array that holds its memory alone are kept as that array
-    (:meth:`Backend.owned_rows`)."""
-
-    def __init__(self, be):
-        self.be = be
-        self._blocks = {}  # key -> array written in place, or None (rows kept as computed)
-        self._parts = {}  # key -> [rows] where there is no block
-        self._filled = {}  # key -> rows written in order from row 0 (None after a gap)
-
-    def add(self, key, start: int, rows, n_rows: int) -> None:
-        """Rows ``start:start + len(rows)`` of ``key`` (an ``(len, m)`` array); a block
-        starting at row 0 starts the key afresh (its rows computed again)."""
-        be = self.be
-        if start == 0:
-            self._filled[key] = 0
-            self._parts[key] = []
-            # rows computed in one block are that block: a copy would hold them twice
-            whole = be.owned_rows(rows) if int(rows.shape[0]) == n_rows else None
-            if whole is not None:
-                self._blocks[key] = whole
-                self._filled[key] = n_rows
-                return
-            self._blocks[key] = be.row_block(n_rows, int(rows.shape[1]), rows, rows.dtype)
-        if self._filled.get(key) != start:
-            self._filled[key] = None  # a gap: the key's rows are not all kept
-            return
-        if self._blocks[key] is not None:
-            be.write_rows(self._blocks[key], start, rows)
-        else:
-            self._parts[key].append(rows)
-        self._filled[key] = start + int(rows.shape[0])
-
-    def has(self, key) -> bool:
-        return key in self._filled
-
-    def block(self, key, n_rows: int):
-        """``key``'s ``(n_rows, m)`` block as the backend's array, or ``None`` unless all
-        its rows were kept in one."""
-        return self._blocks.get(key) if self._filled.get(key) == n_rows else None
-
-    def whole(self, key, n_rows: int) -> np.ndarray | None:
-        """``key``'s ``(n_rows, m)`` rows as NumPy (the kept block itself where it is
-        one), or ``None`` unless all of them were kept."""
-        if self._filled.get(key) != n_rows:
+def whole_numerical(p) -> dict | None:
+    """``{input position: {output position: (n, m) NumPy rows}}`` from the run's rows, or
+    ``None`` unless every checked input's rows are all kept."""
+    whole = {}
+    for q in p.checked:
+        kept = p.kept_rows(q)
+        whole[q] = None if kept is None else kept.numpy()
+        if whole[q] is None:
             return None
-        block = self._blocks[key]
-        if block is not None:
-            return self.be.to_numpy(block)
-        return np.concatenate([self.be.to_numpy(r) for r in self._parts[key]], axis=0)
+    return whole
 
 
-class KeptRows:
-    """Every numerical row block the engine computes, per checked input and floating
-    output, written into one block each (:class:`RowStore`)."""
-
-    def __init__(self, p):
-        self.p = p
-        self._store = RowStore(p.be)
-        #: inputs whose kept rows were all compared, and agreed, with every output's
-        self.passed = set()
-        self._bounds = {}  # per input, the row blocks kept, in order
-
-    def add(self, q, start, stop, rows) -> None:
-        if start == 0:  # the input's rows computed again (after a path that gave way)
-            self.passed.discard(q)
-            self._bounds[q] = []
-        self._bounds.setdefault(q, []).append((start, stop))
-        n = self.p.be.numel(self.p.args[q])
-        for k in self.p.floats:
-            self._store.add((q, k), start, rows[k], n)
-
-    def remember(self, q) -> None:
-        """Leave input ``q``'s rows, if all were kept in blocks, for the forward-mode pass
-        of the same check (:mod:`agcheck.core.numerical_memo`)."""
-        p = self.p
-        n = p.be.numel(p.args[q])
-        blocks = {k: self._store.block((q, k), n) for k in p.floats}
-        if n and all(b is not None for b in blocks.values()):
-            p.run.numerical_memo.put(p.fn, p.args, q, MemoRows(blocks, list(self._bounds[q]), p.all_rows_exact(q)))
-
-    def has(self, q) -> bool:
-        return any(self._store.has((q, k)) for k in self.p.floats)
-
-    def arrays(self) -> dict | None:
-        """``{input position: {output position: (n, m) NumPy rows}}``, or ``None`` unless
-        every checked input's rows were all kept."""
-        p, whole = self.p, {}
-        for q in p.checked:
-            n = p.be.numel(p.args[q])
-            whole[q] = {k: self._store.whole((q, k), n) for k in p.floats}
-            if not n or any(rows is None for rows in whole[q].values()):
-                return None
-        return whole
-
-
-def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome | None:
+def decide(p, diff, analytical, where, exact_columns) -> Outcome | None:
     """The undecided outcome that hands the reference engine whole Jacobians leading it to
     its own verdict and message (see the module's docstring), or ``None`` when the
     mismatch is not confirmed that way.
@@ -157,12 +59,12 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
     row block seen to differ; ``exact_columns(k, c0, c1)`` computes output ``k``'s
     columns ``c0:c1`` one VJP each (per checked input, ``(n, c1 - c0)``)."""
     be, run = p.be, p.run
-    numerical = kept.arrays()
+    numerical = whole_numerical(p)
     if numerical is None:
         return _unconfirmed(run, "rows missing")
-    exact_rows = _overlay_exact_rows(p, numerical)
+    exact_rows = _exact_rows(p)
     exact_cols = _overlay_exact_columns(p, diff, analytical)
-    failing = _first_failing(p, diff, lambda i, j: analytical[diff[i]][j].by_input, numerical, kept.passed, where)
+    failing = _first_failing(p, diff, lambda i, j: analytical[diff[i]][j].by_input, numerical, where)
     if failing is None:  # the block seen to differ is not among those kept
         return _unconfirmed(run, "rows missing")
     i, j = failing
@@ -185,10 +87,10 @@ def decide(p, diff, analytical, kept: KeptRows, where, exact_columns) -> Outcome
     _confirmed(run, i, j, int(exact_rows[q].sum()), int(exact_cols[k].sum()))
     columns = {kk: ([(0, be.numel(p.outputs[kk]))], [block.by_output for block in analytical[kk]]) for kk in diff}
     inexact = not (_all_set(exact_rows) and _all_set(exact_cols))
-    return undecided("Jacobian mismatch", _whole_rows(p, numerical), columns, whole=True, inexact=inexact)
+    return undecided("Jacobian mismatch", columns, whole=True, inexact=inexact)
 
 
-def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
+def decide_forward(p, diff, jvp_rows, where) -> Outcome | None:
     """:func:`decide` for a forward-mode check: the undecided outcome that hands the
     reference engine whole Jacobians (numerical rows, and JVP rows as
     ``{input index: [per floating output matrix]}``) leading it to its own verdict and
@@ -197,15 +99,15 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
     In forward mode both sides are computed by rows (an input element moved, one JVP
     along it), so the entries the message prints are exact once the printed rows (and
     the worst entry's) are computed as the reference engine computes them, on both sides.
-    ``jvp_rows`` is a :class:`RowStore` of the JVP rows keyed ``(input index, floating
-    output index)``, as batched; ``where`` the row block seen to differ."""
+    ``jvp_rows`` holds the JVP rows per input index (an :class:`InputRows` keyed by
+    floating output index), as batched; ``where`` the row block seen to differ."""
     be, run, opts = p.be, p.run, p.run.opts
-    numerical = kept.arrays()
+    numerical = whole_numerical(p)
     analytical = _whole_jvp_rows(p, jvp_rows)
     if numerical is None or analytical is None:
         return _unconfirmed(run, "rows missing")
-    exact_rows = _overlay_exact_rows(p, numerical)
-    failing = _first_failing(p, diff, lambda i, j: analytical[j][i], numerical, kept.passed, where)
+    exact_rows = _exact_rows(p)
+    failing = _first_failing(p, diff, lambda i, j: analytical[j][i], numerical, where)
     if failing is None:
         return _unconfirmed(run, "rows missing")
     i, j = failing
@@ -227,7 +129,7 @@ def decide_forward(p, diff, jvp_rows, kept: KeptRows, where) -> Outcome | None:
     _confirmed(run, i, j, len(both), 0)
     whole = {jj: [be.array_like(m, p.outputs[kk]) for m, kk in zip(analytical[jj], p.floats)] for jj in analytical}
     inexact = not (_all_set(exact_rows) and _all_set(exact_jvps))
-    return undecided("Jacobian mismatch", _whole_rows(p, numerical), whole, whole=True, inexact=inexact)
+    return undecided("Jacobian mismatch", whole, whole=True, inexact=inexact)
 
 
 def _all_set(flags: dict) -> bool:
@@ -237,13 +139,6 @@ def _all_set(flags: dict) -> bool:
 def _confirmed(run, i, j, exact_rows, exact_columns) -> None:
     run.engine_log.append(EngineEvent("failure", "confirmed", j, f"output {i}", figures={
         "exact_rows": exact_rows, "exact_columns": exact_columns}))
-
-
-def _whole_rows(p, numerical) -> dict:
-    """The kept numerical rows as the reference engine takes them: per input, one block."""
-    be = p.be
-    return {x: [(0, be.numel(p.args[x]), {k: be.array_like(numerical[x][k], _like(p, x, k)) for k in p.floats})]
-            for x in p.checked}
 
 
 def _worst_entry(p, a, n, where, block) -> tuple[int, int]:
@@ -295,28 +190,20 @@ def _overlay_exact_columns(p, diff, analytical) -> dict:
     return exact_cols
 
 
-def _overlay_exact_rows(p, numerical) -> dict:
-    """Lays the rows the engine computed as the reference engine does over the kept
-    ``numerical`` rows (in place); per input, which rows are so exact."""
-    be = p.be
-    exact_rows = {q: np.zeros(be.numel(p.args[q]), dtype=bool) for q in p.checked}
-    for q, blocks in (p.exact_numerical() or {}).items():
-        for start, stop, rows in blocks:
-            for k in p.floats:
-                numerical[q][k][start:stop] = be.to_numpy(rows[k])
-            exact_rows[q][start:stop] = True
-    return exact_rows
+def _exact_rows(p) -> dict:
+    """Per input, which of its kept rows were computed as the reference engine computes them."""
+    return {q: p.kept_rows(q).exact.copy() for q in p.checked}
 
 
-def _whole_jvp_rows(p, jvp_rows: RowStore) -> dict | None:
+def _whole_jvp_rows(p, jvp_rows: dict) -> dict | None:
     """``{input index: [per floating output (n, m) NumPy matrix]}`` from the kept JVP
     rows, or ``None`` unless every row was kept."""
     whole = {}
-    for j, q in enumerate(p.checked):
-        n = p.be.numel(p.args[q])
-        whole[j] = [jvp_rows.whole((j, i), n) for i in range(len(p.floats))]
-        if not n or any(rows is None for rows in whole[j]):
+    for j in range(len(p.checked)):
+        rows = jvp_rows[j].numpy() if j in jvp_rows else None
+        if rows is None:
             return None
+        whole[j] = [rows[i] for i in range(len(p.floats))]
     return whole
 
 
@@ -325,15 +212,15 @@ def _unconfirmed(run, why: str) -> None:
     return None
 
 
-def _first_failing(p, diff, analytical, numerical, passed, where) -> tuple[int, int] | None:
+def _first_failing(p, diff, analytical, numerical, where) -> tuple[int, int] | None:
     """``(output index, input index)`` of the first block in torch's order whose
     Jacobians (``analytical(i, j)``, ``numerical[q][k]``) differ (torch's rule, as the
-    engine's passes apply it): blocks of the ``passed`` inputs agree, the block of
+    engine's passes apply it): blocks of the inputs that :attr:`Problem.passed` agree, the block of
     ``where`` differs, the others are compared."""
     opts = p.run.opts
     for i, k in enumerate(diff):
         for j, q in enumerate(p.checked):
-            if q not in passed and ((q, k) == where[:2] or not allclose_like_torch(
+            if q not in p.passed and ((q, k) == where[:2] or not allclose_like_torch(
                     analytical(i, j), numerical[q][k], opts.rtol, opts.atol)):
                 return i, j
     return None

@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 
 from agcheck.backends.base import Capability
+from agcheck.core.numerical_rows import InputRows
 from agcheck.core.outcome import PASSED, Outcome, undecided
 from agcheck.engine import coloured, columns, failure
-from agcheck.engine.batched import MISMATCH, EngineFallback, _differing_block, _finish_rows, _require_dense, _RowsKept
+from agcheck.engine.batched import MISMATCH, EngineFallback, _Decidable, _differing_block, _finish_rows, _require_dense
 from agcheck.engine.rows import Problem, n_in_total
 
 __all__ = ["compare_slow_forward"]
@@ -31,18 +32,16 @@ def compare_slow_forward(run, piece) -> Outcome:
             return PASSED
         _forward(run, p, piece.diff)
     except EngineFallback as reason:
-        exact = None
         if p is not None and str(reason) == MISMATCH:
-            if isinstance(reason, _RowsKept):
+            if isinstance(reason, _Decidable):
                 try:
-                    decided = failure.decide_forward(p, piece.diff, reason.analytical, reason.kept, reason.where)
+                    decided = failure.decide_forward(p, piece.diff, reason.analytical, reason.where)
                 except EngineFallback:
                     decided = None
                 if decided is not None:
                     return decided
             _finish_rows(p)
-            exact = p.exact_numerical()
-        return undecided(str(reason), exact)
+        return undecided(str(reason))
     return PASSED
 
 
@@ -58,49 +57,48 @@ def _forward(run, p, diff) -> None:
     fn, args, checked = p.fn, p.args, p.checked
     # every row computed is kept where a failure can be decided from them: the first row
     # block that differs ends the comparison, not the rows
-    kept = failure.KeptRows(p) if failure.may_decide(p) else None
-    jvp_rows, differs = failure.RowStore(be), None
+    decidable = failure.may_decide(p)
+    jvp_rows, differs = {}, None  # per input index, its JVP rows (where decidable)
     for j, q in enumerate(checked):
         probe = None
-        remembered = p.remembered(q)  # the reverse-mode pass's rows
-        if remembered is not None and kept is not None:
-            kept.add(q, 0, be.numel(args[q]), remembered.rows)
-        if remembered is None and not p.batched_ok(q) and be.numel(args[q]):
+        if q not in p.remembered and not p.batched_ok(q) and be.numel(args[q]):
             # a batched JVP first: if it fails (random ops or ops without a batching rule
             # under vmap), it fails before a looped numerical side that the reference
             # engine would compute again
             probe = be.jvp_rows(fn, args, checked, j, [0])
         for chunk in p.numerical_row_chunks(q):  # fn's calls run one frame below this one
-            for s, e, rows in _jvp_blocks(p, q, chunk, kept if remembered is None else None):
+            for s, e, rows in _jvp_blocks(p, q, chunk):
                 # a one-element input's rows are the probe's: its jvp runs once, as in torch
                 analytical = probe if probe is not None and (s, e) == (0, 1) else \
                     be.jvp_rows(fn, args, checked, j, list(range(s, e)))  # one batched JVP
                 probe = None
-                _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e)
+                _keep_jvp_rows(p, analytical, decidable, jvp_rows, j, q, s, e)
                 if differs is None:
-                    differs = _block_differs(p, diff, analytical, rows, kept, (q, s, e))
-        if differs is None and kept is not None:
-            kept.passed.add(q)
+                    differs = _block_differs(p, diff, analytical, rows, decidable, (q, s, e))
+        if differs is None and decidable:
+            p.passed.add(q)
     if differs is not None:
-        raise _RowsKept(jvp_rows, kept, differs)
+        raise _Decidable(jvp_rows, differs)
 
 
-def _keep_jvp_rows(p, analytical, kept, jvp_rows, j, q, s, e) -> None:
+def _keep_jvp_rows(p, analytical, decidable, jvp_rows, j, q, s, e) -> None:
     """Check the JVP rows ``s:e`` of input ``q`` (one per floating output, of the
-    outputs' kinds) and, where rows are kept, keep them (undefined ones as zeros)."""
+    outputs' kinds) and, where ``decidable``, keep them (undefined ones as zeros)."""
     be = p.be
     if len(analytical) != len(p.floats):
         raise EngineFallback("outputs changed")
     for a, k in zip(analytical, p.floats):
         if p.opts.check_grad_dtypes and be.is_complex(a) != be.is_complex(p.outputs[k]):
             raise EngineFallback("forward gradient dtype differs from its output's")
-    if kept is not None:
+    if decidable:
+        rows = {}
         for i, (a, k) in enumerate(zip(analytical, p.floats)):
             a = be.zeros((e - s, be.numel(p.outputs[k])), like=p.outputs[k]) if a is None else a
-            jvp_rows.add((j, i), s, be.xp(a).reshape(a, (e - s, -1)), be.numel(p.args[q]))
+            rows[i] = be.xp(a).reshape(a, (e - s, -1))
+        jvp_rows.setdefault(j, InputRows(be, be.numel(p.args[q]))).add(s, e, rows, exact=False)
 
 
-def _block_differs(p, diff, analytical, rows, kept, where):
+def _block_differs(p, diff, analytical, rows, decidable, where):
     """``(input, output, first row, end row)`` of the first output whose JVP rows differ
     from the numerical rows of block ``where`` (input, first row, end row), else None."""
     be, opts = p.be, p.opts
@@ -113,22 +111,20 @@ def _block_differs(p, diff, analytical, rows, kept, where):
         if tuple(a.shape) != tuple(n_rows.shape):
             raise EngineFallback(MISMATCH)  # the reference engine reports it as torch does
         if not be.allclose(a, n_rows, opts.rtol, opts.atol):
-            return _differing_block(kept, (q, k, s, e))
+            return _differing_block(decidable, (q, k, s, e))
     return None
 
 
-def _jvp_blocks(p, q, chunk, kept):
-    """The numerical row block ``chunk`` of input ``q`` (given to ``kept``, when not
-    ``None``), cut into the blocks one batched JVP computes within the batch memory at the
-    memory the shapes imply for a row (:meth:`Problem.chunk_rows`): rows computed one
-    element at a time come in one block of any size, and a JVP of them all at once would
-    hold every tangent and its intermediates."""
+def _jvp_blocks(p, q, chunk):
+    """The numerical row block ``chunk`` of input ``q``, cut into the blocks one batched
+    JVP computes within the batch memory at the memory the shapes imply for a row
+    (:meth:`Problem.chunk_rows`): rows computed one element at a time come in one block
+    of any size, and a JVP of them all at once would hold every tangent and its
+    intermediates."""
     be = p.be
     n = be.numel(p.args[q])
     estimate = columns.derivative_row_bytes(p, n)
     s, e, rows = chunk
-    if kept is not None:
-        kept.add(q, s, e, rows)
     a = s
     while a < e:
         b = min(e, a + p.chunk_rows(estimate, n))

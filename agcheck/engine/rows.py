@@ -5,8 +5,8 @@ own first dimension, or under ``vmap``, agreeing with plain calls), computes the
 Jacobian rows in chunks (batched, each chunk as many rows as the memory budget allows for
 the bytes the shapes imply: :mod:`~agcheck.engine.cost`; or element by element, with the
 samples moved together where they are independent: :mod:`~agcheck.engine.samples`), and
-keeps the rows computed element by element for the reference engine to reuse on a
-failure. Every choice follows from the check's shapes, its traced graph and the forms the
+keeps them, where whole Jacobians fit, in the run's rows (:mod:`agcheck.core.numerical_rows`:
+for the failure's decision, the reference engine and the forward-mode pass). Every choice follows from the check's shapes, its traced graph and the forms the
 backend declares: none from the time a call took.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
+from agcheck.core.numerical_rows import runs
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.row_block import RowBlock
 from agcheck.core.shared_evaluations import sharing
@@ -73,12 +74,13 @@ class Problem(SampleRows):
         #: what one batched call may take: as much as one Jacobian (which the reference
         #: engine holds), at least MIN_BATCH_BYTES, at most its share of the budget
         self.batch_bytes = min(self.budget // cost.CHUNK_SHARE, max(jacobian_bytes, MIN_BATCH_BYTES))
-        #: per input, its rows computed element by element (as the reference engine
-        #: computes them) when all of them were: reused instead of being computed again
-        self._exact_rows = {}
-        #: per input, every block of rows computed element by element so far, by start
-        #: (a failing check hands them to the reference engine, which computes the rest)
-        self._exact_blocks = {}
+        #: the inputs whose rows another pass of the same check left in the run's rows
+        #: (:mod:`agcheck.core.numerical_rows`: the forward-mode pass takes the reverse-mode
+        #: pass's): :meth:`numerical_row_chunks` yields them as they are
+        self.remembered = {q for q in checked if (kept := self.kept_rows(q)) is not None and kept.complete()}
+        #: the inputs whose rows all agreed with the analytical side in the comparison under
+        #: way (for :func:`agcheck.engine.failure.decide`)
+        self.passed = set()
         #: per output, the analytical Jacobian's column ranges computed one VJP per
         #: column (as the reference engine computes them) and reentrancy-checked, with
         #: the Jacobian's rows (one per output element) per checked input
@@ -90,8 +92,6 @@ class Problem(SampleRows):
         #: found independent), as :meth:`samples` found it
         self._samples = {}
         self._sample_base = {}  # per input found to hold samples: fn's floating outputs unmoved (NumPy)
-        #: per input, rows another pass of the same check computed (see :meth:`remembered`)
-        self._remembered = {}
 
     def chunk_rows(self, bytes_per_row: int, n_rows: int) -> int:
         """Rows (or columns) one batched call takes: what the batch memory
@@ -324,22 +324,12 @@ class Problem(SampleRows):
                     parts[k].append(be.to_numpy(outs[k]).reshape(-1))
         return {k: np.stack(v) for k, v in parts.items()}
 
-    def exact_numerical(self) -> dict | None:
-        """``{input position: [(start, stop, {output position: rows})]}``: the row blocks
-        computed element by element so far (the reference engine's numbers, bit for bit),
-        in order; ``None`` when there are none."""
-        if not self.keep_rows:
-            return None
-        found = {q: [self._exact_blocks[q][s] for s in sorted(self._exact_blocks[q])]
-                 for q in self.checked if self._exact_blocks.get(q)}
-        return found or None
-
     def rows_element_by_element(self, pos, begin, end):
         """Yield row blocks ``(start, stop, {output position: rows})`` covering rows
         ``begin:end`` of ``args[pos]``, computed as the reference engine computes them (an
         element and its counterparts in the other samples at once, where :meth:`samples`
-        found them independent), and noted as such."""
-        yield from self._noted(pos, self._looped_row_chunks(pos, begin, end, self.run.eps_for(self.args[pos])))
+        found them independent), and kept as such."""
+        yield from self._kept(pos, self._looped_row_chunks(pos, begin, end, self.run.eps_for(self.args[pos])))
 
     def finish_rows_by_samples(self) -> None:
         """Compute, element by element with the samples moved together, the numerical rows
@@ -349,21 +339,13 @@ class Problem(SampleRows):
         if not self.keep_rows:
             return
         for q in self.checked:
-            n = self.be.numel(self.args[q])
-            if q in self._exact_rows or not n or not self.samples(q):
+            kept = self.kept_rows(q)
+            exact = kept.exact if kept is not None else np.zeros(self.be.numel(self.args[q]), dtype=bool)
+            if exact.all() or not self.samples(q):
                 continue
-            eps, done = self.run.eps_for(self.args[q]), 0
-            blocks = self._exact_blocks.get(q, {})
-            gaps = []
-            for s in sorted(blocks):
-                if s > done:
-                    gaps.append((done, s))
-                done = max(done, blocks[s][1])
-            if done < n:
-                gaps.append((done, n))
             # all gaps in one pass: a gap in one sample is moved together with its
             # counterparts in the others, not in a call of its own
-            for _ in self._sample_row_chunks(q, gaps, eps):  # it notes its blocks itself
+            for _ in self._sample_row_chunks(q, runs(~exact), self.run.eps_for(self.args[q])):  # kept as computed
                 pass
 
     def note_exact_columns(self, k, ranges, rows) -> None:
@@ -378,29 +360,28 @@ class Problem(SampleRows):
         :meth:`note_exact_columns` noted; ``None`` when nothing."""
         return dict(self._exact_columns) or None
 
-    def _noted(self, pos, chunks):
-        """``chunks`` (computed element by element), each noted as an exact block."""
+    def kept_rows(self, pos):
+        """The run's rows of ``args[pos]`` (an :class:`InputRows`), or ``None``."""
+        return self.run.rows.of(self.fn, self.args, pos)
+
+    def _kept(self, pos, chunks):
+        """``chunks`` (computed element by element), each kept as such."""
         for chunk in chunks:
-            self._note(pos, chunk)
+            self._keep(pos, chunk, exact=True)
             yield chunk
 
-    def _note(self, pos, chunk) -> None:
-        if self.keep_rows and chunk[1] > chunk[0]:
-            self._exact_blocks.setdefault(pos, {})[chunk[0]] = chunk
+    def _keep(self, pos, chunk, exact: bool) -> None:
+        """Keep the row block ``chunk`` of ``args[pos]`` in the run's rows, where
+        :attr:`keep_rows`."""
+        if self.keep_rows:
+            self.run.rows.of(self.fn, self.args, pos, self.be.numel(self.args[pos])).add(*chunk, exact)
 
-    def remembered(self, pos):
-        """The rows of ``args[pos]`` that the reverse-mode pass of the same check left
-        (:mod:`agcheck.core.numerical_memo`; a :class:`MemoRows`, taken from the run's
-        memo), or ``None``. Once taken, :meth:`numerical_row_chunks` yields them, in the
-        blocks they were computed in. Only a forward-mode pass asks."""
-        if pos not in self._remembered:
-            self._remembered[pos] = self.run.numerical_memo.take(self.fn, self.args, pos)
-        return self._remembered[pos]
-
-    def all_rows_exact(self, pos) -> bool:
-        """Whether the rows of ``args[pos]`` were all computed element by element, in one
-        pass (the rows :meth:`numerical_row_chunks` yields are then those)."""
-        return pos in self._exact_rows
+    def add(self, pos, start, stop, rows) -> None:
+        """A comparison's row block of ``args[pos]`` (already kept, :meth:`_keep`): from row
+        0, the input's rows were computed again, and it no longer counts as agreeing
+        (:attr:`passed`)."""
+        if start == 0:
+            self.passed.discard(pos)
 
     def numerical_row_chunks(self, pos, report=True):
         """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
@@ -408,21 +389,22 @@ class Problem(SampleRows):
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
         advance = self.run.progress.advance if report else _ignored
-        if self._remembered.get(pos) is not None:
-            yield from self._remembered_chunks(pos, advance)
-            return
-        if pos not in self._exact_rows and not self.batched_ok(pos):
-            chunks = self._noted(pos, self._looped_row_chunks(pos, 0, n, eps))
+        kept = self.kept_rows(pos)
+        reused = kept is not None and kept.complete() and (pos in self.remembered or kept.exact.all())
+        if not reused and not self.batched_ok(pos):
+            chunks = self._kept(pos, self._looped_row_chunks(pos, 0, n, eps))
             if not self.keep_rows:
                 for chunk in chunks:
                     advance(chunk[1] - chunk[0])
                     yield chunk
                 return
-            self._exact_rows[pos] = list(chunks)
-        if pos in self._exact_rows:
-            for chunk in self._exact_rows[pos]:
-                advance(chunk[1] - chunk[0])
-                yield chunk
+            for _ in chunks:  # every row first, then as kept
+                pass
+            kept, reused = self.kept_rows(pos), True
+        if reused:
+            for start, stop in kept.bounds:
+                advance(stop - start)
+                yield start, stop, kept.rows(start, stop)
             return
         # batched: every stencil point of every row of a chunk in one call (a complex
         # input: its real moves, then its imaginary ones), called from this frame
@@ -433,16 +415,9 @@ class Problem(SampleRows):
             for step in (eps, eps * 1j) if be.is_complex(x) else (eps,):  # a loop: no frame above fn's calls
                 outs = self.evaluators[pos](self._element_moves(pos, start, stop, step))
                 parts.append(self._difference_rows(pos, outs, stop - start, eps))
-            advance(stop - start)
-            yield start, stop, parts[0] if len(parts) == 1 else {
+            chunk = start, stop, parts[0] if len(parts) == 1 else {
                 k: be.xp(x).astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
-
-    def _remembered_chunks(self, pos, advance):
-        remembered = self._remembered[pos]
-        for start, stop in remembered.bounds:
-            chunk = (start, stop, {k: rows[start:stop] for k, rows in remembered.rows.items()})
-            if remembered.exact:
-                self._note(pos, chunk)
+            self._keep(pos, chunk, exact=False)
             advance(stop - start)
             yield chunk
 

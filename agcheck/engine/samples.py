@@ -192,8 +192,8 @@ class SampleRows:
                             rows[lo][k][f - lo, segment] = row[segment]
                 blocks = [(lo, hi, {k: be.array_like(rows[lo][k], self.outputs[k]) for k in self.floats})
                           for _, lo, hi in ranges]
-                for block in blocks:  # all noted first: a consumer may stop at the first that differs
-                    self._note(pos, block)
+                for block in blocks:  # all kept first: a consumer may stop at the first that differs
+                    self._keep(pos, block, exact=True)
                 yield from blocks
 
     def _looped_row_chunks(self, pos, begin, end, eps):

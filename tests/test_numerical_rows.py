@@ -1,11 +1,12 @@
 """The forward-mode pass of a slow-mode check takes the numerical Jacobians its reverse-mode
-pass computed (agcheck.core.numerical_memo) instead of evaluating fn for them again, as
-torch's checker does; verdicts and messages stay torch's."""
+pass computed (the run's rows, agcheck.core.numerical_rows) instead of evaluating fn for
+them again, as torch's checker does; verdicts and messages stay torch's."""
+import numpy as np
 import pytest
 import torch
 
 import agcheck
-from agcheck.core.numerical_memo import MemoRows, NumericalMemo
+from agcheck.core.numerical_rows import NumericalRows
 import importlib
 
 from .helpers import make, run_check as run, torch_text
@@ -100,7 +101,7 @@ def test_a_wrong_jvp_still_fails_the_forward_pass_with_torchs_message(engine, mo
     args = (make(n, seed=1), make(n, seed=2))
     with pytest.raises(RuntimeError) as expected:
         torch.autograd.gradcheck(_Dense.apply, args, **_BOTH)
-    taken = _record_takes(monkeypatch)
+    taken = _record_given(monkeypatch)
     with pytest.raises(agcheck.GradcheckError) as info:
         agcheck.gradcheck(_Dense.apply, args, engine=engine, **_BOTH)
     assert torch_text(info.value).split("\n\n")[0] == str(expected.value).rstrip("\n")
@@ -109,41 +110,57 @@ def test_a_wrong_jvp_still_fails_the_forward_pass_with_torchs_message(engine, mo
     assert taken == [0, 1]
 
 
-def _record_takes(monkeypatch) -> list:
-    """The positions whose rows the memo gave out, from now on."""
-    taken, original = [], NumericalMemo.take
+def _record_given(monkeypatch) -> list:
+    """The positions whose rows the reverse-mode pass left whole for the forward-mode
+    pass, from now on."""
+    given = []
+    comparison = importlib.import_module("agcheck.checks.jacobian")
+    check = comparison.check
 
-    def take(self, fn, args, position, exact_only=False):
-        rows = original(self, fn, args, position, exact_only)
-        if rows is not None:
-            taken.append(position)
-        return rows
+    def recorded(run, piece):
+        if piece.forward:
+            for q in piece.checked:
+                kept = run.rows.of(piece.fn, piece.args, q)
+                if kept is not None and kept.complete():
+                    given.append(q)
+        check(run, piece)
 
-    monkeypatch.setattr(NumericalMemo, "take", take)
-    return taken
+    monkeypatch.setattr(comparison, "check", recorded)
+    return given
 
 
-def test_the_memo_matches_by_identity_and_gives_each_entry_once():
-    memo = NumericalMemo(wanted=True)
+def test_rows_match_by_identity_and_tell_which_are_exact():
+    be = agcheck.get_backend("torch")
+    rows = NumericalRows(be, wanted=True)
     fn, other = (lambda x: x), (lambda x: x)
     x, y = torch.ones(3), torch.ones(3)
-    rows = MemoRows({0: torch.eye(3)}, [(0, 3)], exact=False)
-    memo.put(fn, (x, y), 0, rows)
-    assert memo.take(other, (x, y), 0) is None
-    assert memo.take(fn, (x, y.clone()), 0) is None
-    assert memo.take(fn, (x, y), 1) is None
-    assert memo.take(fn, (x, y), 0) is rows
-    assert memo.take(fn, (x, y), 0) is None
-    memo.put(fn, (x, y), 0, rows)
-    assert memo.take(fn, (x, y), 0, exact_only=True) is None  # the reference engine wants exact rows
-    assert memo.take(fn, (x, y), 0) is None  # and they are gone
-    unwanted = NumericalMemo(wanted=False)
-    unwanted.put(fn, (x, y), 0, rows)
-    assert unwanted.take(fn, (x, y), 0) is None
+    kept = rows.of(fn, (x, y), 0, 3)
+    assert rows.of(fn, (x, y), 0) is kept
+    assert rows.of(other, (x, y), 0) is None
+    assert rows.of(fn, (x, y.clone()), 0) is None
+    assert rows.of(fn, (x, y), 1) is None
+    eye = torch.eye(3, dtype=torch.float64)
+    kept.add(0, 2, {0: eye[:2]}, exact=False)
+    assert not kept.complete() and kept.numpy() is None
+    kept.add(2, 3, {0: eye[2:]}, exact=True)
+    assert kept.complete() and np.array_equal(kept.numpy()[0], eye.numpy())
+    assert [(s, e) for s, e, _ in kept.blocks(exact_only=True)] == [(2, 3)]  # the reference engine's kind
+    assert [(s, e) for s, e, _ in kept.blocks(exact_only=False)] == [(0, 3)]
+    kept.add(0, 1, {0: 2 * eye[:1]}, exact=True)  # a row computed again replaces the kept one
+    assert [(s, e) for s, e, _ in kept.blocks(exact_only=True)] == [(0, 1), (2, 3)]
+    assert torch.equal(kept.rows(0, 1)[0], 2 * eye[:1]) and kept.bounds == [(0, 1)]
+    rows.piece_done(forward=False)  # a forward-mode pass follows: kept for it
+    assert rows.of(fn, (x, y), 0) is kept
+    rows.piece_done(forward=True)
+    assert rows.of(fn, (x, y), 0) is None
+    unwanted = NumericalRows(be, wanted=False)
+    unwanted.of(fn, (x, y), 0, 3)
+    unwanted.piece_done(forward=False)
+    assert unwanted.of(fn, (x, y), 0) is None
 
 
 @pytest.mark.parametrize("options", [dict(fast_mode=True), dict(check_backward_ad=False)])
 def test_nothing_is_kept_where_no_forward_pass_follows_a_slow_reverse_pass(options):
     r, _ = _evaluations(_SIZES["auto"], engine="auto", **dict(_BOTH, **options))
     assert r.verdict
-    assert not r.numerical_memo.wanted
+    assert not r.rows.wanted and r.rows.of(r.fn, r.args, 0) is None
