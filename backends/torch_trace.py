@@ -60,11 +60,18 @@ class TorchTrace(Trace):
             yield [None if g is None else g.clone() for g in grads]
 
     def vjp_batched(self, output_position, stacked_cotangents) -> list:
+        # what autograd.grad(is_grads_batched=True) runs (torch's first vmap over one
+        # backward pass), without its checks of the cotangents' shapes, whose first use
+        # in a process imports sympy (0.3-0.7 s): the stacked cotangents are the output's
+        from torch._vmap_internals import _vmap
+
+        outputs = (self.outputs[output_position],)
+
+        def one(cotangent):
+            return torch_engine.vjp(outputs, self.inputs, (cotangent,))
+
         with _quiet_batching():
-            return list(torch.autograd.grad(
-                self.outputs[output_position], self.inputs, stacked_cotangents,
-                retain_graph=True, allow_unused=True, is_grads_batched=True,
-            ))
+            return list(_vmap(one, 0, 0, allow_none_pass_through=True)(stacked_cotangents))
 
     def vjp_many(self, output_position, stacked_cotangents) -> list:
         # autograd.grad(is_grads_batched=True) batches through torch's first vmap, which

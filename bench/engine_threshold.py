@@ -75,19 +75,19 @@ class _Estimates:
 
     def __init__(self):
         self.seen = []
-        self._decide = loop_plan.loop_is_cheap
+        self._decide = loop_plan.plan
 
     def __enter__(self):
         def recorded(run, piece, n_in):
-            cheap = self._decide(run, piece, n_in)
+            decided = self._decide(run, piece, n_in)
             self.seen.append(run.engine_log[-1].figures["loop_calls"])
-            return cheap
+            return decided
 
-        loop_plan.loop_is_cheap = recorded
+        loop_plan.plan = recorded
         return self
 
     def __exit__(self, *exc):
-        loop_plan.loop_is_cheap = self._decide
+        loop_plan.plan = self._decide
 
 
 def _cpu_seconds(check, fn, args, options) -> float:

@@ -1131,8 +1131,8 @@ def test_a_small_check_makes_no_more_backward_calls_than_torchs(vjps_from, facto
 
 @pytest.mark.parametrize("factor", [1.0, 1.1])
 def test_a_check_no_input_of_which_can_be_batched_and_whose_vjps_are_cheap_tries_no_batched_vjp(factor, monkeypatch):
-    # 9 elements of a cheap function: the VJP passes cost about a millisecond, below what
-    # a first batched VJP (and vmap's code pages) may lose; the reference engine decides
+    # 7 elements: 14 VJPs, fewer than cost.BATCHED_VJPS_FROM_CALLS; no input can be
+    # batched either: the reference engine decides
     monkeypatch.setattr(ScaledSin, "factor", factor)
     from agcheck.backends import torch_backend
 
@@ -1141,7 +1141,7 @@ def test_a_check_no_input_of_which_can_be_batched_and_whose_vjps_are_cheap_tries
     monkeypatch.setattr(torch_backend.TorchTrace, "vjp_many",
                         lambda self, *a, **kw: batched.append(1) or original(self, *a, **kw))
     fn = lambda t: ScaledSin.apply(t.flip(0) * t.sum())  # noqa: E731
-    x = make(3, 3, seed=14)
+    x = make(7, seed=14)
     # the engine prices the VJP passes from the check's first evaluation: fn warmed, so
     # that a first call's one-time costs in a fresh test worker cannot tip the estimate
     # (this test failed once under xdist, and never alone)
@@ -1371,6 +1371,7 @@ def test_a_forward_check_is_planned_from_its_calls_however_dear_a_jvp(jvp_second
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 18)
+    monkeypatch.setattr(cost, "timed_band", lambda whole_batches: range(0))  # counted, never timed
     monkeypatch.setattr(SinWithJvp, "factor", factor)
     monkeypatch.setattr(SinWithJvp, "jvp_seconds", jvp_seconds)
     options = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False)
@@ -1390,7 +1391,7 @@ def test_an_error_of_the_engines_own_code_fails_agcheck_tests_and_never_a_users_
     import agcheck.checks.jacobian as reference
     from agcheck.engine import batched
 
-    def broken(run, piece):
+    def broken(run, piece, dear_calls=False):
         raise KeyError(0)
 
     monkeypatch.setattr(batched, "compare_slow_reverse", broken)
@@ -1414,7 +1415,7 @@ def test_a_fallback_on_an_error_is_logged_with_its_exception(monkeypatch, caplog
         assert run(torch.sin, (x,), engine="batched").verdict
     assert not caplog.records  # decided by the engine: nothing to log
 
-    def broken(run, piece):
+    def broken(run, piece, dear_calls=False):
         raise RuntimeError("Batching rule not implemented for aten::something")
 
     monkeypatch.setattr(batched, "compare_slow_reverse", broken)

@@ -45,6 +45,13 @@ def test_a_loop_of_dear_calls_in_the_band_goes_to_the_engine(broken):
         assert _plans(r) == [("engine", "the loop makes dear calls", expected)]
         assert r.verdict is (not broken)
         assert r.verdict is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+        if not broken:  # its 60 VJPs batched too: fewer than BATCHED_VJPS_FROM_CALLS, but dear
+            assert ("vjp", "batched") in {(e.path, e.decision) for e in r.engine_log}
+    # the same check sent to the engine by the keyword, its calls not found dear: a loop
+    # of 60 VJPs is not worth batching
+    r = run_check(_sines(broken, work=0.002), (x,), engine="batched")
+    assert ("vjp", "batched") not in {(e.path, e.decision) for e in r.engine_log}
+    assert r.verdict is (not broken)
 
 
 @pytest.mark.parametrize("broken", [False, True])
@@ -105,3 +112,34 @@ def test_no_band_where_the_backend_compiles_every_shape():
     band = cost.timed_band(False)
     assert band.start == cost.ENGINE_FROM_CALLS // cost.TIMED_FROM_SHARE and band.stop == cost.ENGINE_FROM_CALLS
     assert cost.loop_is_dear(100, 2 * cost.DEAR_CALL) and not cost.loop_is_dear(100, cost.DEAR_CALL)
+
+
+def _three_parts(broken=False, work=0.0):
+    """Three inputs of 10 elements, three outputs of 5 or 6 (the last one's backward one
+    entry off when ``broken``); each call works ``work`` seconds of CPU time besides."""
+    last = OneEntryOff.apply if broken else torch.sin
+
+    def fn(a, b, c):
+        if work:
+            busy(work)
+        return a[:5] * b[:5], b[5:] * c[5:], last(c[4:])
+
+    return fn
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_dear_calls_batch_the_vjps_of_small_outputs(broken):
+    # inputs too small to be moved in batches, outputs too small for batched VJPs to pay
+    # on a cheap function (a VJP function of a gradgradcheck looks so): a loop of 92 calls
+    args = (make(10, seed=1), make(10, seed=2), make(10, seed=3))
+    fn = _three_parts(broken, work=0.002)
+    r = run_check(fn, args)
+    assert [e.detail for e in r.engine_log if e.path == "plan"] == ["the loop makes dear calls"]
+    assert r.verdict is (not broken) is torch.autograd.gradcheck(fn, args, raise_exception=False)
+    if not broken:  # decided by the engine: rows looped, the VJPs batched
+        assert ("vjp", "batched") in {(e.path, e.decision) for e in r.engine_log}
+        assert not r.engine_fallbacks
+    # the engine forced on it, its calls not priced: it has nothing to batch and hands over
+    r = run_check(fn, args, engine="batched")
+    assert [o.reason for o in r.engine_fallbacks][:1] == ["no input can be moved in batches"]
+    assert r.verdict is (not broken)

@@ -68,10 +68,14 @@ def check(run, piece: Piece) -> None:
     n_in = sum(be.numel(x) for x in piece.inputs)
     run.progress.start(n_in, f"{'forward' if piece.forward else 'reverse'}-mode Jacobians")
     try:
-        if run.opts.engine == "batched" or run.opts.engine == "auto" and not loop_plan.loop_is_cheap(run, piece, n_in):
+        if run.opts.engine == "auto":
+            plan = loop_plan.plan(run, piece, n_in)
+        else:
+            plan = "engine" if run.opts.engine == "batched" else "reference"
+        if plan != "reference":
             compare = forward_rows.compare_slow_forward if piece.forward else engine.compare_slow_reverse
             try:
-                outcome = compare(run, piece)
+                outcome = compare(run, piece, dear_calls=plan == "dear")
             except Exception as error:
                 if error in run.user_errors or isinstance(error, OWN_ERRORS) and os.environ.get(STRICT_ENGINE):
                     raise

@@ -5,18 +5,24 @@ calls of a reference function timed beside one call of ``fn``: a ratio, never se
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.piece import Piece
 from agcheck.engine import cost
 
-__all__ = ["loop_is_cheap", "call_in_reference_calls"]
+__all__ = ["Plan", "plan", "call_in_reference_calls"]
+
+#: where a slow-mode check goes: the element-by-element loop (``"reference"``, too few
+#: calls for the engine to pay), the engine (``"engine"``), or the engine because the
+#: loop's calls are dear (``"dear"``: the engine then batches even a short loop of VJPs)
+Plan = Literal["reference", "engine", "dear"]
 
 
-def loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
-    """Whether the element-by-element loop makes too few calls for the engine to pay
-    (then it decides at once); the decision is logged either way, with its figures (the
-    counts: a timed ratio decides only within ``cost.timed_band`` and is not logged)."""
+def plan(run, piece: Piece, n_in: int) -> Plan:
+    """Where the slow-mode check of ``piece`` goes; the decision is logged, with its
+    figures (the counts: a timed ratio decides only within ``cost.timed_band`` and is not
+    logged)."""
     be = run.be
     n_out = sum(be.numel(piece.outputs[k]) for k in piece.diff)
     # a complex input is moved along its real and its imaginary axis: twice the evaluations
@@ -26,12 +32,12 @@ def loop_is_cheap(run, piece: Piece, n_in: int) -> bool:
     figures = {"loop_calls": calls, "engine_from_calls": limit}
     if calls >= limit:
         run.engine_log.append(EngineEvent("plan", "engine", None, "the loop makes many calls", figures=figures))
-        return False
+        return "engine"
     if calls in cost.timed_band(be.whole_batches) and cost.loop_is_dear(calls, call_in_reference_calls(run, piece)):
         run.engine_log.append(EngineEvent("plan", "engine", None, "the loop makes dear calls", figures=figures))
-        return False
+        return "dear"
     run.engine_log.append(EngineEvent("plan", "reference", None, "the loop makes few calls", figures=figures))
-    return True
+    return "reference"
 
 
 def call_in_reference_calls(run, piece: Piece) -> float:

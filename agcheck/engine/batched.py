@@ -50,15 +50,16 @@ def _require_dense(be, args) -> None:
             raise EngineFallback(f"an argument has layout {be.layout(a)!r}")
 
 
-def compare_slow_reverse(run, piece) -> Outcome:
-    """Slow-mode reverse check of one piece, batched: passed, or undecided with a reason."""
+def compare_slow_reverse(run, piece, dear_calls: bool = False) -> Outcome:
+    """Slow-mode reverse check of one piece, batched: passed, or undecided with a reason;
+    ``dear_calls``: the plan found the loop's calls dear (:mod:`agcheck.checks.loop_plan`)."""
     be, opts, args, checked, diff = run.be, run.opts, piece.args, piece.checked, piece.diff
     try:
         _require_dense(be, args)
     except EngineFallback as reason:
         return undecided(str(reason))
     # the paths are chosen in this frame: the probes' calls of fn run one frame below it
-    p = Problem(run, piece.fn, piece.trace, args, checked)
+    p = Problem(run, piece.fn, piece.trace, args, checked, dear_calls)
     try:
         # compressed differences need a few dozen evaluations: worth it also one call at a time
         if opts.engine == "auto" and coloured.try_compressed_reverse(p, checked, diff):
@@ -66,27 +67,33 @@ def compare_slow_reverse(run, piece) -> Outcome:
             return PASSED
         n_in = n_in_total(be, args, checked)
         colourable = opts.engine == "auto" and n_in * p.out_numel >= coloured.MIN_ENTRIES
-        if p.keep_rows and (colourable or _columns_may_batch(p, diff)):
-            _reverse_whole(run, p, diff, colourable)
-            return PASSED
         # each input's batched forms are probed where a path first needs them: a check
         # whose first input's rows raise (as torch's checker meets the error, at its first
         # rows) pays no probe of the others; where rows are kept, an input that cannot be
         # batched has its rows computed, element by element, before the next is probed
-        batchable = False
-        for q in checked:
-            batchable = p.batched_ok(q)
-            if batchable:
-                break
-            if p.keep_rows:
-                for _ in p.numerical_row_chunks(q, report=False):
-                    pass
+        batchable = p.keep_rows and (colourable or _columns_may_batch(p, diff))
+        if not batchable:
+            for q in checked:
+                batchable = p.batched_ok(q)
+                if batchable:
+                    break
+                if p.keep_rows:
+                    for _ in p.numerical_row_chunks(q, report=False):
+                        pass
         if not batchable:
             raise EngineFallback("no input can be moved in batches")
-        if p.keep_rows:
-            _reverse_whole(run, p, diff, colourable)
-        else:
+        if not p.keep_rows:
             _reverse_by_column_blocks(p, diff, n_in)
+            return PASSED
+        # every numerical row first, as torch's checker orders them, where the pattern
+        # cannot colour them (an evaluation of fn that raises at a step raises before the
+        # analytical side is paid): from this frame, one frame above the probes' calls
+        numerical: dict | None = None
+        if not colourable:
+            numerical = {}
+            for q in checked:
+                numerical[q] = list(p.numerical_row_chunks(q))
+        _reverse_whole(run, p, diff, colourable, numerical)
     except EngineFallback as reason:
         return _handed_back(p, piece, reason)
     return PASSED
@@ -168,21 +175,14 @@ class _Decidable(EngineFallback):
         self.diff = None
 
 
-def _reverse_whole(run, p, diff, colourable) -> None:
+def _reverse_whole(run, p, diff, colourable, numerical) -> None:
     """Reverse mode with whole Jacobians at hand: the analytical side first where its
     pattern may let the numerical side be coloured (in batches, or one plain call per
-    colour class where the input cannot be batched); elsewhere every numerical row first,
-    as torch's checker orders them: an evaluation of fn that raises at a step raises
-    before the analytical side is paid. The analytical side is by JVPs where the outputs
+    colour class where the input cannot be batched); elsewhere against ``numerical``,
+    every numerical row, computed first. The analytical side is by JVPs where the outputs
     far outnumber the inputs and the backward is shown to give the same Jacobian, else by
     VJPs."""
-    checked = p.checked
-    inputs = [p.args[q] for q in checked]
-    numerical = None
-    if not colourable:
-        numerical = {}
-        for q in checked:  # a loop, not a comprehension: one frame less above fn's calls
-            numerical[q] = list(p.numerical_row_chunks(q))
+    inputs = [p.args[q] for q in p.checked]
     analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, columns.projection_vjps(p))
     first = None  # the VJPs' first passes, which the reentrancy passes check
     if analytical is None and numerical is not None and len(diff) > 1 and not run.opts.raise_exception:
@@ -307,7 +307,7 @@ def _coloured_agree(run, p, diff, analytical, decidable) -> bool:
     raises as :func:`_compare_with_analytical` says, with every row kept."""
     checked = p.checked
     try:
-        if coloured.try_from_analytical(p, checked, diff, analytical, p if decidable else None):
+        if coloured.try_from_analytical(p, checked, diff, analytical, decidable):
             run.progress.advance(n_in_total(p.be, p.args, checked))
             return True
     except coloured.RowsDiffer as differs:
@@ -366,10 +366,11 @@ def _columns_may_batch(p, diff) -> bool:
     a preallocated result) often has a backward that can, and its two passes of one VJP
     per output element are then the part of the check worth batching: where VJPs are
     batched (:attr:`Problem._vjp_batched`) and an output has at least
-    ``_MIN_BATCHED_COLUMNS`` elements."""
+    ``_MIN_BATCHED_COLUMNS`` elements, or the loop's calls are dear (a VJP of a VJP
+    function is a second backward pass)."""
     if p._vjp_batched is False:
         return False
-    return max((p.be.numel(p.outputs[k]) for k in diff), default=0) >= _MIN_BATCHED_COLUMNS
+    return p.dear_calls or max((p.be.numel(p.outputs[k]) for k in diff), default=0) >= _MIN_BATCHED_COLUMNS
 
 
 def _keep_columns(be, chunks, k, b0, b1):

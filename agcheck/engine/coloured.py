@@ -362,16 +362,17 @@ class DenseBlock:
         return self._pattern
 
 
-def try_from_analytical(p, checked, diff, analytical, kept=None) -> bool:
+def try_from_analytical(p, checked, diff, analytical, decidable=False) -> bool:
     """Whether the numerical side, by coloured differences (inputs that cannot be coloured:
     exact rows), matched the analytical Jacobian ``analytical[k][j]`` (a
     :class:`DenseBlock`) under every sign pattern. Raises :class:`RowsDiffer` at the first
-    exact row block that differs, once that input's rows are all in ``kept`` (a
-    :class:`~agcheck.engine.failure.KeptRows`), where given."""
-    return _attempt(p, "coloured", _from_analytical, p, checked, diff, analytical, kept)
+    exact row block that differs; where the failure is to be ``decidable`` from the rows
+    (the engine keeps them: ``Problem.keep_rows``), once that input's rows are all
+    computed, and the inputs whose rows agreed are in ``p.passed``."""
+    return _attempt(p, "coloured", _from_analytical, p, checked, diff, analytical, decidable)
 
 
-def _from_analytical(p, checked, diff, analytical, kept):
+def _from_analytical(p, checked, diff, analytical, decidable):
     coloured = 0
     for j, q in enumerate(checked):
         jac = {k: analytical[k][j] for k in diff}
@@ -379,7 +380,7 @@ def _from_analytical(p, checked, diff, analytical, kept):
             why = _coloured_input(p, q, diff, jac)
         except Declined as reason:  # this input's rows exactly, the others' still coloured
             p.run.engine_log.append(EngineEvent("coloured", "declined", q, str(reason)))
-            _exact_rows_against(p, q, diff, jac, kept)
+            _exact_rows_against(p, q, diff, jac, decidable)
             continue
         if why:
             return f"input {q}, {why}"
@@ -387,20 +388,20 @@ def _from_analytical(p, checked, diff, analytical, kept):
     return "" if coloured else EngineEvent("exact", "passed", None, "rows against the full analytical Jacobian")
 
 
-def _exact_rows_against(p, q, diff, jac, kept) -> None:
+def _exact_rows_against(p, q, diff, jac, decidable) -> None:
     """Input ``q``'s rows, computed exactly, against ``jac`` (:func:`try_from_analytical`)."""
     opts, differs = p.opts, None
     for s, e, rows in p.numerical_row_chunks(q, report=False):
-        if kept is not None:
-            kept.add(q, s, e, rows)
+        if s == 0:  # the input's rows computed again: not agreeing until compared
+            p.passed.discard(q)
         differs = differs or next((RowsDiffer(q, k, s, e) for k in diff if not allclose_like_torch(
             jac[k].by_input[s:e], p.be.to_numpy(rows[k]), opts.rtol, opts.atol)), None)
-        if differs is not None and kept is None:
+        if differs is not None and not decidable:
             break
     if differs is not None:
         raise differs
-    if kept is not None:
-        kept.passed.add(q)
+    if decidable:
+        p.passed.add(q)
 
 
 def _colouring(p, q, diff, jac):

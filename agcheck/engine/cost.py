@@ -49,10 +49,13 @@ ENGINE_FROM_CALLS = 200
 #: about half a millisecond
 COMPILED_ENGINE_FACTOR = 10
 #: batched VJPs (many cotangents in one backward pass) are used where the loop of VJPs
-#: they replace makes at least this many calls. A framework's first batched backward in a
-#: process may import code the loop does not need (torch: its symbolic shapes, sympy,
-#: 0.3-0.7 s, once per process, and already there wherever torch's own code used them);
-#: from here on a check's batches save 5-50 ms against its loop of VJPs
+#: they replace makes at least this many calls, or where the plan found the loop's calls
+#: dear. Some ops' batched backward imports torch._dynamo on its first use in a process
+#: (sgn: about 1 s; tests/test_torch_graph.py), which a short loop of cheap VJPs would not
+#: repay (torch's own cotangent checks, which imported sympy, are skipped: 0.6 ms for a
+#: first batched call otherwise). Engine checks of 40-100 elements took 0.35-0.55 of their
+#: CPU time with their VJPs batched (sin(x) x, tanh(W x), cumsum(exp x)): a lower count,
+#: with the ops whose batched backward imports more told apart, is worth measuring
 BATCHED_VJPS_FROM_CALLS = 256
 #: a check whose loop makes fewer calls than ``ENGINE_FROM_CALLS``, but at least this share
 #: of them, has one call of ``fn`` priced before the plan (:func:`timed_band`); fewer

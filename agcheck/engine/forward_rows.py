@@ -16,13 +16,14 @@ from agcheck.engine.rows import Problem, n_in_total
 __all__ = ["compare_slow_forward"]
 
 
-def compare_slow_forward(run, piece) -> Outcome:
+def compare_slow_forward(run, piece, dear_calls: bool = False) -> Outcome:
     """Slow-mode forward check of one piece, batched by input rows: passed, or undecided
-    with a reason."""
+    with a reason; ``dear_calls`` as :func:`~agcheck.engine.batched.compare_slow_reverse`
+    takes it."""
     p = None
     try:
         _require_dense(run.be, piece.args)
-        p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
+        p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked, dear_calls)
         if not run.be.supports(Capability.BATCHED_JVP):
             raise EngineFallback("no batched JVP")
         # tried from this frame: its probes' calls of fn run one frame below the next

@@ -44,7 +44,7 @@ _PLAIN_CALLS_RAISED = "the plain calls raised"
 class Problem(SampleRows):
     """One piece of ``fn`` (after the complex split) and what the engine learned of it."""
 
-    def __init__(self, run, fn, trace, args, checked):
+    def __init__(self, run, fn, trace, args, checked, dear_calls: bool = False):
         self.run = run
         self.be, self.opts = run.be, run.opts
         self.fn, self.trace, self.args, self.checked = fn, trace, args, checked
@@ -65,9 +65,12 @@ class Problem(SampleRows):
         self._unbatchable = {}  # per input: why each batched form was left out or rejected
         #: whether VJPs are batched: ``None`` until the first batch, ``False`` where the
         #: backend has no batched VJPs, the loop of VJPs is too short to repay their setup
-        #: (``cost.BATCHED_VJPS_FROM_CALLS``), or a batched VJP failed
-        self._vjp_batched = None if self.be.supports(Capability.BATCHED_GRAD) and \
-            2 * self.out_numel >= cost.BATCHED_VJPS_FROM_CALLS else False
+        #: (``cost.BATCHED_VJPS_FROM_CALLS``; a loop of dear calls repays it sooner), or a
+        #: batched VJP failed
+        self._vjp_batched = None if self.be.supports(Capability.BATCHED_GRAD) and (
+            dear_calls or 2 * self.out_numel >= cost.BATCHED_VJPS_FROM_CALLS) else False
+        #: the plan found the loop's calls dear (:mod:`agcheck.checks.loop_plan`)
+        self.dear_calls = dear_calls
         jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
         self.keep_rows = jacobian_bytes <= self.budget // 2
@@ -375,13 +378,6 @@ class Problem(SampleRows):
         :attr:`keep_rows`."""
         if self.keep_rows:
             self.run.rows.of(self.fn, self.args, pos, self.be.numel(self.args[pos])).add(*chunk, exact)
-
-    def add(self, pos, start, stop, rows) -> None:
-        """A comparison's row block of ``args[pos]`` (already kept, :meth:`_keep`): from row
-        0, the input's rows were computed again, and it no longer counts as agreeing
-        (:attr:`passed`)."""
-        if start == 0:
-            self.passed.discard(pos)
 
     def numerical_row_chunks(self, pos, report=True):
         """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
