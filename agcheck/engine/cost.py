@@ -14,16 +14,13 @@ budget (:func:`rows_per_chunk`).
 """
 from __future__ import annotations
 
-__all__ = ["CHUNK_SHARE", "RAMP", "MAX_BATCH", "ENGINE_FROM_CALLS", "COMPILED_ENGINE_FACTOR",
+__all__ = ["CHUNK_SHARE", "MAX_BATCH", "ENGINE_FROM_CALLS", "COMPILED_ENGINE_FACTOR",
            "INTERMEDIATES", "BATCHED_VJPS_FROM_CALLS", "TIMED_FROM_SHARE", "DEAR_CALL", "REFERENCE_REPEATS",
            "TIMED_CALLS",
            "loop_calls", "engine_from_calls", "timed_band", "loop_is_dear", "rows_per_chunk", "batch_cap"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
-#: the sizes a pass that builds its moves chunk by chunk starts from and grows to before
-#: the memory budget sets its chunks (:mod:`agcheck.engine.compressed`)
-RAMP = (8, 64)
 #: one batched call takes at most this many rows or columns: beyond it a batch saves
 #: little more per row on eager CPU frameworks, and some ops get slower per row (torch's
 #: float64 CPU convolutions: a CNN's batched rows at 64 or 256 a call took 2.7 times the
