@@ -47,7 +47,7 @@ class InPlacePerturber(Perturber):
 
     def _call(self, fn) -> tuple:
         token = VALUES_ONLY.set(True)
-        try:  # fn is called from this frame
+        try:
             return detached_outputs(self._as_tuple, fn(*self._arguments()))
         finally:
             VALUES_ONLY.reset(token)
@@ -91,11 +91,7 @@ class InPlacePerturber(Perturber):
             originals = flat[index]
             try:
                 flat[index] = originals - torch.as_tensor(deltas, dtype=flat.dtype, device=flat.device)
-                token = VALUES_ONLY.set(True)
-                try:  # fn is called from this frame
-                    return detached_outputs(self._as_tuple, fn(*self._arguments()))
-                finally:
-                    VALUES_ONLY.reset(token)
+                return self._call(fn)
             finally:
                 flat[index] = originals
         targets = [self._entry(f) for f in flats]
@@ -103,11 +99,7 @@ class InPlacePerturber(Perturber):
         try:
             for t, o, d in zip(targets, originals, deltas):
                 t.copy_(o - d)
-            token = VALUES_ONLY.set(True)
-            try:  # fn is called from this frame
-                return detached_outputs(self._as_tuple, fn(*self._arguments()))
-            finally:
-                VALUES_ONLY.reset(token)
+            return self._call(fn)
         finally:
             for t, o in zip(targets, originals):
                 t.copy_(o)
