@@ -323,3 +323,65 @@ def test_rows_moved_together_are_all_kept_when_a_later_block_differs(monkeypatch
         with pytest.raises(RuntimeError) as torchs:
             torch.autograd.gradcheck(_late_mismatch, (x,))
         assert ours.value.report.message.startswith(str(torchs.value))
+
+
+def _sample_work(fn):
+    """``fn`` counting the samples it evaluates (the entries of its input's first
+    dimension, stacked or vmapped copies included): the work of a check's calls."""
+    work = [0]
+
+    def counted(x):
+        work[0] += x.shape[0] if x.dim() else 1
+        return fn(x)
+
+    return counted, work
+
+
+def _heavy_per_sample(x):
+    busy(PER_SAMPLE_SECONDS * x.shape[0])
+    return torch.tanh(x @ W[:16, :16])
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_rows_of_samples_that_cost_what_plain_calls_cost_move_by_samples_after_a_batched_chunk(monkeypatch, scale):
+    # every batched copy evaluates all 8 samples at the cost of a plain call: after the
+    # first batched chunk the rest of the rows move by samples, an eighth of the work
+    monkeypatch.setattr(ScaledSin, "factor", scale)
+    fn, work = _sample_work(lambda x: ScaledSin.apply(_heavy_per_sample(x)))
+    x = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    r = run_check(fn, (x,))
+    assert r.verdict is (scale == 1.0)
+    decisions = [e.decision for e in r.engine_log if e.path == "numerical"]
+    assert decisions[:2] == ["batched", "by samples"], decisions
+    # batched rows throughout: 128 rows x 2 points x 8 samples (2,048); here the first
+    # chunk's 32 rows (512), 16 elements x 2 points x 8 by samples (256), the probes
+    assert work[0] < 1200, work[0]
+    if scale != 1.0:
+        with pytest.raises(agcheck.GradcheckError, match="Jacobian mismatch for output 0 with respect to input 0"):
+            agcheck.gradcheck(lambda x: ScaledSin.apply(_heavy_per_sample(x)), (x,))
+
+
+@pytest.fixture
+def one_thread():
+    # with intra-op threads on a loaded machine, a batched call's thread spins while its
+    # workers wait for a core, and its CPU time grows tenfold: the plan then moves the
+    # samples together (exact rows, the same verdict); pytest-xdist's workers run one thread
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.01])
+def test_rows_of_samples_that_batching_makes_cheap_stay_batched(monkeypatch, scale, one_thread):
+    # a small product per sample: a batched copy costs a sliver of a plain call, so the
+    # rows stay batched however many samples each copy evaluates
+    monkeypatch.setattr(ScaledSin, "factor", scale)
+    fn, work = _sample_work(lambda x: ScaledSin.apply(torch.tanh(x @ W[:16, :16])))
+    x = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    r = run_check(fn, (x,))
+    assert r.verdict is (scale == 1.0)
+    assert [e.decision for e in r.engine_log if e.path == "numerical"][0] == "batched"
+    # batched rows throughout (a failing check stops at the first block that differs):
+    # 128 rows x 2 points x 8 samples
+    assert scale != 1.0 or work[0] >= 2048, work[0]

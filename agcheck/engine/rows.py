@@ -12,6 +12,7 @@ backend declares: none from the time a call took.
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 
@@ -35,6 +36,10 @@ MIN_BATCHED_NUMEL = 16
 PROBE_SEED = 5113
 #: one batched call may always take this many bytes (see Problem.batch_bytes)
 MIN_BATCH_BYTES = 8 << 20
+#: the rows left after a first batched chunk are moved by samples where that costs less
+#: than this share of the batched calls' CPU time (:meth:`Problem._samples_pay`): the
+#: margin keeps the choice away from a tie that noise could flip
+SAMPLES_MARGIN = 0.7
 #: how :meth:`Problem._disagreement` says that the batched form raised, and that the
 #: plain calls it is compared with raised
 _RAISED = "raised"
@@ -58,6 +63,7 @@ class Problem(SampleRows):
         self.max_batch = cost.batch_cap(self.be.whole_batches)
         self._batched = {}
         self._reference = {}  # per input: the probe's plain difference quotient (None: it raised)
+        self._plain_seconds = {}  # per input: the CPU seconds of one of the probe's plain calls
         self._via = {}  # per batched input: "stacked", "vmap" or "functional"
         self._tiled = {}  # per stacked input: the other arguments repeated beside its copies
         #: per batched input: its batched form, called with the stacked copies of the input
@@ -190,12 +196,14 @@ class Problem(SampleRows):
             self._reference[pos] = None
             try:
                 with be.perturber(self.args, pos) as perturber:
+                    started = time.thread_time()
                     try:  # fn is called one frame below this one
                         values = [perturber.evaluate_direction(self.fn, step, -1),
                                   perturber.evaluate_direction(self.fn, step, 1)]
                     except Exception as e:
                         self.run.user_errors.remember(e)
                         raise
+                    self._plain_seconds[pos] = (time.thread_time() - started) / 2
                     self._reference[pos] = jac.stencil_difference(be, values, eps)
             except Exception as e:
                 if e in self.run.user_errors:
@@ -405,9 +413,11 @@ class Problem(SampleRows):
         # batched: every stencil point of every row of a chunk in one call (a complex
         # input: its real moves, then its imaginary ones), called from this frame
         size = self.chunk_rows(self._row_bytes(pos), n)
+        timed = pos in self._plain_seconds and self._sample_candidate(pos)
         for start in range(0, n, size):
             stop = min(n, start + size)
             parts = []
+            started = time.thread_time()
             for step in (eps, eps * 1j) if be.is_complex(x) else (eps,):  # a loop: no frame above fn's calls
                 outs = self.evaluators[pos](self._element_moves(pos, start, stop, step))
                 parts.append(self._difference_rows(pos, outs, stop - start, eps))
@@ -416,6 +426,28 @@ class Problem(SampleRows):
             self._keep(pos, chunk, exact=False)
             advance(stop - start)
             yield chunk
+            if timed and stop < n and self._samples_pay(pos, time.thread_time() - started, stop - start, n - stop):
+                for block in self._sample_row_chunks(pos, [(stop, n)], eps):  # kept as computed
+                    advance(block[1] - block[0])
+                    yield block
+                return
+            timed = False
+
+    def _samples_pay(self, pos, chunk_seconds, chunk_rows, rest) -> bool:
+        """Whether the ``rest`` rows of ``args[pos]`` cost less moved by samples (one plain
+        call per stencil point moves an element in every sample, after the samples' probe
+        of ``B + 1`` calls) than batched, priced by the ratio of a batched call of
+        ``chunk_rows`` rows (``chunk_seconds``) to one of the probe's plain calls, both CPU
+        times of this thread taken a moment apart; the samples are probed only then
+        (:meth:`samples`). A batched copy evaluates all ``B`` samples: where ``fn``
+        computes much per sample, batching saves less than the ``B``-fold work it adds."""
+        b = self._sample_candidate(pos)
+        points = len(self.run.stencil.offsets)
+        per_copy = chunk_seconds / (chunk_rows * points)
+        plain = self._plain_seconds[pos]
+        calls = min(self.be.numel(self.args[pos]) // b, rest) * points  # an element of each sample a call
+        by_samples = (calls + b + 1) * plain
+        return by_samples < SAMPLES_MARGIN * rest * points * per_copy and bool(self.samples(pos))
 
     def _element_moves(self, pos, start, stop, step):
         """Every stencil point of input elements ``start:stop`` of ``args[pos]``, moved by
