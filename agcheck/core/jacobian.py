@@ -1,9 +1,7 @@
 """Numerical and analytical Jacobians, and their random projections (fast mode).
 
-Everything here is written against :class:`agcheck.backend.Backend`. Jacobians are laid
-out as torch lays them out: one matrix per (input, output) pair, of shape
-``(input.numel, output.numel)``, so that row ``k`` is the derivative of the flattened
-output with respect to element ``k`` of the input.
+Laid out as torch lays them out: one ``(input.numel, output.numel)`` matrix per (input,
+output) pair, row ``k`` the derivative of the flattened output along input element ``k``.
 """
 from __future__ import annotations
 
@@ -42,15 +40,11 @@ def _called(index):
 
 def stencil_difference(be, values: list, eps: float, stencil=STENCILS["central"], index=None, held=(),
                        expected=None) -> list:
-    """The stencil's derivative estimate for every array output, flattened (None otherwise).
+    """The stencil's flat derivative estimate of every array output (None otherwise).
 
-    ``values[i]`` are the outputs of ``fn`` at ``x + stencil.offsets[i] * eps``; with the
-    central stencil this is torch's ``(f(x + h) - f(x - h)) / 2h``. ``index`` (the moved
-    element, for messages) may be a callable that returns it when a message needs it.
-    Outputs at positions ``held`` are checked but not combined (None): the caller
-    combines them later (:mod:`agcheck.core.held_differences`). Where ``expected`` is
-    given (:func:`_traced_sizes` of the check's first outputs), each output must keep its
-    size.
+    ``values[i]`` are fn's outputs at ``x + stencil.offsets[i] * eps``. Outputs ``held`` are
+    checked but left to the caller to combine (None); each output must keep its size in
+    ``expected`` (:func:`_traced_sizes`). ``index`` may be a callable, called only for a message.
     """
     result = []
     for k, outs in enumerate(zip(*values)):
@@ -88,8 +82,7 @@ def _element_moves(stencil, eps, complex_input) -> list:
 
 
 def _traced_sizes(be, outputs) -> list:
-    """``(size, shape)`` of each array among ``outputs`` (None for the others), what every
-    later evaluation's outputs must match in size."""
+    """``(size, shape)`` of each array among ``outputs`` (None for the others)."""
     return [(be.numel(o), tuple(o.shape)) if be.is_array(o) else None for o in outputs]
 
 
@@ -100,8 +93,7 @@ def _columns_for_element(be, perturber, fn, flat, eps, moves_per_axis, stencil, 
 
 
 def _along_axes(be, differences: list) -> list:
-    """The derivative estimates of one element from those along its real axis and (complex
-    input) its imaginary one."""
+    """One element's derivative estimates from those along its real and (complex input) imaginary axis."""
     if len(differences) == 1:
         return differences[0]
     d_real, d_imag = differences
@@ -111,22 +103,18 @@ def _along_axes(be, differences: list) -> list:
 
 def numerical_rows(be, fn: Callable, args: tuple, position: int, output_position: int, elements, eps: float,
                    stencil) -> list:
-    """Rows ``elements`` (flat indices, as :func:`numerical_jacobians` counts them) of the
-    numerical Jacobian of output ``output_position`` with respect to ``args[position]``,
-    computed by the same code as the check's Jacobians with step ``eps`` and ``stencil``:
-    one array (the output's derivative along that element) per element.
-    """
+    """Rows ``elements`` of output ``output_position``'s numerical Jacobian w.r.t. ``args[position]``,
+    computed as the check computes them: one array per element."""
     return numerical_rows_at(be, fn, args, position, output_position, elements, [(eps, stencil)])[0]
 
 
-#: the key of ``fn``'s outputs at the unmoved input among the points numerical_rows_at keeps
+#: the key of fn's outputs at the unmoved input among the points numerical_rows_at keeps
 UNMOVED = (None, (0.0, -1))
 
 
 def outputs_at_input(be, fn: Callable, args: tuple, position: int, evaluated: dict | None = None) -> tuple:
-    """``fn``'s outputs at the unmoved input, evaluated as :func:`numerical_rows_at`
-    evaluates that point (``x - 0``, bit for bit ``x``): taken from ``evaluated`` where it
-    holds them, else computed (and kept there)."""
+    """fn's outputs at the unmoved input, evaluated as ``x - 0`` (bit for bit ``x``) as
+    :func:`numerical_rows_at` does; taken from, or kept in, ``evaluated``."""
     if evaluated is not None and UNMOVED in evaluated:
         return evaluated[UNMOVED]
     with be.perturber(args, position) as perturber, sharing(fn):
@@ -138,16 +126,11 @@ def outputs_at_input(be, fn: Callable, args: tuple, position: int, evaluated: di
 
 def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_position: int, elements,
                       steps: Sequence, evaluated: dict | None = None) -> list:
-    """:func:`numerical_rows` for each ``(eps, stencil)`` of ``steps``, one list of rows per
-    step; a point that several steps share (``x + h`` in a central and a one-sided
-    stencil) is evaluated once per element, and ``x`` itself (in one-sided stencils) once
-    in all.
+    """:func:`numerical_rows` for each ``(eps, stencil)`` of ``steps``, one list of rows per step.
 
-    ``evaluated``, where given, keeps ``fn``'s outputs at every point evaluated, for later
-    calls on the same ``fn``, ``args`` and ``position`` (the rows of another output, or of
-    another part of a complex one, at points already evaluated cost no call of ``fn``).
-    Failure reports use it to re-evaluate entries with other steps
-    (:mod:`agcheck.core.report_filling`).
+    A point several steps share is evaluated once per element, ``x`` itself once in all.
+    ``evaluated``, where given, keeps fn's outputs at every point for later calls on the
+    same ``fn``, ``args`` and ``position``.
     """
     if not steps:
         return []
@@ -186,16 +169,12 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
 
 def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: tuple, eps: float,
                         stencil=STENCILS["central"], elements=None, on_element=None) -> dict:
-    """Finite-difference Jacobians of every floating/complex output w.r.t. ``args[position]``.
+    """``{output position: (input.numel, output.numel) matrix}`` of finite differences, for
+    every floating/complex output w.r.t. ``args[position]`` (only rows ``elements`` if given).
 
-    Returns ``{output_position: matrix (input.numel, output.numel)}`` (only the rows of
-    ``elements``, a range of flat indices, if given). The input is moved in place one
-    element at a time (so closures that read it see the move) and restored.
-
-    A sparse input is moved one *stored* element at a time; each result lands in the row
-    of the dense element it specifies (``Perturber.dense_rows``), and the rows of elements
-    that are not stored are zero. ``elements`` then counts stored elements, and only
-    their rows are returned, in that order.
+    The input is moved in place (closures that read it see the move) and restored. A sparse
+    input is moved one stored element at a time (``elements`` then counts stored elements);
+    without ``elements``, rows land at their dense elements, the others zero.
     """
     x = args[position]
     moves = _element_moves(stencil, eps, be.is_complex(x))
@@ -240,9 +219,8 @@ def _row_dtype(be, x, out):
 
 
 def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
-    """Rows of stored elements put at their dense rows; the other rows are zero. Where two
-    stored elements share a dense element (an uncoalesced COO input), the later one wins,
-    as in torch."""
+    """Stored elements' rows put at their dense rows, the others zero; of two stored elements
+    at one dense element (uncoalesced COO), the later wins, as in torch."""
     n_rows, where = placement
     if not rows:
         return be.zeros((n_rows, n_cols), like=like, dtype=dtype)
@@ -256,11 +234,8 @@ def _placed_rows(be, rows: list, placement, n_cols: int, like, dtype):
 
 def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: float,
                           stencil=STENCILS["central"]) -> list:
-    """Finite-difference ``J u`` for every array output, moving ``args[position]`` along ``u``.
-
-    ``u`` is a flat vector, or a pair ``(u_re, u_im)`` for a complex input (the
-    derivative is then ``J_x u_re + i J_y u_im``).
-    """
+    """Finite-difference ``J u`` for every array output; for a complex input ``u`` is
+    ``(u_re, u_im)`` and the result ``J_x u_re + i J_y u_im``."""
     x = args[position]
     with be.perturber(args, position) as perturber, sharing(fn):
         def along(step):
@@ -289,12 +264,8 @@ class GradientShape:
 
 
 def _stack_gradients(be, grads_per_cotangent, n_cots: int, inputs: Sequence, shape_report: GradientShape) -> list:
-    """Lay out VJPs as Jacobians: entry ``[i]`` is ``(inputs[i].numel, n_cotangents)``.
-
-    ``grads_per_cotangent`` may be an iterator: each VJP is written into its Jacobians
-    as it comes (see :mod:`agcheck.core.row_block`)."""
-    # each Jacobian is filled along the fast axis, one cotangent's row at a time, then
-    # viewed transposed: far cheaper than writing n_cotangents strided columns
+    """VJPs (an iterable, consumed as it comes) laid out as ``(inputs[i].numel, n_cotangents)`` Jacobians."""
+    # filled a cotangent's row at a time, then viewed transposed: far cheaper than strided columns
     sizes = [be.numel(x) for x in inputs]
     blocks = [RowBlock(be, n_cots, n, x, x.dtype) for x, n in zip(inputs, sizes)]
     for grads in grads_per_cotangent:
@@ -315,8 +286,7 @@ def _stack_gradients(be, grads_per_cotangent, n_cots: int, inputs: Sequence, sha
 
 
 def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, check_grad_dtypes):
-    """Compute the gradients twice (``compute()`` yields the VJPs of ``n_cots``
-    cotangents), check their shapes, dtypes and reentrancy."""
+    """The stacked VJPs of ``compute()``, computed twice: shapes, dtypes and reentrancy checked."""
     report = GradientShape()
     first = _stack_gradients(be, compute(), n_cots, inputs, report)
     second = _stack_gradients(be, compute(), n_cots, inputs, GradientShape())
@@ -342,9 +312,8 @@ def _checked_gradients(be, compute: Callable, n_cots: int, inputs, nondet_tol, c
 
 def analytical_jacobians_reverse(be, trace, output_position: int, inputs: Sequence, *, nondet_tol=0.0,
                                  check_grad_dtypes=False, checks=True, columns=None) -> list:
-    """Reverse-mode Jacobians of one output, one VJP per output element (run twice to
-    check reentrancy). Returns one ``(input.numel, output.numel)`` matrix per input (only
-    the columns of the output elements ``columns``, a sequence of flat indices, if given)."""
+    """One ``(input.numel, output.numel)`` reverse-mode Jacobian per input, one VJP per output
+    element (only ``columns`` if given); run twice for reentrancy where ``checks``."""
     out = trace.outputs[output_position]
     columns = range(be.numel(out)) if columns is None else columns
     n = len(columns)
@@ -386,18 +355,17 @@ def _flat_tangent(be, primal, tangent):
 
 
 def _cast(be, a, dtype):
-    """``a`` in ``dtype`` (``a`` itself where it has it)."""
+    """``a`` in ``dtype`` (``a`` itself where it already is)."""
     return a if a.dtype == dtype else be.xp(a).astype(a, dtype)
 
 
 def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_grad_dtypes=False,
                                  reuse: dict | None = None, outputs: tuple | None = None) -> list:
-    """Forward-mode Jacobians: ``[input][float output]`` matrices ``(input.numel, output.numel)``,
-    one JVP per input element (the other inputs carry zero tangents). ``reuse``, when
-    given, holds whole Jacobians of some inputs (``{input index: [float output]
-    matrices}``), taken as they are. ``outputs`` (``fn``'s, when the caller has them) give
-    an empty input's Jacobians their shapes, with no call of ``fn``, as torch's checker
-    makes none for an empty input."""
+    """Forward-mode ``[input][float output]`` Jacobians, one JVP per input element.
+
+    ``reuse`` holds whole Jacobians of some inputs, taken as they are; ``outputs`` shape an
+    empty input's Jacobians without a call of fn, as torch makes none.
+    """
     wanted = [(i, range(be.numel(args[pos]))) for i, pos in enumerate(checked) if not (reuse and i in reuse)]
     computed = _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes)
     jacobians = []
@@ -417,17 +385,13 @@ def analytical_jacobians_forward(be, fn, args, checked: Sequence[int], *, check_
 
 def analytical_rows_forward(be, fn, args, checked: Sequence[int], i: int, elements, *,
                             check_grad_dtypes=False) -> list | None:
-    """Rows ``elements`` (flat indices) of input ``checked[i]``'s forward-mode Jacobians,
-    per floating output a ``(len(elements), output.numel)`` matrix: one JVP per element,
-    a one-hot tangent for it and zero tangents for the other inputs, as
-    :func:`analytical_jacobians_forward` computes every row. ``None`` for no element."""
+    """Rows ``elements`` of input ``checked[i]``'s forward-mode Jacobians, one matrix per
+    floating output, as :func:`analytical_jacobians_forward` computes them; ``None`` for none."""
     return _forward_rows(be, fn, args, checked, [(i, elements)], check_grad_dtypes).get(i)
 
 
 def _forward_rows(be, fn, args, checked, wanted, check_grad_dtypes) -> dict:
-    """``{i: rows}`` for each ``(i, elements)`` of ``wanted`` with elements (as
-    :func:`analytical_rows_forward`), input by input in order, through one
-    :meth:`Backend.jvp_elements`."""
+    """``{i: rows}`` for each ``(i, elements)`` of ``wanted`` with elements, through one ``jvp_elements``."""
     wanted = [(i, elements) for i, elements in ((i, list(elements)) for i, elements in wanted) if elements]
     blocks = {i: [] for i, _ in wanted}
     sizes = {i: len(elements) for i, elements in wanted}
@@ -461,11 +425,8 @@ def analytical_jvps(be, fn, args, checked: Sequence[int], all_u: Sequence, *, ch
 
 
 def random_vectors(be, inputs: Sequence, outputs: Sequence | None):
-    """The probe vectors of fast mode, drawn from a private generator.
-
-    Returns ``(all_v, all_u)``: one flat unit vector per output (``None`` when ``outputs``
-    is ``None``, as in forward mode) and one per input (a pair for a complex input).
-    """
+    """Fast mode's probes ``(all_v, all_u)`` from a private generator: one flat unit vector
+    per output (``None`` without outputs) and one per input (a pair for a complex input)."""
     gen = be.generator(inputs[0] if inputs else None, PROBE_SEED)
     # a complex input's real part is drawn first, then its imaginary part
     all_u = [tuple(be.uniform_unit_vector(x, gen, real=True) for _ in range(2)) if be.is_complex(x)
@@ -475,8 +436,7 @@ def random_vectors(be, inputs: Sequence, outputs: Sequence | None):
 
 
 def adjusted_atol(be, atol: float, u, v) -> float:
-    """The elementwise ``atol`` carried over to ``v^T (A - B) u``: scaled by sum(u) sum(v)
-    (of the entries' real parts)."""
+    """``atol`` carried over to ``v^T (A - B) u``: scaled by the real sums of ``u`` and ``v``."""
     def total(x) -> float:
         s = be.xp(x).sum(x)
         return float(be.real(s) if be.is_complex(s) else s)
