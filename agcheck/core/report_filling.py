@@ -1,13 +1,7 @@
-"""Filling in a failure report from a failed check: the failing Jacobian blocks
-(:func:`attach_jacobian_failure`), then backend, options, diagnoses and what reproduces the
-check (:class:`~agcheck.report.model.CheckContext`), and the summary in the exception
-message (:func:`complete_report`).
+"""Filling in a failure report: the failing Jacobian blocks, then backend, options,
+diagnoses, what reproduces the check, and the summary in the message.
 
-The only part of :mod:`agcheck.report` that knows the checks' machinery: it converts the
-backend's arrays to NumPy and builds, for each block, the ``resample`` callable through
-which diagnosis recomputes numerical rows with other steps (by
-:func:`agcheck.core.jacobian.numerical_rows_at`, the check's own finite differences).
-Nothing here runs on the passing path.
+The only part of the report that knows the checks' machinery; never on the passing path.
 """
 from __future__ import annotations
 
@@ -40,14 +34,12 @@ ONE_SIDED = {
     "left": Stencil("left", (-1, 0), (-1.0, 1.0), 0.5),
 }
 
-#: report -> {block index: resample}, from attach_jacobian_failure until complete_report
-#: (they hold ``fn`` and its inputs, released once the report is complete)
+#: report -> {block index: resample}, until complete_report releases fn and its inputs
 _resamplers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-#: report -> {(fn, args, position) identities: fn's outputs at the points evaluated}: the
-#: blocks of one input (other outputs, the two parts of a complex one) share their points
+#: report -> {(fn, args, position) identities: fn's outputs at the points evaluated},
+#: shared by the blocks of one input
 _evaluated: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-#: report -> (fn, args) of the check as the Jacobian comparison saw them, until complete_report
-#: (what the context falls back on where the entry point does not name fn and its inputs)
+#: report -> (fn, args) as the Jacobian comparison saw them, for a context without fn
 _subjects: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: points are shared only where fn's outputs hold at most this many elements in all: a
 #: diagnosis evaluates at most 2 blocks x 4 rows x 12 moves + 1 points (about 50 MB here)
@@ -56,11 +48,10 @@ SHARED_OUTPUT_ELEMENTS = 32768
 
 def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *, output: int, input: int,
                             complex_indices, test_imag: bool, forward: bool, where=None, projection=None) -> None:
-    """Record the failing block of a Jacobian comparison in ``error.report``.
+    """Record the failing block of a Jacobian comparison in ``error.report``; never raises.
 
-    ``run`` is the gradcheck run (backend, options, stencil); ``where`` is
-    ``(fn, args, position, outputs, output_position)`` for recomputing numerical entries
-    with other steps during diagnosis. Never raises: a problem becomes a note.
+    ``where``, ``(fn, args, position, outputs, output_position)``, lets diagnosis recompute
+    numerical entries with other steps.
     """
     rep = error.report
     try:
@@ -94,9 +85,8 @@ def attach_jacobian_failure(error: GradcheckError, run, analytical, numerical, *
 
 
 def _float32_valued(be, out):
-    """Whether a backend array is in less than double precision (bfloat16 included, which
-    NumPy cannot hold), or :func:`~agcheck.report.values.float32_valued` on its first
-    elements (``None`` where they cannot be read: a sparse output, say)."""
+    """True below double precision (bfloat16 included, which NumPy cannot hold), else
+    ``float32_valued`` of the first elements; ``None`` where unreadable (a sparse output)."""
     try:
         if not be.is_double_precision(out):
             return True
@@ -122,16 +112,11 @@ def _to_scalar(be, v):
 
 
 def _resampler(run, fn, args, position, output_position, shared=None, checked=None):
-    """Rows of the block's numerical Jacobian for each ``(eps, side)`` asked for, with the
-    check's stencil (``side="central"``) or a one-sided difference, each as
-    ``(len(rows), output.numel)``; the points they share are evaluated once, and those
-    in ``shared`` (kept for the other blocks of the input) not again.
+    """A callable giving the block's numerical rows for each ``(eps, side)``, as
+    ``(len(rows), output.numel)`` NumPy arrays; points in ``shared`` are not evaluated again.
 
-    Its ``values()`` gives the block's output at the unmoved input as the check computed
-    it (``checked``, converted only when asked), and ``unmoved()`` that output twice, as
-    NumPy arrays: as the check computed it and from a call of ``fn`` now (the probes' own
-    call at that point where ``shared`` kept it); where there is ``shared``,
-    ``evaluated_rows()`` gives the input elements whose moved points it holds."""
+    ``unmoved()`` gives the output at the unmoved input as the check computed it and from
+    fn now; ``evaluated_rows()`` (with ``shared``) the elements whose moved points it holds."""
     def resample(steps, rows):
         found = numerical_rows_at(run.be, fn, args, position, output_position, rows,
                                   [(eps, run.stencil if side == "central" else ONE_SIDED[side]) for eps, side in steps],
@@ -158,16 +143,11 @@ def _resampler(run, fn, args, position, output_position, shared=None, checked=No
 
 def complete_report(error: GradcheckError, backend=None, options=None, *, fn=None, inputs=None,
                     call: str = "gradcheck", keywords: dict | None = None) -> None:
-    """Fill in backend, options, diagnoses and the check's context, and put the summary in
-    the message (after torch's first line: :func:`~agcheck.report.messages.message_with_summary`).
+    """Fill in backend, options, diagnoses and context, and put the summary in the message.
 
-    ``fn`` and ``inputs`` are the caller's, as given to ``call`` (``"gradcheck"`` or
-    ``"gradgradcheck"``); ``keywords`` are the call's keywords beyond ``options`` (the
-    backend's, gradgradcheck's ``grad_outputs``, ...), repeated in the report's code with
-    the options that differ from their defaults. Without ``fn``, the function and inputs
-    the Jacobian comparison saw are named, where they are the caller's own. Called once,
-    after a failure, while the caller's state is still guarded (diagnosis may evaluate
-    ``fn`` a few more times). Never raises.
+    ``keywords`` are the call's keywords beyond ``options``, repeated in the report's code.
+    Called after a failure while the caller's state is still guarded (diagnosis may call
+    ``fn`` again). Never raises.
     """
     rep = getattr(error, "report", None)
     if rep is None or rep.completed:
@@ -215,8 +195,7 @@ _FRAMEWORKS = ("torch", "jax", "numpy", "tensorflow", "tf", "cupy", "scipy")
 
 def check_context(backend, options: dict | None, fn=None, inputs=None, call: str = "gradcheck",
                   keywords: dict | None = None) -> CheckContext:
-    """The :class:`~agcheck.report.model.CheckContext` of a check of ``fn`` on ``inputs``
-    (either may be ``None``: unknown) with ``options`` (:meth:`GradcheckOptions.as_dict`)."""
+    """The :class:`CheckContext` of a check of ``fn`` (or None) on ``inputs`` (or None)."""
     name = getattr(backend, "name", backend)
     ctx = CheckContext(call=call, test=_current_test(), versions=_versions(backend))
     fast = bool(options and options.get("fast_mode"))
@@ -304,8 +283,7 @@ def _describe_function(ctx: CheckContext, fn) -> None:
 
 
 def _source(obj) -> str | None:
-    """``"file:line"`` of ``obj``'s definition (the file relative to the working directory
-    when inside it), where Python knows it."""
+    """``"file:line"`` of ``obj``'s definition (relative to the working directory when inside it)."""
     code = getattr(inspect.unwrap(obj) if callable(obj) else obj, "__code__", None)
     try:
         if code is not None:
@@ -325,8 +303,7 @@ def _source(obj) -> str | None:
 
 
 def _function_code(ctx: CheckContext, target, path: str | None) -> str:
-    """A Python expression naming ``target`` (``torch.sin``, ``MatVec.apply``), or ``"fn"``
-    where it cannot be named from its module (a lambda, a local function, a partial)."""
+    """A Python expression naming ``target`` (``torch.sin``, ``MatVec.apply``), or ``"fn"``."""
     module = ctx.module
     if path is None or module is None or "<" in path:
         return "fn"
@@ -427,8 +404,7 @@ def _setup_lines(name: str, ctx: CheckContext) -> list:
 
 
 def _value_code(name, be, v) -> str:
-    """A keyword's value as Python code: arrays (gradgradcheck's grad_outputs) as random
-    arrays of their shapes and dtypes, functions (NumPy's ``vjp=``) by name."""
+    """A keyword's value as Python code: arrays as random ones of their shapes, functions by name."""
     if callable(v) and not isinstance(v, type):
         named = CheckContext()
         _describe_function(named, v)
