@@ -1,5 +1,5 @@
-"""The Jacobian comparison of one piece: slow mode (full Jacobians) and fast mode
-(random projections ``v^T J u``), with torch's messages on a mismatch."""
+"""The Jacobian comparison of one piece: full Jacobians (slow mode) or random projections
+``v^T J u`` (fast mode), with torch's messages on a mismatch."""
 from __future__ import annotations
 
 import logging
@@ -23,24 +23,22 @@ __all__ = ["check", "MAX_REPORTED_BLOCKS"]
 #: a slow-mode failure report holds at most this many failing (output, input) blocks
 MAX_REPORTED_BLOCKS = 16
 
-#: the engine hands a check it cannot decide to the reference engine, also on an error of
-#: its own; errors of these types come from agcheck's code (a framework raises
-#: RuntimeErrors, or IndexErrors for a dimension out of range; the user's plain calls
-#: re-raise theirs), and with this environment variable set, as agcheck's tests set it,
-#: they are raised instead of hidden behind a right verdict
+#: an engine error hands the check to the reference engine; errors of these types come from
+#: agcheck's own code (frameworks raise RuntimeError or IndexError), and with this environment
+#: variable set, as agcheck's tests set it, they are raised instead of hidden by a right verdict
 STRICT_ENGINE = "AGCHECK_STRICT_ENGINE"
 OWN_ERRORS = (KeyError, AttributeError, NameError, UnboundLocalError, ZeroDivisionError)
-#: every such fallback, with its exception and traceback, at DEBUG level
+#: every such fallback, with its traceback, at DEBUG level
 ENGINE_LOG = logging.getLogger("agcheck.engine")
 
-#: the report's note on a failure the batched engine confirmed (engine.failure)
+#: the report's note on a failure the batched engine confirmed
 BATCHED_ROWS_NOTE = ("the Jacobians' entries that torch's message prints, and the worst one, were computed "
                      "element by element, as torch computes them; the others by batched evaluations, VJPs "
                      "or JVPs, which agree with those to rounding")
 
 
 def _non_finite_note(be, numerical, analytical) -> str:
-    """Say so when NaN or Inf, not a wrong formula, makes the Jacobians differ."""
+    """A note where NaN or Inf, not a wrong formula, makes the Jacobians differ."""
     notes = [name for name, j in (("numerical", numerical), ("analytical", analytical))
              if be.numel(j) and not be.all_finite(j)]
     if not notes:
@@ -56,8 +54,7 @@ def _non_finite_note(be, numerical, analytical) -> str:
 
 # -- slow mode: full Jacobians ----------------------------------------------------------
 def check(run, piece: Piece) -> None:
-    """Compare the analytical derivatives of ``piece`` with finite differences: full
-    Jacobians, or in fast mode random projections."""
+    """Compare ``piece``'s analytical derivatives with finite differences."""
     be = run.be
     if run.opts.fast_mode:
         _compare_fast(run, piece)
@@ -102,12 +99,11 @@ def check(run, piece: Piece) -> None:
 
 
 def _reference_slow(run, piece: Piece, whole: bool = False, reuse_analytical: dict | None = None) -> None:
-    """torch's element-by-element comparison, block by block in torch's order. The rows
-    of the run's numerical rows (:mod:`agcheck.core.numerical_rows`) computed that way (by
-    the engine, or by the reverse-mode pass of the same check), all of them where
-    ``whole`` (:attr:`Outcome.whole`), and the analytical columns ``reuse_analytical``
-    (:attr:`Outcome.analytical`) are taken: only the other rows and columns are computed.
-    A reverse-mode pass leaves its rows there for the forward-mode pass that follows."""
+    """torch's element-by-element comparison, block by block in torch's order.
+
+    The run's rows computed element by element (all of them where ``whole``) and the
+    columns ``reuse_analytical`` are taken; a reverse-mode pass leaves its rows for the
+    forward-mode pass that follows."""
     opts = run.opts
     moved = run.numerical_args(piece.args)
     numerical = []
@@ -130,9 +126,8 @@ def _reference_slow(run, piece: Piece, whole: bool = False, reuse_analytical: di
 
 
 def _numerical_jacobians(run, piece: Piece, moved, p, whole: bool) -> dict:
-    """``{output position: Jacobian}`` of input ``p``, element by element, with the run's
-    rows of it taken as they were computed: those computed element by element, or all
-    where ``whole`` (the engine requires dense inputs, whose rows are their elements)."""
+    """``{output position: Jacobian}`` of input ``p``, element by element, taking the run's
+    exact rows (all of them where ``whole``: the engine's inputs are dense)."""
     be = run.be
     # fn is called one frame below this one (no closure between)
     problem = (be, piece.fn, moved, p, piece.outputs, run.eps_for(piece.args[p]), run.stencil)
@@ -150,23 +145,20 @@ def _numerical_jacobians(run, piece: Piece, moved, p, whole: bool) -> dict:
     if done < n:
         parts.append(jac.numerical_jacobians(*problem, elements=range(done, n), on_element=run.progress.advance))
     x = piece.args[p]
-    whole = {}
+    joined = {}
     for k in parts[0]:
         like = piece.outputs[k] if not be.is_complex(x) else x
-        whole[k] = be.array_like(np.concatenate([be.to_numpy(part[k]) for part in parts], axis=0), like)
-    return whole
+        joined[k] = be.array_like(np.concatenate([be.to_numpy(part[k]) for part in parts], axis=0), like)
+    return joined
 
 
 class _analytical_pairs:
-    """The analytical Jacobian block paired with (differentiable output ``i``, checked input
-    ``j``): forward mode pairs the i-th differentiable output with the i-th floating one,
-    as torch does; reverse mode computes an output's blocks when first asked."""
+    """The analytical block of (differentiable output ``i``, checked input ``j``); forward mode
+    pairs the i-th differentiable output with the i-th floating one, as torch does."""
 
     def __init__(self, run, piece: Piece, reuse: dict | None = None):
         self.run, self.piece, self.computed = run, piece, {}
-        # reverse mode: columns the engine computed; forward mode: whole Jacobians of some
-        # inputs (Outcome.analytical)
-        self.reuse = reuse or {}
+        self.reuse = reuse or {}  # Outcome.analytical
         if piece.forward:
             self.forward = jac.analytical_jacobians_forward(run.be, piece.fn, piece.args, piece.checked,
                                                             check_grad_dtypes=run.opts.check_grad_dtypes,
@@ -205,8 +197,7 @@ class _analytical_pairs:
 
 
 def _report_other_blocks(run, piece: Piece, error, pair, numerical, failed) -> None:
-    """Add every other failing (output, input) block of a slow-mode comparison to the
-    report of the first one (whose message is torch's). Never raises."""
+    """Add the other failing blocks of a slow-mode comparison to the first's report; never raises."""
     be, opts = run.be, run.opts
     try:
         for i, k in enumerate(piece.diff):
@@ -229,9 +220,8 @@ def _report_other_blocks(run, piece: Piece, error, pair, numerical, failed) -> N
 
 def assert_close(run, piece: Piece, a, n, out_idx, in_idx, atol, *, output_position,
                  explain: Callable | None = None) -> None:
-    """Raise torch's Jacobian-mismatch error, with agcheck's report, unless ``a`` and ``n``
-    agree; ``explain()`` returns the extra text of a fast-mode failure and the full blocks
-    (recomputed in slow mode: only for a message someone sees, ``raise_exception=True``)."""
+    """Raise torch's Jacobian-mismatch error unless ``a`` and ``n`` agree; ``explain()`` gives
+    a fast-mode failure's extra text and full blocks (only where ``raise_exception``)."""
     be = run.be
     n = be.to_device_of(n, a)
     if be.allclose(a, n, run.opts.rtol, atol):
@@ -290,9 +280,9 @@ def _compare_fast(run, piece: Piece) -> None:
 
 
 def _numerical_projections(run, piece: Piece, all_v, all_u) -> list:
-    """Per checked input, the finite-difference ``J u`` (forward) or ``v^T J u`` (reverse)
-    of each floating output; torch pairs the probes of the differentiable outputs with
-    the floating outputs in order, kept for parity."""
+    """Per checked input, the finite-difference ``J u`` (forward) or ``v^T J u`` (reverse) of
+    each floating output; the differentiable outputs' probes pair with the floating outputs
+    in order, as in torch."""
     be = run.be
     numerical = []
     moved = run.numerical_args(piece.args)
@@ -307,9 +297,8 @@ def _numerical_projections(run, piece: Piece, all_v, all_u) -> list:
 
 
 def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[str, tuple | None]:
-    """The full Jacobians of one failing pair, recomputed for the fast-mode message:
-    the text, and the ``(analytical, numerical)`` blocks for the report (``None`` where
-    they would not fit the memory budget: the text says so)."""
+    """A fast-mode failure's full Jacobians recomputed: the text, and ``(analytical, numerical)``
+    (``None`` beyond the memory budget)."""
     be, opts = run.be, run.opts
     pos = piece.checked[input_index]
     if large_blocks.too_large(run, piece, inputs=[input_index]):
