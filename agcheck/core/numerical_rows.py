@@ -1,20 +1,12 @@
 """The numerical Jacobian rows of one check, kept once for every pass that reads them.
 
-Rows are kept per function, arguments and input position, marked where they were
-computed element by element (as the reference engine computes them, bit for bit): the
-engine's, where whole Jacobians fit half the memory budget (its failure decisions read
-them), and the reference engine's where a forward-mode pass follows. The reference engine
-takes the exact ones instead of computing them again, and the forward-mode pass of a
-piece with the same function and arguments takes the reverse-mode pass's (the same
-evaluations at the same moves with the same eps).
+Rows are kept per function, arguments and input position, marked where computed element
+by element (bit for bit the reference engine's), which the reference engine and a
+following forward-mode pass take instead of computing them again.
 
-Each input's rows are written in place into one array per output (:meth:`Backend.row_block`,
-on the rows' device): kept as the separate arrays they were computed in, between a batch's
-large temporaries, they would fragment the C allocator (:mod:`agcheck.core.row_block`: a
-passing forward-mode check of 2,000 inputs peaked at 275-342 MB so, against 155 MB written
-into blocks). Rows computed in one array that holds its memory alone are kept as that
-array (:meth:`Backend.owned_rows`); where arrays are immutable, they are written into a
-NumPy array on the host.
+Rows are written into one array per output: kept as separate arrays between a batch's
+large temporaries they fragment the C allocator (a forward-mode check of 2,000 inputs
+peaked at 275-342 MB so, against 155 MB written into blocks).
 """
 from __future__ import annotations
 
@@ -24,20 +16,18 @@ __all__ = ["NumericalRows", "InputRows", "runs"]
 
 
 class NumericalRows:
-    """A check's rows, per ``(fn, args, input position)``, matched by identity of the
-    function and of every argument (held, so that an ``id`` cannot be reused by an object
-    made later)."""
+    """A check's rows per ``(fn, args, input position)``, matched by identity (the objects are
+    held, so that an ``id`` cannot be reused)."""
 
     def __init__(self, be, wanted: bool):
         self.be = be
-        #: whether a forward-mode pass follows a slow reverse-mode pass: the rows of a
-        #: piece's comparison are dropped at its end otherwise
+        #: whether a forward-mode pass follows a slow reverse-mode pass (else rows are dropped)
         self.wanted = wanted
         self._entries = []  # [(fn, args, position, InputRows)]
 
     def of(self, fn, args, position: int, n: int | None = None) -> InputRows | None:
-        """The rows kept for input ``position`` of ``fn`` at ``args``; ``None`` when there
-        are none, unless ``n`` (the input's number of elements) is given: then new."""
+        """The rows kept for input ``position`` of ``fn`` at ``args``: new where there are none
+        and ``n`` is given, else ``None``."""
         for f, a, p, rows in self._entries:
             if f is fn and p == position and len(a) == len(args) and all(x is y for x, y in zip(a, args)):
                 return rows
@@ -48,8 +38,7 @@ class NumericalRows:
         return rows
 
     def piece_done(self, forward: bool) -> None:
-        """After a piece's comparison: its rows are dropped unless a forward-mode pass
-        follows that may take them."""
+        """Drop a piece's rows unless a forward-mode pass may take them."""
         if forward or not self.wanted:
             self.clear()
 
@@ -58,10 +47,8 @@ class NumericalRows:
 
 
 class InputRows:
-    """One input's ``n`` rows, per floating output position: which are kept (``filled``),
-    which were computed element by element (``exact``), and the blocks they were computed
-    in since the last block from row 0 (``bounds``). A block written again replaces the
-    rows it covers."""
+    """One input's ``n`` rows per floating output: which are kept (``filled``), which computed
+    element by element (``exact``), and the blocks since the last from row 0 (``bounds``)."""
 
     def __init__(self, be, n: int):
         self.be, self.n = be, n
@@ -113,8 +100,7 @@ class InputRows:
         return [(s, e, self.rows(s, e)) for s, e in runs(self.exact if exact_only else self.filled)]
 
     def numpy(self) -> dict | None:
-        """``{output position: (n, m) NumPy rows}`` (the kept arrays themselves where they
-        are NumPy's or share their memory), or ``None`` unless every row is kept."""
+        """``{output position: (n, m) NumPy rows}``, or ``None`` unless every row is kept."""
         if not self.n or not self.complete():
             return None
         return {k: a if k in self._like else self.be.to_numpy(a) for k, a in self._arrays.items()}

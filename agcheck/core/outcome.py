@@ -1,9 +1,7 @@
-"""What the engine's paths tell the orchestration: typed outcomes and log events.
+"""What the engine's paths tell the orchestration: outcomes and logged decisions.
 
-An engine path either decides that a check passed, or leaves it undecided with a reason
-(the reference engine then decides, and writes torch's message). What each path chose on
-the way (batched or looped, passed or declined, and why) is logged as
-:class:`EngineEvent` records, for reports and tests; nothing is communicated through text.
+A path decides that a check passed, or leaves it undecided with a reason for the reference
+engine, which then decides and writes torch's message.
 """
 from __future__ import annotations
 
@@ -15,45 +13,33 @@ __all__ = ["EngineEvent", "Outcome", "PASSED", "undecided", "UserErrors"]
 
 @dataclass(frozen=True)
 class EngineEvent:
-    """One decision of the engine.
+    """One decision of the engine, logged for reports and tests.
 
     Attributes
     ----------
     path : str
-        ``"numerical"`` (how an input is moved), ``"vjp"`` (how analytical columns are
-        computed), ``"compressed"`` or ``"coloured"`` (the compressed-difference paths),
-        ``"failure"`` (a mismatch decided from the engine's rows).
+        ``"numerical"``, ``"vjp"``, ``"compressed"``, ``"coloured"`` or ``"failure"``.
     decision : str
-        ``"batched"`` / ``"looped"`` (numerical, vjp), ``"repriced"`` (numerical, vjp: a
-        batch that did not pay against the loop's price from the probe or the first
-        columns, the loop priced again and found dearer, so that batching goes on),
-        ``"remeasured"`` (numerical: a batch whose rows cost far more than the probe's
-        one-row batch, measured once more before the loop takes over),
-        ``"shared"`` (numerical: the real parts' pass over complex outputs took the
-        imaginary parts' evaluations, ``figures["served"]`` of them), ``"coloured"`` /
-        ``"column by column"`` (vjp's second pass), ``"passed"`` / ``"declined"`` /
-        ``"disagreement"`` (compressed, coloured), ``"confirmed"`` / ``"unconfirmed"``
-        (failure).
+        ``"batched"`` / ``"looped"``; ``"repriced"`` (a batch that did not pay, the loop
+        priced again and found dearer); ``"remeasured"`` (a batch far dearer per row than the
+        probe's, measured once more); ``"shared"`` (the real parts' pass took the imaginary
+        parts' evaluations, ``figures["served"]`` of them); ``"coloured"`` / ``"column by
+        column"`` (vjp); ``"passed"`` / ``"declined"`` / ``"disagreement"`` (compressed,
+        coloured); ``"confirmed"`` / ``"unconfirmed"`` (failure).
     subject : int or None
-        The input position (numerical) or checked-input index the event is about.
+        The input position (numerical) or checked-input index.
     detail : str
-        Why, when the decision needs a reason (for a confirmed failure, the output index;
-        for an input the probe left to the loop, each batched form left out or rejected
-        and why, e.g. ``"vmap: ...; stacked: raised RuntimeError"``).
+        Why, where a reason is needed (a confirmed failure: the output index; an input left
+        to the loop: each batched form rejected and why).
     via : str
-        How a batched input is evaluated: ``"stacked"`` (copies laid end to end along
-        fn's own first dimension, one plain call), ``"vmap"`` (the framework's
-        vectorising map) or ``"functional"`` (that map of fn with its in-place writes
-        made out-of-place, where the plain map raised).
+        How a batched input is evaluated: ``"stacked"`` (copies along fn's own first
+        dimension, one plain call), ``"vmap"`` or ``"functional"`` (vmap with in-place
+        writes made out-of-place).
     figures : dict
-        The measurements the decision was taken on, in seconds: ``"loop_row"`` (one
-        element's rows computed one at a time), ``"stacked_probe"``, ``"vmap_probe"`` or
-        ``"functional_probe"`` (the probe's batch of one row's two points, in the form chosen),
-        ``"probe_row"`` (that batch's seconds, per row),
-        ``"batched_row"`` (a row of the batch that decided), ``"loop_column"`` /
-        ``"batched_column"`` (one VJP, alone or in a batch); for a confirmed failure,
-        counts: ``"exact_rows"`` and
-        ``"exact_columns"`` of the failing block computed as the reference engine does.
+        Seconds the decision was taken on (``"loop_row"``, ``"stacked_probe"``,
+        ``"vmap_probe"``, ``"functional_probe"``, ``"probe_row"``, ``"batched_row"``,
+        ``"loop_column"``, ``"batched_column"``); for a confirmed failure, counts
+        ``"exact_rows"`` and ``"exact_columns"``.
     """
 
     path: str
@@ -68,19 +54,11 @@ class EngineEvent:
 class Outcome:
     """A path's result: ``passed``, or undecided with ``reason``.
 
-    The numerical rows an undecided path computed exactly as the reference engine
-    computes them are in the run's rows (:mod:`agcheck.core.numerical_rows`), where the
-    reference engine takes them. ``analytical`` carries analytical Jacobians already
-    computed one VJP per column and checked for reentrancy: ``{output position: (column
-    ranges, rows)}``, ``rows`` a NumPy array ``(output numel, input numel)`` per checked
-    input, exact in the listed column ranges (output elements).
-
-    ``whole`` marks a mismatch the engine confirmed (:mod:`~agcheck.engine.failure`):
-    then the run's rows and ``analytical`` cover the whole Jacobians, computed as the
-    reference engine computes them where its message prints them and where the failure
-    was confirmed, and the reference engine takes every row; ``inexact`` says that some
-    of their other entries came from batched evaluations or batched VJPs (the report then
-    says so)."""
+    ``analytical``: ``{output position: (column ranges, rows)}``, per checked input a NumPy
+    ``(output numel, input numel)`` array, exact (one VJP per column, reentrancy checked) in
+    those ranges. ``whole`` marks a mismatch the engine confirmed: the run's rows and
+    ``analytical`` then cover the whole Jacobians, exact where torch's message prints them;
+    ``inexact`` says some other entries came from batched evaluations or VJPs."""
 
     passed: bool
     reason: str = ""
@@ -101,9 +79,9 @@ def undecided(reason: str, analytical: dict | None = None, whole: bool = False, 
 
 
 class UserErrors:
-    """The errors raised by plain (unbatched) calls of the user's function or backward
-    during one check: they propagate as the user's own, as torch's would, instead of
-    sending the check to the reference engine (which might not meet them again)."""
+    """Errors raised by plain calls of the user's function or backward during one check:
+    they propagate as torch's would, not sending the check to the reference engine (which
+    might not meet them again)."""
 
     def __init__(self):
         self._seen: list[BaseException] = []
