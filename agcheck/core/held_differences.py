@@ -1,19 +1,13 @@
 """Finite differences of consecutive elements, combined a chunk at a time.
 
-A numerical Jacobian computed element by element combines each element's evaluations
-(``(f(x + h) - f(x - h)) / 2h``) and flattens the result into a row: a few array
-operations per element, which cost as much as a cheap ``fn`` itself (a scalar function
-of 1,000 inputs: about a third of the checker's own work per element). Here the
-evaluations are held and combined by one stacked operation per chunk of elements. The
-arithmetic is the stencil's, applied entry by entry to the same values, so each row holds
-the same bits as the element-by-element combination (real outputs only: a complex
-division takes another path through a vectorised loop than through a scalar one, and
-complex outputs are combined element by element).
+Combining each element's evaluations on its own costs as much as a cheap fn (a scalar
+function of 1,000 inputs: about a third of the checker's own work per element). One
+stacked operation per chunk applies the same arithmetic entry by entry, so each row holds
+the same bits (real outputs only: a complex division takes another path through a
+vectorised loop than through a scalar one).
 
-A chunk holds evaluations of one shape and dtype (an output that changes shape between
-elements starts a new chunk, and the rows report it as before), of at most
-:data:`HELD_ELEMENTS` elements and :data:`HELD_BYTES`: few small arrays alive between
-``fn``'s temporaries, for the reason :mod:`agcheck.core.row_block` gives.
+A chunk holds evaluations of one shape and dtype, few and small (see
+:mod:`agcheck.core.row_block`).
 """
 from __future__ import annotations
 
@@ -26,9 +20,8 @@ HELD_BYTES = 1 << 16
 
 
 class HeldDifferences:
-    """The rows of outputs ``positions`` (real floating arrays), one per element added, in
-    order, written into ``rows[k]`` (:class:`agcheck.core.row_block.RowBlock`) when a chunk
-    is combined (:meth:`flush`; call it after the last element)."""
+    """Rows of the real outputs keyed in ``rows``, one per element added, written into ``rows[k]``
+    when a chunk is combined (call :meth:`flush` after the last element)."""
 
     def __init__(self, be, stencil, eps: float, rows: dict):
         self.be, self.stencil, self.eps, self.rows = be, stencil, eps, rows
@@ -39,8 +32,7 @@ class HeldDifferences:
         self._limit = 1
 
     def add(self, values: list) -> None:
-        """One element's evaluations: ``values[i]`` is ``fn``'s outputs at the stencil's
-        ``i``-th point, with shapes and dtypes already checked to agree."""
+        """One element's evaluations: ``values[i]`` is fn's outputs at the stencil's ``i``-th point."""
         be = self.be
         first = values[0]
         kind = tuple((tuple(first[k].shape), first[k].dtype) for k in self._held)

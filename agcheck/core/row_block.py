@@ -1,32 +1,24 @@
-"""Rows gathered one at a time into one block.
+"""Rows gathered one at a time into one block allocated before the loop.
 
-A Jacobian computed element by element (or VJP by VJP) yields one small row per call of
-``fn``, between the call's own large temporary buffers. Kept as separate arrays until a
-final stack, each row is carved out of the space a temporary just freed; the next
-temporary no longer fits there, and the C allocator grows the process by about one
-temporary per row (a 576-input CNN check: 25 MB in one run, 120 MB in the next, as the
-allocator's thresholds happened to move). Written into a block allocated before the loop,
-a few rows at a time, the rows leave nothing behind, and the final stack's second copy
-is saved.
+Rows kept as separate arrays between fn's large temporaries fragment the C allocator,
+which grows by about one temporary per row (a 576-input CNN check: 25 MB in one run,
+120 MB in the next); a block leaves nothing behind and saves the final stack's copy.
 """
 from __future__ import annotations
 
 __all__ = ["RowBlock"]
 
-#: rows held before they are written into the block together (one write per row costs
-#: more than the row on small checks; a few held rows leave reusable holes only)
+#: rows held before one write into the block (a write per row costs more than the row on
+#: small checks; a few held rows leave reusable holes only)
 PENDING_ROWS = 32
-#: blocks of fewer entries are stacked at the end (no block): too small to matter to the
-#: allocator, and allocating and filling a block costs more than the stack on small checks
+#: blocks of fewer entries are stacked at the end: too small to matter to the allocator,
+#: and a block costs more than the stack on small checks
 SMALL_BLOCK_ENTRIES = 4096
 
 
 class RowBlock:
-    """``n_rows`` rows of ``n_cols`` entries of ``dtype``, added in order.
-
-    Written in place where the backend can (:meth:`Backend.row_block`); elsewhere (JAX,
-    TensorFlow: immutable arrays) the rows are kept and stacked at the end.
-    """
+    """``n_rows`` rows of ``n_cols`` entries of ``dtype``, added in order; with immutable
+    arrays (JAX, TensorFlow) kept and stacked at the end."""
 
     def __init__(self, be, n_rows: int, n_cols: int, like, dtype):
         self._be, self._n_cols, self._like, self._dtype = be, n_cols, like, dtype
@@ -37,8 +29,7 @@ class RowBlock:
 
     def add(self, row) -> None:
         if self._block is not None and self._be.numel(row) != self._n_cols:
-            # a row of another length (fn's output changed shape): stacked as before, so
-            # the comparison reports it rather than this copy
+            # fn's output changed shape: stacked, so the comparison reports it rather than this copy
             self._rows = [self._block[i] for i in range(self._written)] + self._rows
             self._block = None
         self._rows.append(row)
