@@ -1,10 +1,5 @@
-"""Public Jacobians: the matrices gradcheck compares, on any backend.
-
-``numerical_jacobian`` gives the finite-difference Jacobians and ``analytical_jacobian``
-the ones the framework's (or the user's) derivatives give, both laid out as gradcheck
-lays them out: one matrix per (checked input, output) pair, of shape
-``(input.numel, output.numel)``, row ``i`` the derivative of the flattened output with
-respect to element ``i`` of the input.
+"""Public Jacobians: the matrices gradcheck compares, on any backend, laid out as it lays
+them out (one ``(input.numel, output.numel)`` matrix per checked input and output).
 """
 from __future__ import annotations
 
@@ -36,9 +31,8 @@ def _complex_outputs_refused(be, outputs) -> None:
 
 
 def _forward_rows(be, fn, args, checked, i) -> list:
-    """Forward-mode Jacobians of the floating outputs w.r.t. ``args[checked[i]]``, one JVP
-    per element; a complex input's row is ``J e + i J (i e)``, the numerical side's
-    ``d/dx + i d/dy``."""
+    """Forward-mode Jacobians of the floating outputs w.r.t. ``args[checked[i]]``, one JVP per
+    element; a complex input's row is ``J e + i J (i e)``, the numerical ``d/dx + i d/dy``."""
     x = args[checked[i]]
     zero = [be.xp(args[p]).zeros_like(args[p]) for p in checked]
 
@@ -72,9 +66,8 @@ def numerical_jacobian(fn: Callable, inputs, *, backend=None, eps: float = 1e-6,
                        as_numpy: bool = False, **backend_options) -> tuple:
     """Finite-difference Jacobians of ``fn`` at ``inputs``.
 
-    Each checked input (torch: ``requires_grad``; JAX: inexact arrays or ``wrt=``) is
-    moved one element at a time by ``+eps`` and ``-eps`` (``stencil="five-point"``: also
-    ``±2 eps``), in place where the framework allows it, and restored bitwise.
+    Each checked input (torch: ``requires_grad``; JAX: inexact arrays or ``wrt=``) is moved
+    one element at a time, in place where the framework allows it, and restored bitwise.
 
     Parameters
     ----------
@@ -127,8 +120,7 @@ def analytical_jacobian(fn: Callable, inputs, *, backend=None, mode: str = "reve
                         **backend_options) -> tuple:
     """Jacobians of ``fn`` at ``inputs`` from its derivatives (backward or forward mode).
 
-    Reverse mode runs one VJP per output element (the rows of every input at once);
-    forward mode one JVP per input element. Undefined gradients count as zero.
+    One VJP per output element, or one JVP per input element; undefined gradients count as zero.
 
     Parameters
     ----------

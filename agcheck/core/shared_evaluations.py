@@ -1,22 +1,13 @@
 """Evaluations shared by the two passes over a function with complex outputs.
 
-Reverse mode checks a function with complex outputs twice, as torch does: on the
-imaginary parts of its outputs, then on their real parts (:mod:`agcheck.core.wirtinger`).
-Both passes move the same inputs by the same steps, so every plain evaluation of the
-first pass also holds what the second pass needs. The first pass keeps the other part of
-its outputs, keyed by the values of the inputs that move; the second pass takes them
-instead of calling ``fn`` again. Only numerical evaluations are shared
-(:func:`sharing`): traced calls, whose graphs the analytical side differentiates, always
-call ``fn``.
+Reverse mode checks such a function twice, as torch does: on the imaginary parts of its
+outputs, then on the real parts, moving the same inputs by the same steps. The first
+pass keeps the other part of its numerical evaluations, keyed by a digest of the moving
+inputs' values (every other argument must be the very object given); the second takes
+them instead of calling fn. Traced calls always call fn.
 
-A key is a digest of each moving input's values (:meth:`Backend.content_digest`) with
-every other argument the very object the check was given, so a kept evaluation is served
-only for the same arguments. Sharing stops when digests cost more than a good part of the
-evaluations they would save (:data:`DIGEST_SHARE_LIMIT`: a ratio of the two, timed side by
-side on the calling thread's CPU clock, which a busy machine's waits do not inflate;
-digests are taken of CPU arrays only, and so are the evaluations they key), and kept
-outputs stay within a budget (the caller's: about one evaluation per move); each is
-dropped once taken.
+Digests (of CPU arrays only) and evaluations are timed on the thread's CPU clock, which a
+busy machine's waits do not inflate.
 """
 from __future__ import annotations
 
@@ -26,14 +17,12 @@ from typing import Callable, Sequence
 
 __all__ = ["SharedEvaluations", "sharing"]
 
-#: sharing stops once the digests of a first pass cost this fraction of its evaluations
-#: (each move is digested in both passes, and saves one evaluation: below one half,
-#: sharing saves time)
+#: sharing stops once a first pass's digests cost this fraction of its evaluations (each
+#: move is digested in both passes and saves one evaluation: below one half, sharing pays)
 DIGEST_SHARE_LIMIT = 0.4
 #: evaluations timed before that rule applies
 DIGEST_TIMED_CALLS = 4
-#: evaluations timed for that rule: digests and evaluations keep their sizes through a
-#: pass, so the rule is decided on the first ones, and later ones pay no clock readings
+#: evaluations timed for that rule (sizes hold through a pass: later ones pay no clock readings)
 DIGEST_RULE_CALLS = 64
 
 
@@ -58,7 +47,7 @@ class SharedEvaluations:
         self.be, self.args, self.first = be, tuple(args), first
         self.moving = frozenset(moving)
         self.budget_bytes = budget_bytes
-        self.active = 0  # > 0 inside numerical evaluations (:func:`sharing`)
+        self.active = 0  # > 0 inside numerical evaluations
         self.enabled = True
         self.full = False  # the budget is spent: the first pass keeps nothing more
         self.kept_bytes = 0
@@ -70,9 +59,7 @@ class SharedEvaluations:
         self._clock = time.thread_time
 
     def evaluate(self, part_fn, args: tuple) -> tuple:
-        """``part_fn(*args)`` (an :class:`OutputPart` whose ``shared`` is this object):
-        kept for the other part in the first pass, taken from what was kept in the
-        second."""
+        """``part_fn(*args)``: kept for the other part in the first pass, taken in the second."""
         keeping = part_fn.part == self.first
         if not self.enabled or (keeping and self.full) or (not keeping and not self._kept):
             return part_fn.taken(part_fn.fn(*args))
@@ -138,9 +125,8 @@ class SharedEvaluations:
 
 @contextmanager
 def sharing(fn: Callable):
-    """Evaluations of ``fn`` inside this block are numerical ones: shared between the two
-    passes when ``fn`` is an output part with :class:`SharedEvaluations` (otherwise
-    nothing changes)."""
+    """Mark evaluations of ``fn`` inside this block as numerical ones, shared where ``fn`` has
+    :class:`SharedEvaluations`."""
     shared = getattr(fn, "shared", None)
     if shared is None:
         yield
