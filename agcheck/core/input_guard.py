@@ -1,12 +1,7 @@
 """Checked inputs that ``fn`` changes in place, at any of its calls: found, named, undone.
 
-A gradient check moves each input and compares results, so a function that writes into
-its input (a lazily initialised normalisation, a ``clamp_`` under ``no_grad`` that fires
-for some moves only) makes every later comparison meaningless: a mismatch found after the
-change comes from the changed input, not from the derivative. :class:`InputGuard` keeps a
-snapshot of each checked input for the whole check, compares at the check's stages and at
-its end (also when it raised), writes the snapshot back bitwise and raises
-:class:`~agcheck.errors.CheckInputError` saying which input, when and by how much.
+A function that writes into its input (a lazily initialised normalisation, a ``clamp_``
+under ``no_grad`` that fires for some moves only) makes every later comparison meaningless.
 """
 from __future__ import annotations
 
@@ -30,29 +25,28 @@ class InputGuard:
     positions : sequence of int
         The checked positions.
     snapshots : dict, optional
-        ``{position: snapshot}`` taken before a call of ``fn`` the caller made (they stand
-        for the guard's own, so that a change that call made is found too).
+        ``{position: snapshot}`` taken before a call of ``fn`` the caller made, so that a
+        change that call made is found too.
     """
 
     def __init__(self, be, args: tuple, positions, snapshots: dict | None = None):
         self.be, self.args, self.positions = be, args, list(positions)
         taken = snapshots or {}
         self.snapshots = [taken[p] if p in taken else be.snapshot(args[p]) for p in self.positions]
-        #: calls of the watched fn so far; the first after which an input's modification
-        #: count had moved (where the backend keeps such counts), and those inputs
+        #: calls of the watched fn; the first that moved an input's modification count, and those inputs
         self.calls = 0
         self.changed_at: int | None = None
         self.written: list[int] = []
         self._reported = False
-        #: whether every call of fn is watched (then a stage whose calls moved no count
-        #: needs no comparison: the last one, always made, still finds writes past the counts)
+        #: whether every call of fn is watched (then a stage whose calls moved no count needs no
+        #: comparison: the last one, always made, still finds writes past the counts)
         self.watching = False
         #: what the check was doing when the guard last found the inputs unchanged
         self.stage = "its first call"
 
     def watch(self, fn: Callable) -> Callable:
-        """``fn``, counting its calls and noting the first that moved an input's
-        modification count (``fn`` itself where the backend keeps no such count)."""
+        """``fn``, noting the first call that moved an input's modification count (``fn`` itself
+        where the backend keeps none)."""
         be, args = self.be, self.args
         counted = [p for p in self.positions if be.modification_count(args[p]) is not None]
         if not counted:
@@ -78,18 +72,15 @@ class InputGuard:
         return watched
 
     def checkpoint(self, next_stage: str) -> None:
-        """Between two stages of the check: :meth:`verify`, unless every call so far was
-        watched and none moved an input's modification count."""
+        """:meth:`verify`, unless every call so far was watched and none moved a count."""
         if self.watching and self.changed_at is None:
             self.stage = next_stage
             return
         self.verify(next_stage)
 
     def verify(self, next_stage: str | None = None, cause: BaseException | None = None) -> None:
-        """Restore every checked input ``fn`` changed, bitwise, and raise
-        :class:`CheckInputError` naming it; ``next_stage`` names what the check does next
-        (for a later message), ``cause`` the exception the check is leaving with (an
-        interrupt is left to propagate, the inputs restored)."""
+        """Restore bitwise every checked input ``fn`` changed and raise :class:`CheckInputError`
+        naming it; an interrupt (``cause``) is left to propagate, the inputs restored."""
         be = self.be
         changed = []  # (position, how it changed)
         for p, snap in zip(self.positions, self.snapshots):
@@ -123,8 +114,7 @@ class InputGuard:
 
 
 def _how_much(be, x, snapshot) -> str:
-    """``"k of n elements changed, by up to d"`` for dense arrays the backend converts
-    to NumPy; empty where it cannot say (a sparse snapshot, say)."""
+    """``"k of n elements changed, by up to d"``; empty where it cannot say (a sparse snapshot)."""
     try:
         now, then = np.asarray(be.to_numpy(x)), np.asarray(be.to_numpy(snapshot))
     except Exception:  # the figure is a courtesy of the message: never a new error

@@ -1,14 +1,10 @@
 """NumPy's global random state, left as it was by a check, at the cost of a memory read.
 
-``np.random.get_state()`` builds a 624-word array and a tuple (about 30 µs, a tenth of a
-small fast-mode check). The state it returns is, in memory, the MT19937 key and position
-(``MT19937.ctypes.state_address``) and the legacy Gaussian cache (``has_gauss``,
-``gauss``) of the ``RandomState`` object. Those bytes are copied before a check and
-written back only if ``fn`` changed them. The cache's offset inside the object is not
-public: it is found once, on a private ``RandomState``, by drawing a Gaussian and
-locating the cached value ``get_state()`` reports, then confirmed on the global state.
-Where any of this does not hold (another NumPy layout), ``get_state``/``set_state`` are
-used, as before.
+``np.random.get_state()`` costs about 30 µs, a tenth of a small fast-mode check. Instead
+the MT19937 key and position and the ``RandomState``'s Gaussian cache are copied as bytes
+and written back only if ``fn`` changed them. The cache's offset is not public: it is
+found once on a private ``RandomState`` and confirmed on the global one; where that
+fails (another NumPy layout), ``get_state``/``set_state`` are used.
 """
 from __future__ import annotations
 
@@ -31,11 +27,10 @@ _gauss_offset = _UNKNOWN
 
 @contextmanager
 def numpy_rng_preserved():
-    """NumPy's global random state as it was, whatever the check (``fn``) drew.
+    """NumPy's global random state as it was, whatever ``fn`` drew.
 
-    Where ``numpy.random`` is not imported yet there is no state to keep (it is seeded from
-    the OS when first used), and importing it would cost the first check of a process
-    several milliseconds.
+    Not imported yet, ``numpy.random`` has no state to keep, and importing it would cost
+    the first check several milliseconds.
     """
     if "numpy.random" not in sys.modules:
         yield
