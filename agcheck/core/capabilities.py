@@ -7,8 +7,8 @@ __all__ = ["required_capabilities", "require_capabilities"]
 
 
 def required_capabilities(opts) -> list[tuple[str, str]]:
-    """``(capability, keyword)`` for each optional part of the contract ``opts`` needs, in
-    the order the checks run (the first missing one is the one reported)."""
+    """``(capability, keyword)`` for each optional part ``opts`` needs, in the order the checks
+    run (the first missing one is reported)."""
     needed = []
     if opts.check_backward_ad:
         needed.append((Capability.REVERSE, "check_backward_ad"))

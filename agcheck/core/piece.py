@@ -1,5 +1,4 @@
-"""One compared piece of ``fn``: what a Jacobian comparison (and the checks beside it)
-work on after the complex split."""
+"""One compared piece of ``fn``, after the complex split."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ class Piece:
     args : tuple
         Its arguments.
     checked : list of int
-        The positions in ``args`` of the inputs that take part in the check.
+        The positions of the checked inputs in ``args``.
     trace : Trace
         ``fn`` evaluated at ``args``, ready for reverse mode.
     forward : bool
@@ -27,7 +26,7 @@ class Piece:
     test_imag : bool
         This piece is the imaginary part of the complex split.
     diff : list of int
-        Positions of the differentiable outputs (set from the backend on creation).
+        Positions of the differentiable outputs.
     floats : list of int
         Positions of the floating or complex outputs.
     """

@@ -1,5 +1,4 @@
-"""The problem a check works on: the configured backend, and ``fn`` with its inputs as
-the core sees them."""
+"""The problem a check works on: the backend, and ``fn`` with its inputs as the core sees them."""
 from __future__ import annotations
 
 from typing import Callable
@@ -23,9 +22,8 @@ def resolve_problem(fn: Callable, inputs, backend, backend_options: dict):
 
 
 def check_output_types(be, outputs) -> None:
-    """Raise :class:`~agcheck.errors.OutputTypeError` unless every one of ``fn``'s
-    ``outputs`` is an array of the backend (torch's checker fails on them with an
-    ``AttributeError``)."""
+    """Raise :class:`OutputTypeError` unless every output is an array of the backend (torch's
+    checker fails with an ``AttributeError``)."""
     for k, o in enumerate(outputs):
         if not be.is_array(o):
             raise OutputTypeError(
