@@ -304,7 +304,7 @@ def _slow_explanation(run, piece: Piece, input_index, output_position) -> tuple[
     if large_blocks.too_large(run, piece, inputs=[input_index]):
         n, m = be.numel(piece.args[pos]), be.numel(piece.outputs[output_position])
         return (f"\nThe slow-mode Jacobians ({n:,} x {m:,} entries) are not recomputed for this message: they "
-                f"exceed memory_budget ({large_blocks.budget_of(run):,} bytes). fast_mode=False compares them "
+                f"exceed memory_budget ({run.memory_budget:,} bytes). fast_mode=False compares them "
                 "in chunks and names the worst entries.\n"), None
     numerical = jac.numerical_jacobians(be, piece.fn, piece.args, pos, piece.outputs, run.eps_for(piece.args[pos]),
                                         run.stencil)[output_position]

@@ -1,16 +1,10 @@
 """Slow-mode comparisons too large to hold whole, decided and reported in chunks.
 
-torch's checker (and agcheck's reference engine) holds every numerical and analytical
-Jacobian of a piece as a dense matrix: ``n_in x n_out`` entries each, 3.2 GB apiece for
-20,000 x 20,000 doubles. A passing check never holds them here (the engine compares in
-chunks), but a failing one used to, to write torch's message. Where the dense matrices
-would exceed the memory budget, this module decides instead: block by block in torch's
-order (outputs, then inputs), each block in chunks of output elements (reverse mode: a
-chunk's analytical columns are one VJP each, its numerical entries come from every
-input element's moves, keeping the chunk's columns) or of input elements (forward mode:
-rows on both sides). The first failing chunk decides; its message keeps torch's first
-line ("Jacobian mismatch for output i with respect to input j,") and, instead of the two
-matrices torch would print, says their size and lists the worst entries of that chunk.
+torch holds every Jacobian of a piece as a dense matrix (3.2 GB apiece for 20,000 x 20,000
+doubles). Beyond the memory budget, blocks are compared in torch's order, in chunks of
+output elements (reverse mode) or input elements (forward mode). The first failing chunk
+decides; its message keeps torch's first line and lists the chunk's worst entries instead
+of the matrices.
 """
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ from agcheck.core import jacobian as jac
 from agcheck.core.report_filling import attach_jacobian_failure
 from agcheck.errors import GradcheckError
 
-__all__ = ["too_large", "compare_in_chunks", "row_chunks", "budget_of", "WORST_ENTRIES"]
+__all__ = ["too_large", "compare_in_chunks", "row_chunks", "WORST_ENTRIES"]
 
 #: how many of a failing chunk's worst entries the message lists
 WORST_ENTRIES = 10
@@ -28,31 +22,26 @@ WORST_ENTRIES = 10
 CHUNK_SHARE = 8
 
 
-def budget_of(run) -> int:
-    return run.memory_budget
-
-
 def too_large(run, piece, inputs=None) -> bool:
-    """Whether the piece's dense Jacobians, numerical and analytical, exceed the budget
-    (``inputs``: positions in ``piece.checked`` to count, by default all)."""
+    """Whether the piece's dense Jacobians, both sides, exceed the budget (``inputs``: indices
+    into ``piece.checked``, by default all)."""
     be = run.be
     positions = range(len(piece.checked)) if inputs is None else inputs
     n_in = sum(be.numel(piece.inputs[j]) for j in positions)
     outputs = [piece.outputs[k] for k in (piece.floats if piece.forward else piece.diff)]
     n_out = sum(be.numel(o) for o in outputs)
     itemsize = max([be.itemsize(o) for o in outputs] + [be.itemsize(piece.inputs[j]) for j in positions])
-    return 2 * n_in * n_out * itemsize > budget_of(run)
+    return 2 * n_in * n_out * itemsize > run.memory_budget
 
 
 def row_chunks(run, n_rows: int, row_bytes: int):
     """Ranges of rows covering ``n_rows``, each ``row_bytes`` wide, sized to a share of the budget."""
-    per = max(1, budget_of(run) // (CHUNK_SHARE * max(1, row_bytes)))
+    per = max(1, run.memory_budget // (CHUNK_SHARE * max(1, row_bytes)))
     return [range(s, min(n_rows, s + per)) for s in range(0, n_rows, per)]
 
 
 def compare_in_chunks(run, piece) -> None:
-    """The slow-mode comparison of ``piece`` (dense inputs), chunk by chunk: raise torch's
-    mismatch error, with the worst entries of the first failing chunk, or return."""
+    """The slow-mode comparison of ``piece`` (dense inputs), chunk by chunk."""
     be, opts = run.be, run.opts
     moved = run.numerical_args(piece.args)
     run.progress.start(sum(be.numel(x) for x in piece.inputs), "Jacobians in chunks (too large to hold whole)")
@@ -72,8 +61,7 @@ def compare_in_chunks(run, piece) -> None:
 
 
 def _numerical_columns(run, piece, moved, p, k, cols) -> np.ndarray:
-    """The numerical Jacobian of output ``k`` w.r.t. input ``p``, columns ``cols`` only,
-    from the input's elements taken in chunks of rows."""
+    """Columns ``cols`` of output ``k``'s numerical Jacobian w.r.t. input ``p``, rows in chunks."""
     be = run.be
     n, m = be.numel(piece.args[p]), be.numel(piece.outputs[k])
     eps = run.eps_for(piece.args[p])
@@ -101,8 +89,7 @@ def _forward_block(run, piece, moved, j, p) -> None:
 
 
 def _raise_if_apart(run, piece, analytical, numerical, i, j, k, offset) -> None:
-    """torch's mismatch error for block (output ``i``, input ``j``) where the chunk's two
-    sides differ (``offset``: the chunk's first row and column in the block)."""
+    """Raise torch's mismatch error for block (``i``, ``j``) where the chunk at ``offset`` differs."""
     opts = run.opts
     analytical, numerical = np.asarray(analytical), np.asarray(numerical)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -124,7 +111,7 @@ def _raise_if_apart(run, piece, analytical, numerical, i, j, k, offset) -> None:
     lines = [
         f"{prefix}Jacobian {how}mismatch for output {i:d} with respect to input {j:d},",
         f"numerical and analytical: {n:,} x {m:,} entries (input elements x output elements), more than "
-        f"memory_budget ({budget_of(run):,} bytes) holds whole: compared in chunks, not printed.",
+        f"memory_budget ({run.memory_budget:,} bytes) holds whole: compared in chunks, not printed.",
         f"The first failing chunk, input elements {r0:,} to {r0 + rows - 1:,} x output elements {c0:,} to "
         f"{c0 + cols - 1:,}: {int(outside.sum()):,} of {outside.size:,} entries outside |analytical - numerical| "
         f"<= atol + rtol * |numerical| (atol={opts.atol}, rtol={opts.rtol}).",
