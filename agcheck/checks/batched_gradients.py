@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from agcheck.errors import GradcheckError
-
 from agcheck.report.messages import BATCHED_FWD_HINT, BATCHED_HINT, batched_mismatch_message
 
 BATCHED_SEED = 20211
@@ -31,9 +30,7 @@ def _check_output(be, trace, output_position, output_index, inputs) -> None:
     except RuntimeError as ex:
         raise GradcheckError(f"While computing batched gradients, got: {ex}\n\n{BATCHED_HINT}",
                              check="batched_grad") from ex
-    batched = [
-        be.zeros((_BATCH, *x.shape), like=x) if g is None else g for g, x in zip(batched, inputs)
-    ]
+    batched = [be.zeros((_BATCH, *x.shape), like=x) if g is None else g for g, x in zip(batched, inputs)]
     for input_index, (got, exp) in enumerate(zip(batched, expected)):
         if not be.allclose(got, exp, rtol=1e-5, atol=1e-8):
             raise GradcheckError(batched_mismatch_message(output_index, input_index, got, exp),

@@ -9,8 +9,7 @@ MESSAGE = "Numerical gradient for function expected to be zero"
 
 
 def check_slow(run, piece) -> None:
-    """Every finite-difference Jacobian entry must be exactly zero (computed in chunks of
-    rows that fit the memory budget: a dense input's rows are its elements)."""
+    """Every finite-difference Jacobian entry must be exactly zero (dense inputs in chunks of rows)."""
     be, fn, args, checked, outputs = run.be, piece.fn, piece.args, piece.checked, piece.outputs
     eps_for, stencil = run.eps_for, run.stencil
     width = sum(be.numel(o) * be.itemsize(o) for o in outputs if be.is_array(o) and be.is_floating_or_complex(o))
@@ -29,8 +28,7 @@ def check_slow(run, piece) -> None:
 
 
 def check_fast(run, piece, all_u) -> None:
-    """Every finite-difference directional derivative along the probes ``all_u`` must be
-    within ``nondet_tol`` of zero."""
+    """Every finite-difference derivative along the probes ``all_u`` must be within ``nondet_tol`` of zero."""
     be, fn, args, checked = run.be, piece.fn, piece.args, piece.checked
     eps_for, stencil, tol = run.eps_for, run.stencil, run.opts.nondet_tol
     for pos, u in zip(checked, all_u):

@@ -1,7 +1,6 @@
 """Undefined output gradients (or tangents) must act as zeros."""
 from __future__ import annotations
 
-
 from agcheck.core.jacobian import random_vectors
 from agcheck.errors import GradcheckError
 from agcheck.report.messages import UNDEFINED_GRAD_HINT
@@ -17,10 +16,8 @@ _OPT_OUT = (
 
 
 def check_backward(run, piece) -> None:
-    """Back-propagate with all output gradients undefined, then (with several outputs)
-    with one undefined at a time: the backward must not fail and must give zeros. The
-    outputs of the piece's trace are differentiated (``fn`` is not called again), except
-    with ``engine="reference"``, which evaluates ``fn`` afresh for each case as torch does."""
+    """Back-propagate with all output gradients undefined, then (several outputs) one at a time:
+    the backward must give zeros. ``engine="reference"`` evaluates ``fn`` afresh per case, as torch does."""
     be, args, checked, n_outputs = run.be, piece.args, piece.checked, len(piece.diff)
     cases = ["all"]
     if n_outputs > 1:
@@ -38,8 +35,7 @@ def check_backward(run, piece) -> None:
                 check="undefined_grad",
             ) from e
         for g in grads:
-            # on the gradient as it came (torch tests a sparse one without densifying it,
-            # and raises for it: parity)
+            # on the gradient as it came: torch tests a sparse one undensified, and raises for it
             if g is not None and not bool(be.xp(g).all(g == 0)):
                 warn_caller(_OPT_OUT)
                 raise GradcheckError(
