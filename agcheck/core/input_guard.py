@@ -17,16 +17,8 @@ __all__ = ["InputGuard"]
 class InputGuard:
     """The checked inputs ``args[positions]`` of one check, watched for in-place changes.
 
-    Parameters
-    ----------
-    be : Backend
-    args : tuple
-        The check's arguments (the caller's arrays, moved in place by the numerical side).
-    positions : sequence of int
-        The checked positions.
-    snapshots : dict, optional
-        ``{position: snapshot}`` taken before a call of ``fn`` the caller made, so that a
-        change that call made is found too.
+    ``snapshots`` (``{position: snapshot}``), taken before a call of ``fn`` the caller made,
+    stand for the guard's own, so that a change that call made is found too.
     """
 
     def __init__(self, be, args: tuple, positions, snapshots: dict | None = None):

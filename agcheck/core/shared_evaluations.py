@@ -27,21 +27,8 @@ DIGEST_RULE_CALLS = 64
 
 
 class SharedEvaluations:
-    """The evaluations the ``first`` part's pass keeps for the other part's pass.
-
-    Parameters
-    ----------
-    be : Backend
-        The check's backend.
-    args : tuple
-        The check's arguments.
-    moving : sequence of int
-        The positions of the arguments the numerical side moves.
-    first : str
-        The part whose pass runs first (``"imag"``, torch's order).
-    budget_bytes : int
-        At most this many bytes of outputs are kept.
-    """
+    """The evaluations the ``first`` part's pass (``"imag"``, torch's order) keeps for the other
+    part's pass: at most ``budget_bytes`` of outputs, keyed on the ``moving`` arguments."""
 
     def __init__(self, be, args: tuple, moving: Sequence[int], first: str, budget_bytes: int):
         self.be, self.args, self.first = be, tuple(args), first
