@@ -99,11 +99,9 @@ def check(run, piece: Piece) -> None:
 
 
 def _reference_slow(run, piece: Piece, whole: bool = False, reuse_analytical: dict | None = None) -> None:
-    """torch's element-by-element comparison, block by block in torch's order.
-
-    The run's rows computed element by element (all of them where ``whole``) and the
-    columns ``reuse_analytical`` are taken; a reverse-mode pass leaves its rows for the
-    forward-mode pass that follows."""
+    """torch's element-by-element comparison, block by block in torch's order, taking the run's
+    exact rows (all where ``whole``) and the columns ``reuse_analytical``; a reverse-mode pass
+    leaves its rows for the forward-mode pass that follows."""
     opts = run.opts
     moved = run.numerical_args(piece.args)
     numerical = []

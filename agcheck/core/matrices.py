@@ -159,7 +159,7 @@ def analytical_jacobian(fn: Callable, inputs, *, backend=None, mode: str = "reve
             _complex_outputs_refused(be, outputs)
             floats = [k for k, o in enumerate(outputs) if be.is_array(o) and be.is_floating_or_complex(o)]
             result = []
-            for i, pos in enumerate(checked):
+            for i in range(len(checked)):
                 row = [None] * len(outputs)
                 for k, m in zip(floats, _forward_rows(be, fn, args, checked, i)):
                     row[k] = m
