@@ -1,70 +1,9 @@
-"""The agcheck pytest plugin: an ``agcheck`` fixture, backend parametrization and failure
-reports saved next to the test run.
+"""The agcheck pytest plugin: the ``agcheck`` and ``agcheck_backend`` fixtures, the
+``--agcheck-*`` options (documented in docs/pytest.md) and failure reports saved for failing tests.
 
-Registered through the ``pytest11`` entry point (``agcheck = "agcheck.frontends.pytest_plugin"``),
-so installing agcheck enables it; without the entry point, enable it with
-``-p agcheck.frontends.pytest_plugin`` or ``pytest_plugins = ["agcheck.frontends.pytest_plugin"]``.
-
-Every pytest run of a project that has agcheck installed loads this module, so it imports
-nothing of agcheck's checker and no framework itself: they are imported when a fixture
-runs a check or an option asks for them.
-
-Fixtures
---------
-``agcheck``
-    An :class:`AgcheckFixture`: ``agcheck.gradcheck(fn, inputs, **kw)``,
-    ``agcheck.gradgradcheck(...)`` and ``agcheck.crosscheck(...)`` with the backend chosen
-    on the command line (or by the ``agcheck_backend`` parameter of the test). Every other
-    public name of the package is the package's (``agcheck.GradcheckError``, ...), so the
-    fixture stands in for the module it shadows. A failed check raises
-    :class:`AgcheckFailure` (an ``AssertionError`` and an :class:`agcheck.GradcheckError`)
-    whose message ends with the failure report's summary.
-``agcheck_backend``
-    The name of a backend. Tests that request it run once per backend given with
-    ``--agcheck-backend`` (``torch`` when none is given); backends whose framework is not
-    installed are skipped.
-
-Options
--------
-``--agcheck-backend NAME``
-    Backend(s) for the fixtures; repeat it or separate names with commas
-    (``--agcheck-backend torch,jax``). Also the ini setting ``agcheck_backend``. The
-    selected backend applies to checks whose inputs it can take: a check whose inputs are
-    arrays of another framework (torch tensors under ``--agcheck-backend jax``) runs on
-    that framework's backend, and one given NumPy derivatives (``vjp=``/``jvp=``) on the
-    NumPy backend.
-``--agcheck-torch``
-    Route ``torch.autograd.gradcheck`` / ``gradgradcheck`` (and every name bound to them,
-    also by conftest files and test modules) to agcheck for the whole run; the patch is
-    installed before the initial conftest files are imported. Failures keep torch's
-    message and error type and add agcheck's report summary; the terminal summary counts
-    the checks that went through agcheck. Also the ini setting ``agcheck_torch = true``.
-``--agcheck-engine NAME``
-    agcheck's engine for the checks ``--agcheck-torch`` routes (``reference``: torch's
-    element-by-element algorithm, so the suite's functions run as often as under torch).
-    Also the ini setting ``agcheck_engine``.
-``--agcheck-jax``
-    The same for ``jax.test_util.check_grads`` (ini: ``agcheck_jax = true``).
-``--agcheck-tf``
-    Route ``tf.test.compute_gradient`` (and every name bound to it) to agcheck's Jacobians:
-    the same return layout and numbers; where the two Jacobians of a call differ, a warning
-    (logger ``agcheck.tensorflow``, shown with a failing test's captured log) names the
-    largest difference. Also the ini setting ``agcheck_tf = true``.
-``--agcheck-jax-account direction|full``
-    How a failing check ``--agcheck-jax`` routes is explained: ``direction`` (the default)
-    from the check's own evaluations, ``full`` by the failing level's full Jacobians (their
-    report is what ``--agcheck-report-dir`` saves). Also the ini setting
-    ``agcheck_jax_account``.
-``--agcheck-report-dir DIR``
-    For every test that fails, save the reports of its failed checks (of the fixtures,
-    and of the suite's own checks under ``--agcheck-torch`` / ``--agcheck-jax``) as
-    ``DIR/<test id>.html`` (``.json`` when the HTML report cannot be written, e.g. without
-    matplotlib). A test that expects the failure (``pytest.raises``) and passes saves
-    nothing. A report that cannot be saved is an :class:`AgcheckReportWarning`, never a
-    change of the test's outcome. Also the ini setting ``agcheck_report_dir``.
-
-Every option is checked when pytest starts: an unknown backend or engine is a
-``pytest.UsageError``. Nothing here imports torch or jax.
+Registered through the ``pytest11`` entry point, or with ``-p agcheck.frontends.pytest_plugin``.
+Every pytest run where agcheck is installed loads this module, so it imports neither
+agcheck's checker nor a framework until a check or an option needs them.
 """
 from __future__ import annotations
 
@@ -103,7 +42,6 @@ DEFAULT_BACKEND = "torch"
 REPORT_PROPERTY = "agcheck_report"
 #: the same for a report that could not be saved (the reason)
 UNSAVED_PROPERTY = "agcheck_report_not_saved"
-
 
 
 def __getattr__(name):
@@ -176,10 +114,8 @@ def pytest_generate_tests(metafunc):
     names = configured_backends(metafunc.config) or [DEFAULT_BACKEND]
     params = []
     for name in names:
-        ok = installed(name)
-        marks = ()
-        if ok is False:
-            marks = pytest.mark.skip(reason=f"agcheck backend {name!r}: its framework is not installed")
+        reason = f"agcheck backend {name!r}: its framework is not installed"
+        marks = pytest.mark.skip(reason=reason) if installed(name) is False else ()
         params.append(pytest.param(name, marks=marks, id=name))
     metafunc.parametrize("agcheck_backend", params)
 
@@ -205,13 +141,9 @@ def agcheck(request):
         report_dir=configured_report_dir(request.config),
         nodeid=request.node.nodeid,
         crosscheck_backends=configured_backends(request.config),
-        saved=_saved_list(request.config),
+        saved=_reports(request.config).saved,
         item=request.node,
     )
-
-
-def _saved_list(config) -> list:
-    return _reports(config).saved
 
 
 # -- saving the reports of failing tests, and what pytest's lines say ------------------------
@@ -234,7 +166,7 @@ def _save_pending(item, report) -> None:
     if not entries:
         return
     saver = AgcheckFixture(report_dir=configured_report_dir(item.config), nodeid=item.nodeid,
-                           saved=_saved_list(item.config))
+                           saved=_reports(item.config).saved)
     saver._count = sum(1 for p in PENDING.get(item) if p.done and p.path)
     lines = []
     for entry in entries:
@@ -262,9 +194,8 @@ def _is_agcheck_error(exc) -> bool:
 
 
 def crash_line(exc) -> str:
-    """The line pytest's short test summary gives an agcheck failure: the error's class
-    name, the message's first line and the diagnoses' names, e.g. ``AgcheckFailure:
-    Jacobian mismatch for output 0 with respect to input 0 [factor]``."""
+    """Short-summary line of an agcheck failure, e.g. ``AgcheckFailure: Jacobian mismatch
+    for output 0 with respect to input 0 [factor]`` (class, headline, diagnoses)."""
     report = getattr(exc, "report", None)
     headline = ""
     if report is not None and callable(getattr(report, "headline", None)):
@@ -379,8 +310,8 @@ class _DropinSession:
             patch.restore()
 
     def on_failure(self, framework, kind, error):
-        """A drop-in check failed: within a test its report is saved if the test fails;
-        outside one (at collection), at once (the path is then named in the message)."""
+        """Within a test, keep the report to save if the test fails; outside one (at
+        collection), save it now and return its path for the message."""
         directory = configured_report_dir(self.config)
         report = getattr(error, "report", None)
         if not directory or report is None or not hasattr(report, "save"):
@@ -388,8 +319,8 @@ class _DropinSession:
         if self.item is not None:
             pending(self.item).append(Pending(report))
             return None
-        saver = AgcheckFixture(report_dir=directory, nodeid="session", saved=_saved_list(self.config))
-        saver._count = len(_saved_list(self.config))
+        saver = AgcheckFixture(report_dir=directory, nodeid="session", saved=_reports(self.config).saved)
+        saver._count = len(_reports(self.config).saved)
         return saver.save_report(report)
 
 
@@ -402,8 +333,7 @@ def _dropin_session(config, create=False):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    """Check the options; patch before the suite's conftest files (and so its test modules)
-    are imported."""
+    """Check the options; patch before the suite's conftests (and test modules) are imported."""
     validate_options(early_config)
     if _wanted_patches(early_config):
         _dropin_session(early_config, create=True).install()
@@ -449,17 +379,13 @@ def pytest_unconfigure(config):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     session = _dropin_session(config)
     if session is not None and session.patches:
-        parts = []
+        terminalreporter.write_sep("-", "agcheck drop-in")
         for framework, patch in session.patches.items():
             name = {"torch": "torch gradcheck/gradgradcheck", "jax": "jax check_grads",
                     "tensorflow": "tf.test.compute_gradient"}[framework]
-            failed = f"{patch.failures} with Jacobians that differ" if framework == "tensorflow" else \
-                f"{patch.failures} failed"
-            parts.append(f"{patch.checks} {name} call{'s' if patch.checks != 1 else ''} went through agcheck"
-                         f" ({failed})")
-        terminalreporter.write_sep("-", "agcheck drop-in")
-        for line in parts:
-            terminalreporter.write_line(line)
+            failed = "with Jacobians that differ" if framework == "tensorflow" else "failed"
+            terminalreporter.write_line(f"{patch.checks} {name} call{'s' if patch.checks != 1 else ''} went through"
+                                        f" agcheck ({patch.failures} {failed})")
     reports = _REPORTS.get(config)
     saved, unsaved = (reports.saved, reports.unsaved) if reports is not None else ([], [])
     if saved or unsaved:
