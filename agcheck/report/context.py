@@ -1,5 +1,4 @@
-"""What a failed check was run on, and the code that runs it again (a failure report's
-context: function, test, versions, seeds, inputs, a script)."""
+"""A failure report's context: what the check ran on, and the code that runs it again."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields

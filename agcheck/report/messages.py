@@ -1,8 +1,5 @@
-"""The texts of a failed check's messages (the error itself: :class:`agcheck.errors.GradcheckError`).
-
-The messages keep the key phrases of ``torch.autograd.gradcheck`` (so tests that match
-torch's messages match agcheck's) in agcheck's own words around them.
-"""
+"""The texts of a failed check's messages: torch's key phrases (which tests match) in
+agcheck's own words around them."""
 from __future__ import annotations
 
 __all__ = ["NONDET_HINT", "FAST_MODE_NOTE", "FAST_FAIL_SLOW_OK", "BATCHED_HINT", "BATCHED_FWD_HINT",
@@ -61,8 +58,7 @@ def jacobian_mismatch_message(
     prefix = ""
     part = complex_part(output_idx, input_idx, complex_indices, test_imag, forward)
     if part is not None:
-        kind = "inputs" if forward else "outputs"
-        prefix = f"While considering the {part} part of complex {kind} only, "
+        prefix = f"While considering the {part} part of complex {'inputs' if forward else 'outputs'} only, "
     how = "computed with forward mode " if forward else ""
     return (
         f"{prefix}Jacobian {how}mismatch for output {output_idx:d} with respect to input "
@@ -72,10 +68,7 @@ def jacobian_mismatch_message(
 
 def complex_part(output_idx, input_idx, complex_indices, test_imag, forward) -> str | None:
     """``"real"``/``"imaginary"`` when the failing pair is one half of a complex split."""
-    if not complex_indices:
-        return None
-    concerned = input_idx if forward else output_idx
-    if concerned not in complex_indices:
+    if not complex_indices or (input_idx if forward else output_idx) not in complex_indices:
         return None
     return "imaginary" if test_imag else "real"
 
@@ -93,8 +86,8 @@ def not_reentrant_message(nondet_tol: float, observed: float | None = None) -> s
 
 
 def batched_mismatch_message(output_idx, input_idx, got, expected, forward=False) -> str:
-    """torch's "For output i and input j:", then on the same line what failed (so that the
-    first line names it), then torch's hint and the two results."""
+    """torch's "For output i and input j:", what failed on the same first line, then torch's
+    hint and the two results."""
     hint = BATCHED_FWD_HINT if forward else BATCHED_HINT
     mode = "forward-mode " if forward else ""
     return (
@@ -110,15 +103,9 @@ _OPENING, _CLOSING = "([{", ")]}"
 
 
 def message_with_summary(message: str, summary: str) -> str:
-    """The exception text of a failure, read top-down: torch's first line as it is, then
-    agcheck's ``summary`` and :data:`REPORT_POINTER`, then the rest of torch's message
-    (its full numerical and analytical Jacobians, ...) after a blank line.
-
-    torch's first line stays first, so that pytest's one-line summary and tests matching
-    it (``re.search``) see it; every phrase of torch's text is kept whole. Where the first
-    line does not end a piece of text (it opens a tensor printed over several lines), the
-    summary follows the whole message instead.
-    """
+    """torch's first line, agcheck's ``summary`` and :data:`REPORT_POINTER`, a blank line, then
+    the rest of torch's message. The first line stays first for pytest's one-line summary
+    and tests matching it; where it opens a multi-line tensor, the summary goes last."""
     summary = summary.rstrip("\n") + "\n" + REPORT_POINTER
     message = message.rstrip("\n")
     first, newline, rest = message.partition("\n")

@@ -1,12 +1,6 @@
-"""The failure report as data: :class:`FailureReport`, its failing :class:`JacobianBlock`
-entries (:class:`Entry`) and its named hypotheses (:class:`Diagnosis`).
-
-A report is plain data: NumPy arrays, numbers and strings, built only after a check
-failed (by :mod:`agcheck.core.report_filling`), written as text (``summary()``), JSON data
-(``to_dict()`` / ``from_dict()``) or files (``save()``: JSON here, HTML and PNG through
-:mod:`agcheck.report.render`). It knows nothing of backends or of how the diagnoses are
-found (:mod:`agcheck.diagnosis`).
-"""
+"""The failure report as plain data (NumPy arrays, numbers, strings): :class:`FailureReport`,
+its failing :class:`JacobianBlock` entries (:class:`Entry`) and its :class:`Diagnosis` list.
+It knows nothing of backends or of how the diagnoses are found."""
 from __future__ import annotations
 
 import json
@@ -33,8 +27,6 @@ SUMMARY_TOP_K = 5
 MAX_SUMMARY_LINES = 50
 REPORT_FORMAT_VERSION = 2
 
-
-# -- one failing (output, input) block ------------------------------------------------------
 
 @dataclass
 class Entry:
@@ -66,15 +58,12 @@ class Entry:
         return f"input{index_text(self.input_index)} / output{index_text(self.output_index)}"
 
 
-
 @dataclass
 class JacobianBlock:
-    """One failing (output, input) pair: the numerical and analytical Jacobian blocks and
-    how they differ.
+    """One failing (output, input) pair: its numerical and analytical Jacobian blocks.
 
-    The blocks are laid out as torch lays them out: ``(input.numel, output.numel)``, row
-    ``r`` holding the derivatives of the flattened output with respect to input element
-    ``r``. In fast mode they are the slow-mode blocks recomputed for the message.
+    Laid out as torch's: ``(input.numel, output.numel)``, row ``r`` the derivatives with
+    respect to input element ``r``. In fast mode, the slow-mode blocks recomputed.
     """
 
     output: int
@@ -120,7 +109,7 @@ class JacobianBlock:
         return block
 
     def _entries(self, flat, diff) -> list:
-        """The entries at flat positions ``flat`` of the block, their values gathered at once."""
+        """The entries at flat positions ``flat``, their values gathered at once."""
         rows, cols = np.divmod(np.asarray(flat, dtype=np.int64), self.numerical.shape[1])
         rows_at, cols_at = rows.tolist(), cols.tolist()
         values = zip(rows_at, cols_at, unravel_all(rows_at, self.input_shape), unravel_all(cols_at, self.output_shape),
@@ -256,8 +245,6 @@ class JacobianBlock:
         return lines
 
 
-# -- named hypotheses -------------------------------------------------------------------------
-
 @dataclass
 class Diagnosis:
     """One named hypothesis about a failure.
@@ -297,8 +284,6 @@ class Diagnosis:
     def from_dict(cls, d: dict) -> "Diagnosis":
         return cls(d["kind"], d["message"], dict(d["evidence"]), list(d["lines"]), d["block"])
 
-
-# -- the report --------------------------------------------------------------------------------
 
 #: options shown in the one-line summary even at their defaults
 _KEY_OPTIONS = ("eps", "atol", "rtol", "nondet_tol", "fast_mode", "masked")
@@ -354,23 +339,20 @@ class FailureReport:
         kinds = ", ".join(d.kind for d in self.diagnoses) or "none"
         return f"<FailureReport check={self.check!r} backend={self.backend!r} blocks={len(self.blocks)} diagnoses={kinds}>"
 
-    # -- text ----------------------------------------------------------------------------
     def headline(self) -> str:
         first = next((ln.strip() for ln in self.message.splitlines() if ln.strip()), "")
         return first.rstrip(",")
 
     def block_of(self, diagnosis) -> str:
-        """``"output i / input j: "`` for a diagnosis of a report with several blocks
-        (``""`` when there is only one block to be about)."""
+        """``"output i / input j: "`` for a diagnosis, ``""`` when the report has one block."""
         i = getattr(diagnosis, "block", None)
         if len(self.blocks) < 2 or i is None or not 0 <= i < len(self.blocks):
             return ""
         return f"output {self.blocks[i].output} / input {self.blocks[i].input}: "
 
     def summary(self) -> str:
-        """A short text summary, read top-down: what failed and where, the diagnoses, the
-        failing blocks, then the options and what reproduces the check (bounded in length
-        however large the Jacobians: the blocks give way first)."""
+        """A short text summary: what failed, the diagnoses, the failing blocks, the options and
+        how to reproduce; at most ``MAX_SUMMARY_LINES`` lines, the blocks cut first."""
         head = [self._header()] + self._diagnosis_lines()
         body = [ln for block in self.blocks for ln in block.summary_lines()]
         if self.details and not self.blocks:  # the facts of a check without Jacobian blocks
@@ -419,14 +401,12 @@ class FailureReport:
     def __str__(self) -> str:
         return self.summary()
 
-    # -- data ----------------------------------------------------------------------------
     def to_dict(self, include_arrays: bool | None = None) -> dict:
         """The report as JSON-serialisable data.
 
-        ``include_arrays``: ``None`` (default) includes the Jacobian blocks up to
-        ``DICT_ARRAY_LIMIT`` entries, ``True`` always, ``False`` never. Complex numbers
-        are ``{"real": .., "imag": ..}``, non-finite floats the strings ``"nan"``,
-        ``"inf"``, ``"-inf"``.
+        ``include_arrays``: ``None`` (default) includes Jacobian blocks of up to
+        ``DICT_ARRAY_LIMIT`` entries, ``True`` all, ``False`` none. Complex numbers are
+        ``{"real": .., "imag": ..}``, non-finite floats ``"nan"``, ``"inf"``, ``"-inf"``.
         """
         return {
             "format": "agcheck-failure-report", "version": REPORT_FORMAT_VERSION,
@@ -457,10 +437,8 @@ class FailureReport:
         return json.dumps(self.to_dict(), allow_nan=False, **kw)
 
     def save(self, path) -> str:
-        """Write the report to ``path``: ``.html`` (self-contained, heatmaps embedded as
-        base64 PNG images), ``.png`` (the heatmaps) or ``.json`` (:meth:`to_dict`).
-
-        HTML and PNG need matplotlib (``pip install matplotlib``).
+        """Write the report to ``path``: ``.html`` (self-contained, heatmaps embedded),
+        ``.png`` (the heatmaps) or ``.json`` (:meth:`to_dict`). HTML and PNG need matplotlib.
         """
         path = os.fspath(path)
         ext = os.path.splitext(path)[1].lower()

@@ -1,19 +1,8 @@
-"""Rendering failure reports: a self-contained HTML page or a PNG image.
+"""Failure reports as a self-contained HTML page (jinja2 templates in ``templates/``) or a
+PNG image of heatmaps (matplotlib); both optional dependencies, imported only when rendering.
 
-Heatmaps of the numerical and analytical Jacobian blocks and of their difference are
-drawn with matplotlib, an optional dependency imported only here, only when rendering.
-Large blocks are downsampled by max-abs pooling (the entry of largest magnitude of each
-tile, with its sign) to at most :data:`MAX_SIDE` cells per side, so a single wrong entry
-stays visible and the files stay small. The axes and the tables name elements alike: by
-their multi-index (``(0, 1)``) in arrays of more than one dimension.
-
-The HTML is filled in from jinja2 templates (``templates/``: the page, the report's body,
-which the main job's page also embeds, and the one stylesheet of both), with autoescaping;
-jinja2 too is imported only when rendering.
-
-Rendering reads a report's attributes (``blocks``, ``diagnoses``, ``summary()`` ...) and
-imports nothing of the report model, so :meth:`agcheck.report.FailureReport.save` can
-use it.
+Large blocks are max-abs pooled to at most :data:`MAX_SIDE` cells per side, so a single
+wrong entry stays visible. Imports nothing of the report model, which uses this module.
 """
 from __future__ import annotations
 
@@ -75,8 +64,6 @@ def pool_max_abs(m: np.ndarray, max_side: int = MAX_SIDE):
     pick = key.argmax(axis=2)[..., None]
     return np.take_along_axis(tiles, pick, axis=2)[..., 0], (fr, fc)
 
-
-# -- figures --------------------------------------------------------------------------------
 
 def _panels(block):
     """(title, matrix, kind) for each heatmap of a block; kind is 'signed' or 'magnitude'."""
@@ -144,8 +131,7 @@ def _draw_block(fig, axes_rows, block) -> None:
 
 
 def _index_formatter(shape, size: int):
-    """Tick labels in the tables' notation: an element's multi-index (``(0, 1)``) for
-    arrays of more than one dimension, its index otherwise; none outside the block."""
+    """Tick labels as the tables write indices: a multi-index for arrays of several dimensions."""
     from matplotlib.ticker import FuncFormatter
 
     def label(value, _position):
@@ -211,12 +197,15 @@ def _figure(report, blocks, header: bool):
     return fig
 
 
+def _png(report, blocks, header: bool) -> bytes:
+    buf = io.BytesIO()
+    _figure(report, blocks, header).savefig(buf, format="png")
+    return buf.getvalue()
+
+
 def render_png(report, blocks=None) -> bytes:
     """The report's heatmaps as PNG bytes (a text panel when it has no Jacobian blocks)."""
-    fig = _figure(report, report.blocks if blocks is None else blocks, header=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return _png(report, report.blocks if blocks is None else blocks, header=True)
 
 
 def write_png(report, path) -> None:
@@ -224,8 +213,6 @@ def write_png(report, path) -> None:
     with open(path, "wb") as f:
         f.write(data)
 
-
-# -- HTML -----------------------------------------------------------------------------------
 
 #: the templates of the HTML report and its stylesheet (package data)
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -254,9 +241,8 @@ def stylesheet() -> str:
 
 
 def _script_json(data) -> str:
-    """``data`` as JSON that can stand inside a ``<script>`` element: ``<``, ``>`` and ``&``
-    written as JSON escapes (they only occur inside strings), so no ``</script>`` or
-    ``<!--`` can end or change it."""
+    """``data`` as JSON safe inside ``<script>``: ``<``, ``>``, ``&`` (only ever in strings)
+    written as JSON escapes, so no ``</script>`` or ``<!--`` can end it."""
     text = json.dumps(data, allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
@@ -279,7 +265,7 @@ def _block_view(report, block) -> dict:
                                                         for k, v in block.projection.items())))
     image = None
     if block.has_arrays and block.numerical.size:
-        image = base64.b64encode(_block_png(report, block)).decode("ascii")
+        image = base64.b64encode(_png(report, [block], header=False)).decode("ascii")
 
     def outside(w):
         return "yes" if not (w.abs_diff <= block.atol + block.rtol * abs(w.numerical)) else "no"
@@ -306,8 +292,8 @@ def _context_view(context) -> dict | None:
 
 
 def report_view(report) -> dict:
-    """What the HTML templates show of ``report``: plain strings, numbers and tables (the
-    templates escape them), the heatmaps as base64 PNG data, the data as script-safe JSON."""
+    """What the HTML templates show of ``report``: strings and tables (escaped by the
+    templates), the heatmaps as base64 PNG, the data as script-safe JSON."""
     import markupsafe  # jinja2's own dependency
 
     function = report.context.function if report.context is not None else None
@@ -328,29 +314,18 @@ def report_view(report) -> dict:
     }
 
 
-def _block_png(report, block) -> bytes:
-    fig = _figure(report, [block], header=False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
 def report_fragment(report, level: int = 1, ident: str = "agcheck-report") -> str:
     """The report as HTML to place in a page: headings from ``<h{level}>`` down, its data
-    as JSON in ``<script type="application/json" id="{ident}">`` (needs matplotlib and
-    jinja2). :func:`render_html` is this fragment on a page of its own; the main job's
-    page holds one per failure."""
+    as JSON in ``<script type="application/json" id="{ident}">``."""
     _matplotlib()
-    environment = _environment()
-    return environment.get_template("report_body.html").render(v=report_view(report), level=level, ident=ident)
+    return _environment().get_template("report_body.html").render(v=report_view(report), level=level, ident=ident)
 
 
 def render_html(report) -> str:
     """The report as one self-contained HTML page (images embedded as base64 PNG)."""
     _matplotlib()
-    environment = _environment()
-    return environment.get_template("report.html").render(v=report_view(report), css=stylesheet(), level=1,
-                                                          ident="agcheck-report")
+    return _environment().get_template("report.html").render(v=report_view(report), css=stylesheet(), level=1,
+                                                             ident="agcheck-report")
 
 
 def write_html(report, path) -> None:

@@ -1,9 +1,5 @@
-"""How a failure report writes numbers, indices and arrays: short text for summaries
-(:func:`fmt`, :func:`index_text`) and JSON-safe data for ``to_dict()`` (:func:`jsonable`,
-:func:`encode_number`, :func:`encode_array` and their inverses).
-
-The lowest layer of :mod:`agcheck.report`: NumPy and the standard library only.
-"""
+"""Numbers, indices and arrays as a failure report's text (:func:`fmt`, :func:`index_text`)
+and JSON data (:func:`jsonable`, :func:`encode_number`, :func:`encode_array`); NumPy only."""
 from __future__ import annotations
 
 import math
@@ -113,8 +109,7 @@ def index_text(idx) -> str:
 
 
 def unravel(flat: int, shape) -> tuple:
-    """The multi-index of flat element ``flat`` in an array of ``shape`` (``(flat,)`` when
-    the shape is unknown or does not hold it)."""
+    """The multi-index of element ``flat`` of ``shape`` (``(flat,)`` when the shape is unknown or too small)."""
     flat = int(flat)
     if shape is None:
         return (flat,)
@@ -131,8 +126,7 @@ def unravel(flat: int, shape) -> tuple:
 
 
 def unravel_all(flat, shape) -> list:
-    """:func:`unravel` of each of the flat indices ``flat``, in one vectorised call where
-    the shape holds them all."""
+    """:func:`unravel` of each index in ``flat``, vectorised where the shape holds them all."""
     flat = [int(f) for f in flat]
     if shape is not None and len(shape) == 0:
         return [()] * len(flat)
@@ -146,18 +140,15 @@ def unravel_all(flat, shape) -> list:
 
 
 def abs_difference(a, b) -> np.ndarray:
-    """``|a - b|`` with one temporary of their size, not two: the difference made absolute
-    in place (complex differences take a new real array for their moduli)."""
+    """``|a - b|`` with one temporary, not two: made absolute in place (complex: a new real array)."""
     d = np.subtract(a, b)
     return np.abs(d) if np.iscomplexobj(d) else np.abs(d, out=d)
 
 
 def wrap_words(text: str, width: int, indent: str = "") -> list:
-    """``text`` as lines of at most ``width`` characters, broken between words (runs of
-    whitespace become one space); lines after the first start with ``indent``. A word
-    longer than a line keeps a line of its own. ``textwrap.wrap`` with
-    ``subsequent_indent``, for the one-paragraph messages of a report, at a tenth of its
-    cost."""
+    """``text`` in lines of at most ``width`` characters broken between words, lines after the
+    first starting with ``indent``: ``textwrap.wrap`` with ``subsequent_indent`` at a tenth
+    of its cost, for a report's one-paragraph messages."""
     lines, line = [], ""
     for word in text.split():
         if line and len(line) + 1 + len(word) > width:
@@ -172,22 +163,18 @@ def wrap_words(text: str, width: int, indent: str = "") -> list:
 
 #: elements of an output looked at by :func:`float32_valued`
 FLOAT32_SAMPLE = 4096
-
-
 #: a value computed in float32 (or half) has more significant bits than this, by chance
 #: almost always; constants a function clamps to (0.5, 0.75) have fewer
 SHORT_MANTISSA_BITS = 8
 
 
 def float32_valued(a) -> bool:
-    """Whether an array is float32 (or coarser), or a double-precision one holds only float32
-    values (its first ``FLOAT32_SAMPLE`` elements), at least one of them neither an integer nor a short
-    binary fraction (more than ``SHORT_MANTISSA_BITS`` significant bits): the mark of a
-    function that rounds to float32 (or coarser) inside, rather than of one that returns
-    constants."""
+    """Whether an array is float32 (or coarser), or a double one whose first ``FLOAT32_SAMPLE``
+    elements are all float32 values, one at least with more than ``SHORT_MANTISSA_BITS``
+    significant bits: a function rounding inside, not one returning constants."""
     a = np.ascontiguousarray(a)
     if a.dtype in (np.float32, np.float16, np.complex64):
-        return True  # the output itself is in lower precision
+        return True
     if a.dtype == np.complex128:
         a = a.view(np.float64)
     elif a.dtype != np.float64:
@@ -201,10 +188,9 @@ def float32_valued(a) -> bool:
 
 
 def largest_positions(flat: np.ndarray, k: int) -> np.ndarray:
-    """Flat indices of the ``k`` largest positive entries of ``flat``, largest first (ties
-    by position): one negated copy of the values, partitioned in place from the front
-    (NumPy's selection is fast there on blocks that are mostly zeros, and slow from the
-    back), instead of an index array of the whole block."""
+    """Flat indices of the ``k`` largest positive entries of ``flat``, largest first, ties by
+    position. Partitions a negated copy from the front: NumPy's selection is fast there on
+    mostly-zero blocks and slow from the back, and no index array of the block is made."""
     k = min(k, flat.size)
     if not k:
         return np.zeros(0, dtype=np.int64)
