@@ -1,35 +1,9 @@
-"""The ``agcheck`` command: one parser, the main job without a subcommand, and two
-subcommands that check a function of your own from the shell.
+"""The ``agcheck`` command (documented in docs/cli.md): one parser; bare ``agcheck`` runs the
+main job (:mod:`agcheck.frontends.mainjob`), ``agcheck check`` and ``agcheck crosscheck``
+check a function of your own (``MODULE:FUNCTION``) on random inputs.
 
-::
-
-    agcheck [--only NAME[,NAME]] [--backends torch,jax] [--list] [--no-report] ...
-    agcheck check mymodule:myfn --input 3x4 --input 4:complex128 [--backend torch]
-                  [--fast] [--forward] [--report out.html]
-    agcheck crosscheck mymodule:myfn --input 3x4 [--backends torch,jax]
-
-Bare ``agcheck`` runs the main job (:mod:`agcheck.frontends.mainjob`). Every level takes
-the same output and mode flags: ``--fast`` (also ``--fast-mode``), ``--report PATH``,
-``-q/--quiet``, ``-v/--verbose``, ``--plain``; a flag given before the subcommand counts
-for it (``agcheck --fast check ...``).
-
-``MODULE:FUNCTION`` names a function by its module (a dotted name importable from the
-current directory, or a path to a ``.py`` file) and its name in that module (dotted
-attributes allowed: ``mod:Class.method``). Inputs are drawn at random (seeded with
-``--seed``) with the given shapes and dtypes (default ``float64``): standard normal
-entries, for torch tensors that require grad (floating/complex), for JAX ``jax.numpy``
-arrays (64-bit mode switched on for the check when an input is 64-bit, and the caller's
-setting restored afterwards), for crosscheck NumPy arrays. The arrays are made through
-the backends' ``from_numpy``; this module imports no framework.
-
-Exit status (:mod:`agcheck.frontends.command`): 0 the check passed, 1 it failed, 2 a usage
-error or a check that could not run (bad arguments, checked before any work: an input too
-large for this machine, a negative seed, a report path that cannot be written; a module or
-function that cannot be imported; a backend that is not installed; a function that raises
-on the inputs, ``SystemExit`` included).
-
-:func:`main` takes the arguments (``argv``, without the program name) and returns the
-exit status; ``python -m agcheck.frontends.cli ...`` runs it.
+Output and mode flags given before a subcommand count for it. Exit status: 0 passed,
+1 failed, 2 a usage error or a check that could not run. This module imports no framework.
 """
 from __future__ import annotations
 
@@ -137,9 +111,8 @@ def _backend_for_check(name: str):
 
 
 def _run_check(fn, make, gradgrad: bool, kwargs: dict):
-    """Make the inputs (``make()``) and run gradcheck (or gradgradcheck) on them; the
-    GradcheckError if it failed, else None. Anything else raised (``SystemExit`` included)
-    is a check that could not run."""
+    """Run gradcheck (or gradgradcheck) on ``make()``; the GradcheckError, or None if it
+    passed. Anything else raised (``SystemExit`` included) is a usage error."""
     from agcheck.backends.base import BackendUnavailableError
     from agcheck.gradcheck import gradcheck
     from agcheck.gradgradcheck import gradgradcheck
@@ -196,7 +169,6 @@ def _check(args) -> int:
         print(f"agcheck check: loading {args.backend} and {args.target} ...", file=sys.stderr, flush=True)
     be = _backend_for_check(args.backend)
     fn = load_function(args.target)
-    # the checker's own progress bar (drawn on a terminal only) for long checks
     kwargs = dict(backend=args.backend, fast_mode=args.fast, check_forward_ad=args.forward,
                   progress=not (args.quiet or args.plain))
     for name in ("eps", "atol", "rtol"):
@@ -208,8 +180,7 @@ def _check(args) -> int:
     rows = [("function", args.target), ("check", "gradgradcheck" if args.gradgrad else "gradcheck"),
             ("backend", args.backend), ("inputs", describe_inputs(specs)),
             ("mode", f"{'fast' if args.fast else 'slow'}, {' + '.join(modes)}; seed {args.seed}")]
-    # JAX computes in 32 bits unless told otherwise: 64-bit inputs switch its 64-bit mode
-    # on for the inputs and the check, and the caller's setting comes back afterwards
+    # JAX computes in 32 bits unless told otherwise: 64-bit inputs need its 64-bit mode
     with be.precision(needs_double(specs)):
         error = _run_check(fn, lambda: make_inputs(specs, args.backend, args.seed), args.gradgrad, kwargs)
     if error is not None:
@@ -273,14 +244,14 @@ def _function_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE]",
                    help="one positional argument of the function, e.g. 3x4, 5, scalar, 4:complex128 "
                         "(dtype default float64); repeat for several arguments")
-    p.add_argument("--seed", type=seed_argument, default=0, help="seed of the random inputs, 0 or more (default: %(default)s)")
+    p.add_argument("--seed", type=seed_argument, default=0,
+                   help="seed of the random inputs, 0 or more (default: %(default)s)")
     p.add_argument("--atol", type=number_argument, default=None, help="absolute tolerance")
     p.add_argument("--rtol", type=number_argument, default=None, help="relative tolerance")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The one ``agcheck`` parser: the main job's options, the flags every level shares, and
-    the subcommands ``check`` and ``crosscheck``."""
+    """The ``agcheck`` parser: the main job's options, the shared flags, the subcommands."""
     parser = argparse.ArgumentParser(
         prog="agcheck",
         description=(
@@ -343,9 +314,7 @@ def _job_options_with_a_subcommand(args) -> list:
 
 
 def main(argv=None) -> int:
-    """Run ``agcheck`` with ``argv`` (default ``sys.argv[1:]``): the main job, or the
-    subcommand named; the exit status (0 pass, 1 a check failed, 2 usage error or a check
-    that could not run)."""
+    """Run ``agcheck`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

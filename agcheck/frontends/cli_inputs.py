@@ -1,12 +1,12 @@
-"""What the ``agcheck check`` and ``agcheck crosscheck`` commands check: the function named
-``MODULE:FUNCTION`` and random inputs from ``--input`` specs (``3x4``, ``4:complex128``),
-refused with a usage error before any work when they cannot be had. This module imports no
-framework: the arrays are made through the backends' ``from_numpy``."""
+"""The function (``MODULE:FUNCTION``) and random inputs (``--input 3x4``, ``4:complex128``) of
+``agcheck check`` and ``agcheck crosscheck``, refused with a usage error before any work.
+Imports no framework: arrays are made through the backends' ``from_numpy``."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import importlib.util
+import math
 import os
 import sys
 
@@ -29,9 +29,9 @@ def parse_input_spec(spec: str) -> tuple[tuple, str]:
     if dtype not in DTYPES:
         raise UsageError(f"--input {spec!r}: unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     shape_text = shape_text.strip().lower()
-    if shape_text in ("scalar", "()", ""):
-        if shape_text == "":
-            raise UsageError(f"--input {spec!r}: missing shape (e.g. 3x4, 5 or scalar)")
+    if not shape_text:
+        raise UsageError(f"--input {spec!r}: missing shape (e.g. 3x4, 5 or scalar)")
+    if shape_text in ("scalar", "()"):
         return (), dtype
     shape = []
     for part in shape_text.replace(",", "x").split("x"):
@@ -59,19 +59,16 @@ def _size(n: float) -> str:
 
 
 def input_specs(values) -> list:
-    """The ``--input`` specs, refused before any work when they cannot be made: the inputs
-    must fit in a quarter of this machine's memory (a check holds several copies of them,
-    and its Jacobians are larger still)."""
+    """The parsed ``--input`` specs; inputs must fit in a quarter of this machine's memory (a
+    check holds several copies of them, and its Jacobians are larger still)."""
     if not values:
         raise UsageError("give at least one --input (e.g. --input 3x4 or --input 4:complex128)")
     specs = [parse_input_spec(v) for v in values]
     total = 0
+    memory = _memory_bytes()
     for v, (shape, dtype) in zip(values, specs):
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         total += n * _ITEMSIZE[dtype]
-        memory = _memory_bytes()
         if memory is not None and total > memory // 4:
             raise UsageError(f"--input {v}: {n:,} elements ({_size(n * _ITEMSIZE[dtype])} as {dtype}); the inputs "
                              f"would not fit in a quarter of this machine's memory ({_size(memory)}), and a gradient "
@@ -168,12 +165,9 @@ def numpy_inputs(specs, seed: int) -> list:
 
 
 def make_inputs(specs, backend: str, seed: int = 0) -> tuple:
-    """Random inputs of the given ``(shape, dtype)`` specs for ``backend``: the backend's
-    arrays (made with its ``from_numpy``), the floating point and complex ones marked for
-    differentiation (torch: ``requires_grad``).
+    """Random ``backend`` arrays for ``(shape, dtype)`` specs, the inexact ones checked.
 
-    JAX computes in 32 bits unless told otherwise: make 64-bit JAX inputs, and run the
-    check, inside the backend's ``precision(True)`` context, as the ``check`` command does.
+    Make 64-bit JAX inputs (and run the check) inside the backend's ``precision(True)``.
     """
     import numpy as np
 

@@ -1,17 +1,5 @@
-"""What the ``agcheck`` command's parts share: the exit statuses, the usage error, the flags
-every level takes, and the checks of a report path made before any work.
-
-Exit status of every ``agcheck`` command:
-
-- ``0`` (:data:`EXIT_PASS`): every check passed (the backends agree);
-- ``1`` (:data:`EXIT_FAIL`): a check failed (the backends disagree);
-- ``2`` (:data:`EXIT_USAGE`): a usage error, or the check could not run: bad arguments,
-  a module or function that cannot be imported, an unknown or uninstalled backend, a
-  function that raises on the inputs (``SystemExit`` included), a report that cannot be
-  written.
-
-This module imports no framework and nothing of the checker.
-"""
+"""What the ``agcheck`` command's parts share: exit statuses, the usage error, the shared
+flags and the report-path check. Imports no framework and nothing of the checker."""
 from __future__ import annotations
 
 import argparse
@@ -45,13 +33,8 @@ class UsageError(Exception):
 
 
 def add_shared_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    """The flags of every level, with one vocabulary: ``--fast``, ``--report``, ``--quiet``,
-    ``--verbose``, ``--plain``.
-
-    On the top level they carry defaults; on a subcommand they default to nothing
-    (``argparse.SUPPRESS``), so that a flag given before the subcommand
-    (``agcheck --fast check ...``) is kept.
-    """
+    """Add ``--fast``, ``--report``, ``--quiet``, ``--verbose``, ``--plain``. On a subcommand
+    they default to ``argparse.SUPPRESS`` so that one given before it (``agcheck --fast check``) is kept."""
     def default(value):
         return value if top else argparse.SUPPRESS
 
@@ -70,9 +53,8 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def check_report_path(path: str, *, formats: dict | None = None) -> str:
-    """Refuse, before any work, a report path that cannot be written: a folder that does not
-    exist or cannot be written to, a path that is a folder, or (with ``formats``, suffix ->
-    needs matplotlib) an unsupported suffix. The absolute path."""
+    """The absolute ``path``; a usage error where it cannot be written or (with ``formats``,
+    suffix -> needs matplotlib) has an unsupported suffix."""
     full = os.path.abspath(path)
     if os.path.isdir(full):
         raise UsageError(f"--report {path}: is a folder; give a file name")
