@@ -1,37 +1,14 @@
 """``agcheck.crosscheck``: the same function (or hand-written ports of it) across frameworks.
 
-A library that supports several array frameworks — written once against the array API,
-or ported by hand — wants proof that every port computes the same values *and
-differentiates the same way*. :func:`crosscheck` evaluates the function on each backend
-(inputs given once, as NumPy arrays) and compares, pair by pair against the first
-backend:
-
-* the forward values;
-* reverse-mode derivatives: full Jacobians from one-hot cotangents (``i``-valued ones
-  too for complex outputs), or VJPs of random cotangents in fast mode — all in torch's
-  complex convention (each backend maps its own into it);
-* forward-mode derivatives: full Jacobians from one-hot tangents, or JVPs of random
-  tangents in fast mode;
-* with ``order=2``, second derivatives through each framework's own autodiff.
-
-Everything goes through the generic :class:`~agcheck.backend.Backend` interface
-(``from_numpy``, ``precision``, ``prepare``, ``trace().vjp``, ``jvp``, ``vjp_of_vjp``,
-``to_numpy``), so importing this package imports neither torch nor jax. The modules:
-
-``arguments``
-    validation of the arguments, the inputs to differentiate, tolerances, backends;
-``sides``
-    one backend's side: its inputs and the quantities it computes;
-``compare``
-    the comparison of two sides, with its diagnoses (conjugates, kinks);
-``kinks``
-    the one-sided slopes at a disagreeing entry (a kink: each framework's own subgradient);
-``nearby``
-    values compared again at nearby inputs (ports that coincide only at the inputs given);
-``gradchecks``
-    ``gradcheck=True``: which check failed on which side, and what finite differences support;
-``result``
-    :class:`CrosscheckResult`, :class:`Difference` and the failure messages.
+:func:`crosscheck` evaluates the function on each backend (inputs given once, as NumPy
+arrays) and compares against the first backend its values, reverse-mode derivatives (in
+torch's complex convention), forward-mode derivatives and, with ``order=2``, second
+derivatives: full Jacobians, or VJPs/JVPs of random probes in fast mode. Everything goes
+through the generic :class:`~agcheck.backend.Backend` interface, so importing this package
+imports neither torch nor jax. Modules: ``arguments`` (validation, tolerances, backends),
+``sides`` (one backend's quantities), ``compare`` (two sides compared), ``kinks`` (one-sided
+slopes at a disagreeing entry), ``nearby`` (values at nearby inputs), ``gradchecks``
+(``gradcheck=True``) and ``result`` (:class:`CrosscheckResult` and the failure messages).
 """
 from __future__ import annotations
 
@@ -91,15 +68,12 @@ def crosscheck(
         and may call ``array_api_compat.array_namespace`` on them), or a mapping
         ``{backend_name: callable}`` of hand-written ports.
     inputs : NumPy array or tuple
-        The arguments, as NumPy arrays (converted for each backend: a torch tensor that
-        requires grad, a ``jax.numpy`` array, ...); other values are passed through.
-        The floating point and complex arrays are differentiated (or those at ``wrt``).
+        The arguments, NumPy arrays converted for each backend (other values passed
+        through); the floating point and complex arrays are differentiated (or those at ``wrt``).
     backends : sequence, optional
-        Backend names (or configured :class:`~agcheck.backend.Backend` instances). The
-        first is the reference the others are compared with. Backends whose framework is
-        not installed are skipped (noted in the result); fewer than two left raise.
-        Default: the backends of the ports when ``fn`` is a mapping, else
-        ``("torch", "jax")``.
+        Backend names (or configured :class:`~agcheck.backend.Backend` instances), the
+        first the reference. Backends not installed are skipped (noted in the result).
+        Default: the ports' backends when ``fn`` is a mapping, else ``("torch", "jax")``.
     rtol, atol : float, optional
         ``|other - reference| <= atol + rtol * |reference|``. Defaults by the inputs'
         precision: float64/complex128 ``rtol=1e-7, atol=1e-10``; float32/complex64
@@ -115,9 +89,8 @@ def crosscheck(
         Raise :class:`~agcheck.GradcheckError` on a disagreement; with ``False``, return
         the (falsy) result instead, its explanation in ``result.message``.
     gradcheck : bool
-        Also run :func:`agcheck.gradcheck` (and with ``order=2``
-        :func:`agcheck.gradgradcheck`) on every backend, so that a disagreement says
-        which side finite differences support (none at a kink, where they cannot decide).
+        Also run :func:`agcheck.gradcheck` (and with ``order=2`` :func:`agcheck.gradgradcheck`)
+        on every backend, so that a disagreement says which side finite differences support.
     wrt : int or sequence of int, optional
         Positions of the inputs to differentiate (default: every floating/complex array).
     backend_options : mapping, optional
@@ -126,15 +99,14 @@ def crosscheck(
     Returns
     -------
     CrosscheckResult
-        Truthy when the backends agree, falsy (``result == False``) on a disagreement with
-        ``raise_exception=False``; per-backend values and derivatives, the table of
-        differences (``print(result)`` shows it) and, on a failure, ``result.message``.
+        Truthy when the backends agree, falsy with ``raise_exception=False`` on a
+        disagreement; ``print(result)`` shows the table of differences.
 
     Raises
     ------
     GradcheckError
-        Two backends disagree (the message names them, the quantity, the output and
-        input, the largest difference and where), or a backend failed ``gradcheck``.
+        Two backends disagree (the message says on what, by how much and where), or a
+        backend failed ``gradcheck``.
     BackendUnavailableError
         Fewer than two of the requested backends are installed.
     """
@@ -162,8 +134,8 @@ def crosscheck(
 
 
 def _compute(sides, result, np_inputs, checked, fast_mode, check_forward_ad, check_backward_ad, order) -> dict:
-    """``{quantity: {backend: {key: LabelledArray}}}``; the values and derivatives are also
-    stored on ``result`` (as NumPy arrays) and what could not be computed in its notes."""
+    """``{quantity: {backend: {key: LabelledArray}}}``, also stored on ``result`` as NumPy
+    arrays, with a note for what could not be computed."""
     computed: dict = {q: {} for q in QUANTITIES}
     for side in sides:  # values first: they fix the shapes of fast mode's probes
         with side.context():

@@ -1,5 +1,4 @@
-"""crosscheck's arguments: validated, with the inputs to differentiate, the tolerances by
-precision, and the backends resolved (those not installed are skipped, with the reason)."""
+"""crosscheck's arguments validated: the inputs to differentiate, the tolerances, the backends."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -35,8 +34,7 @@ def _is_inexact_array(a) -> bool:
 
 
 def checked_positions(np_inputs: tuple, wrt) -> list:
-    """The positions of the inputs to differentiate: those at ``wrt``, else every floating
-    point or complex NumPy array."""
+    """The positions of the inputs to differentiate: ``wrt``, else every inexact NumPy array."""
     if wrt is None:
         checked = [k for k, a in enumerate(np_inputs) if _is_inexact_array(a)]
     else:
@@ -79,10 +77,8 @@ def _backend_of(spec, skipped: dict):
 
 def resolve_backends(backends, backend_options: Mapping, wrt) -> tuple[list, dict]:
     """``(name, Backend)`` pairs for the usable backends, and the skipped ones with reasons.
-
-    With ``wrt`` given, backends that take a ``wrt=`` keyword (all but torch, whose
-    checked inputs are the tensors that require grad) are configured with it, so that
-    ``gradcheck=True`` checks the same inputs."""
+    Backends taking a ``wrt=`` keyword (all but torch, whose checked inputs are those that
+    require grad) get ``wrt``, so that ``gradcheck=True`` checks the same inputs."""
     resolved, skipped, seen = [], {}, set()
     if isinstance(backends, (str, Backend)):
         backends = (backends,)
@@ -107,8 +103,7 @@ def resolve_backends(backends, backend_options: Mapping, wrt) -> tuple[list, dic
 
 
 def ports_of(fn, resolved: list, skipped: dict) -> list:
-    """``(name, Backend, port)`` for every resolved backend that has a port of ``fn``
-    (a backend missing from a mapping of ports is added to ``skipped``)."""
+    """``(name, Backend, port)`` per resolved backend with a port of ``fn`` (others go to ``skipped``)."""
     ports = []
     for name, be in resolved:
         if isinstance(fn, Mapping):

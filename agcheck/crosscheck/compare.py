@@ -1,6 +1,5 @@
-"""Comparing what two backends computed: block by block against the reference backend,
-with the diagnoses a difference can carry — a complex conjugate, the other complex
-convention, a kink where each framework picks its own subgradient (:mod:`.kinks`)."""
+"""What two backends computed, compared block by block against the reference backend, with
+what a difference can be: a complex conjugate, the other complex convention, a kink."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,11 +32,9 @@ def compare(quantity, ref: str, other: str, key: tuple, a: LabelledArray, b: Lab
             rtol, atol, exact=False) -> Difference:
     """One row of the table: ``b`` (from ``other``) against ``a`` (from ``ref``).
 
-    An entry is outside tolerance when ``|b - a| > atol + rtol * |a|`` (``exact``: when
-    they differ), when one is NaN and the other not, or when they are different
-    infinities. NaN against NaN agrees (the two frameworks fail alike) and is counted in
-    ``both_nan``. ``where`` names the entry furthest outside tolerance (by ``|b - a| -
-    tolerance``), or, when every entry is within it, the largest difference.
+    An entry is outside tolerance when ``|b - a| > atol + rtol * |a|`` (``exact``: when they
+    differ), when one alone is NaN, or at different infinities. NaN against NaN agrees (the
+    frameworks fail alike) and is counted in ``both_nan``.
     """
     d = Difference(quantity, ref, other, key[0], key[1] if len(key) > 1 else None, key[2] if len(key) > 2 else None)
     x, y = a.data, b.data
@@ -84,10 +81,8 @@ def compare(quantity, ref: str, other: str, key: tuple, a: LabelledArray, b: Lab
 
 
 def convention_mixup(block: LabelledArray, x, y, rtol, atol) -> bool:
-    """Is ``y`` what ``x`` becomes in the other reverse-mode convention?
-
-    A VJP in the other convention gives ``conj(vjp(conj(v)))``: the conjugate for a real
-    cotangent and minus the conjugate for an imaginary one (the VJP is real-linear)."""
+    """Is ``y`` what ``x`` becomes in the other reverse-mode convention, ``conj(vjp(conj(v)))``?
+    The VJP being real-linear, that is the conjugate for a real cotangent, minus it for an imaginary one."""
     if not block.axes or block.axes[0][0] != "cotangent" or x.shape[0] != 2:
         return False
     return _close(x[0], np.conj(y[0]), rtol, atol) and _close(x[1], -np.conj(y[1]), rtol, atol)

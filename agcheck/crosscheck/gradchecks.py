@@ -1,5 +1,5 @@
-"""``crosscheck(..., gradcheck=True)``: gradcheck (and gradgradcheck) on every backend, so
-that a disagreement says which side finite differences support, and which check failed."""
+"""``crosscheck(..., gradcheck=True)``: gradcheck (and gradgradcheck) on every backend, so that
+a disagreement says which side finite differences support."""
 from __future__ import annotations
 
 import numpy as np
@@ -61,8 +61,7 @@ def _verdict(side: BackendPort, fast_mode: bool, forward: bool, backward: bool, 
 
 def run_gradchecks(sides: list, fast_mode: bool, check_forward_ad: bool, check_backward_ad: bool,
                    order: int) -> dict:
-    """Per backend a :class:`BackendGradcheck`: passed, failed (which check, what part of
-    it), or skipped (why)."""
+    """Per backend a :class:`BackendGradcheck`: passed, failed or skipped."""
     verdicts = {}
     for side in sides:
         forward = check_forward_ad and side.can("forward")

@@ -1,11 +1,6 @@
-"""Is a disagreement on a kink? One-sided slopes at the entry where two backends differ.
-
-A first derivative that two frameworks disagree on is probed through the function's
-values; a second derivative through the first derivative (the reference backend's own
-reverse mode). Slopes left and right of the point that differ, by an amount that does not
-shrink with the step, mean the point is not differentiable there: each framework picks
-its own subgradient, and finite differences cannot decide between them.
-"""
+"""Is a disagreement on a kink? One-sided slopes at the entry where two backends differ:
+left and right slopes that differ by an amount that does not shrink with the step mean each
+framework picks its own subgradient, and finite differences cannot decide between them."""
 from __future__ import annotations
 
 from typing import Callable
@@ -24,12 +19,10 @@ def _step(x: np.ndarray, value: float) -> float:
 
 
 def one_sided_slopes(s: Callable[[float], float], h: float):
-    """``(left, right)`` slopes of the scalar function ``s`` of an offset at offset 0, when
-    0 is a kink of ``s``; ``None`` when it is not one (or the probe fails).
+    """``(left, right)`` slopes of ``s`` at 0 when 0 is a kink of it, else (or if the probe fails) ``None``.
 
-    The slopes are taken over ``[-2h, -h]`` and ``[h, 2h]`` and again over ``[-3h, -2h]``
-    and ``[2h, 3h]``, never at 0 itself (where a derivative may jump). Near a smooth point
-    the gap between the right and left slopes grows with the distance from 0 (3h s'' and
+    Slopes over ``[-2h, -h]``, ``[h, 2h]`` and ``[-3h, -2h]``, ``[2h, 3h]``, never at 0 itself.
+    Near a smooth point the right-left gap grows with the distance from 0 (3h s'' then
     5h s''); at a kink it is the jump of the slope in both.
     """
     try:
@@ -45,6 +38,10 @@ def one_sided_slopes(s: Callable[[float], float], h: float):
     if abs(gap) <= 1e-3 * (1 + max(abs(left), abs(right))) or abs(far_gap - gap) > 0.5 * abs(gap):
         return None
     return left, right
+
+
+def _at(a: np.ndarray, flat: int) -> list:
+    return [int(v) for v in np.unravel_index(flat, a.shape)] if a.shape else []
 
 
 def _moved(np_inputs: tuple, p: int, i: int, t: float) -> tuple:
@@ -73,8 +70,7 @@ def _first_order(side: BackendPort, d: Difference) -> str:
         slopes = one_sided_slopes(s, _step(x, x.reshape(-1)[i]))
     if slopes is None:
         return ""
-    in_at = [int(v) for v in np.unravel_index(i, x.shape)] if x.shape else []
-    return (f"input {d.input} element {in_at} sits on a kink of output {d.output}: "
+    return (f"input {d.input} element {_at(x, i)} sits on a kink of output {d.output}: "
             f"the one-sided slopes there are {slopes[0]:.6g} (left) and {slopes[1]:.6g} (right), so the "
             f"derivative is not defined and each framework picks its own subgradient "
             f"({d.reference}: {d.reference_value!r}, {d.other}: {d.other_value!r}). Check the "
@@ -82,8 +78,7 @@ def _first_order(side: BackendPort, d: Difference) -> str:
 
 
 def _second_order(side: BackendPort, d: Difference) -> str:
-    """A kink of the first derivative: ``d/dx_j2[i] (d f_k[r] / d x_j1[g])`` probed through
-    the reference's reverse mode (full Jacobians of real values only)."""
+    """A kink of the first derivative ``d f_k[r] / d x_j1[g]`` along ``x_j2[i]`` (reference's reverse mode)."""
     labels = (f"output {d.output} element", f"gradient of input {d.input} element", f"input {d.input2} element ")
     if any(label not in d.position for label in labels):
         return ""
@@ -101,13 +96,9 @@ def _second_order(side: BackendPort, d: Difference) -> str:
         slopes = one_sided_slopes(s, _step(x2, x2.reshape(-1)[i]))
     if slopes is None:
         return ""
-
-    def at(a, flat):
-        return [int(v) for v in np.unravel_index(flat, a.shape)] if a.shape else []
-
-    of = f"output {d.output} element {at(out, r)}" if out.shape else f"output {d.output}"
-    return (f"input {d.input2} element {at(x2, i)} sits on a kink of the first derivative of {of} with "
-            f"respect to input {d.input} element {at(x1, g)}: its one-sided slopes there are "
+    of = f"output {d.output} element {_at(out, r)}" if out.shape else f"output {d.output}"
+    return (f"input {d.input2} element {_at(x2, i)} sits on a kink of the first derivative of {of} with "
+            f"respect to input {d.input} element {_at(x1, g)}: its one-sided slopes there are "
             f"{slopes[0]:.6g} (left) and {slopes[1]:.6g} (right), so the second derivative is not defined "
             f"and each framework picks its own value ({d.reference}: {d.reference_value!r}, {d.other}: "
             f"{d.other_value!r}). Check the second derivatives away from the kink, or decide which value "
@@ -115,12 +106,9 @@ def _second_order(side: BackendPort, d: Difference) -> str:
 
 
 def kink_hint(side: BackendPort, d: Difference) -> str:
-    """The kink at the entry ``d`` names, in words (``""`` when it is not on one).
-
-    ``side`` is the backend probed (the reference of ``d``). First derivatives (reverse and
-    forward) are probed through the values of output ``d.output``; second derivatives
-    through the first derivative. Only full Jacobians of real inputs locate an entry.
-    """
+    """The kink at the entry ``d`` names, in words (``""`` when not on one), probed on ``side``
+    (``d``'s reference): first derivatives through the values, second ones through the first.
+    Only full Jacobians of real inputs locate an entry."""
     if d.input is None:
         return ""
     if d.quantity in ("reverse", "forward"):

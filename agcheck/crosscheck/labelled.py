@@ -7,11 +7,8 @@ __all__ = ["LabelledArray"]
 
 
 class LabelledArray:
-    """A NumPy array of derivative (or value) entries with a description of each axis.
-
-    ``axes`` is a list of ``(label, shape_or_names)``: a tuple is an array shape (the axis
-    runs over its flattened elements), a list names the entries of the axis.
-    """
+    """A NumPy array with ``axes``, a ``(label, shape_or_names)`` per axis: a tuple is the shape
+    whose flattened elements the axis runs over, a list names the axis' entries."""
 
     def __init__(self, data: np.ndarray, axes: list):
         self.data = np.asarray(data)
@@ -37,13 +34,11 @@ class LabelledArray:
             if isinstance(spec, list):
                 entry = spec[int(i)]
                 if entry in ("", "(1j)"):  # an entry of a scalar
-                    scalar = label.replace(" element", "").strip() + " (a scalar)"
-                    parts.append(scalar + (" (1j)" if entry else ""))
+                    parts.append(label.replace(" element", "").strip() + " (a scalar)" + (" (1j)" if entry else ""))
                 else:
                     parts.append(f"{label} {entry}")
             elif not spec:
                 parts.append(label.replace(" element ", "").strip() + " (a scalar)")
             else:
-                where = tuple(int(v) for v in np.unravel_index(int(i), spec))
-                parts.append(f"{label}{list(where)}")
+                parts.append(f"{label}{[int(v) for v in np.unravel_index(int(i), spec)]}")
         return ", ".join(parts)

@@ -1,21 +1,14 @@
-"""Ports that agree at the inputs given but are different functions off them.
-
-Two ports can compute the same values at the sampled inputs and still be different
-functions: a quaternion-to-matrix port that normalises its input and one that assumes it
-is normalised agree on unit quaternions only. Their derivatives then differ, legitimately,
-and gradcheck passes on both. When the values agree but some derivative does not, the
-values are compared once more at inputs moved slightly (a seeded random step): if they
-differ there, the ports are different functions; if they agree, they compute the same
-function and differ in how they differentiate it.
-"""
+"""Ports that agree at the inputs given but are different functions off them (a port that
+normalises a quaternion and one that assumes it normalised agree on unit quaternions only;
+their derivatives then differ legitimately, and gradcheck passes on both). Values that
+differ at inputs moved by a seeded random step show it."""
 from __future__ import annotations
 
 import numpy as np
 
 from agcheck.crosscheck.compare import compare
-from agcheck.crosscheck.labelled import LabelledArray
 from agcheck.crosscheck.result import CrosscheckResult
-from agcheck.crosscheck.sides import CROSSCHECK_SEED
+from agcheck.crosscheck.sides import CROSSCHECK_SEED, labelled_value
 
 __all__ = ["NEARBY_STEP", "compare_nearby"]
 
@@ -35,14 +28,9 @@ def _nearby_inputs(np_inputs: tuple, checked: list) -> tuple:
     return tuple(moved)
 
 
-def _labelled(v, k: int) -> LabelledArray:
-    data = v if isinstance(v, np.ndarray) else np.array([v], dtype=object)
-    return LabelledArray(data, [(f"output {k} element ", tuple(np.shape(v)))])
-
-
 def compare_nearby(result: CrosscheckResult, sides: list, np_inputs: tuple, checked: list) -> None:
-    """With every value agreeing and some derivative not: the values of each pair that
-    disagrees, compared again at nearby inputs, into ``result.nearby``."""
+    """When only derivatives disagree: each disagreeing pair's values compared again at nearby
+    inputs, into ``result.nearby``."""
     bad = result.disagreements()
     if not bad or any(d.quantity == "value" for d in bad):
         return
@@ -59,7 +47,7 @@ def compare_nearby(result: CrosscheckResult, sides: list, np_inputs: tuple, chec
         except Exception:  # the comparison is a hint only
             continue
         for k, (a, b) in enumerate(zip(*computed)):
-            a, b = _labelled(a, k), _labelled(b, k)
+            a, b = labelled_value(a, k), labelled_value(b, k)
             if not (np.issubdtype(a.data.dtype, np.inexact) and np.issubdtype(b.data.dtype, np.inexact)):
                 continue
             rows.append(compare("value", ref, other, (k,), a, b, result.rtol, result.atol))

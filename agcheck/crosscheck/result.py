@@ -28,9 +28,8 @@ CONVENTION_NOTE = (
 class Difference:
     """One row of the comparison table: one quantity of one output (and input) on two backends.
 
-    ``where`` names the entry furthest outside tolerance (by ``|diff| - tolerance``) when
-    some entry is outside it, else the entry of the largest difference; ``max_abs`` is the
-    largest absolute difference over the whole block, wherever it is.
+    ``where`` names the entry furthest outside tolerance (by ``|diff| - tolerance``), else the
+    largest difference; ``max_abs`` is the largest absolute difference over the block.
     """
 
     quantity: str
@@ -112,8 +111,7 @@ class BackendGradcheck:
     reason: str = ""
 
     def text(self) -> str:
-        """``"passed"``, ``"passed (gradcheck and gradgradcheck)"``, ``"FAILED gradcheck
-        (reverse mode): ..."`` or ``"skipped: ..."``."""
+        """``"passed"``, ``"passed (gradcheck and gradgradcheck)"``, ``"FAILED ..."`` or ``"skipped: ..."``."""
         if self.status == "passed":
             return "passed" if self.checks == ("gradcheck",) else "passed (gradcheck and gradgradcheck)"
         if self.status == "skipped":
@@ -214,10 +212,8 @@ class CrosscheckResult:
         ]
         for name, reason in self.skipped.items():
             lines.append(f"  skipped {name}: {reason}")
-        header = f"  {'quantity':<8} {'where':<28} {'pair':<16} {'max |diff|':>11}  verdict"
-        lines.append(header)
-        for d in self.differences:
-            lines.append(_row(d))
+        lines.append(f"  {'quantity':<8} {'where':<28} {'pair':<16} {'max |diff|':>11}  verdict")
+        lines += [_row(d) for d in self.differences]
         if self.nearby:
             lines.append(f"  at nearby inputs (the checked ones moved by about {self.nearby_step:g} of their size):")
             lines += [_row(d) for d in self.nearby]
@@ -347,8 +343,7 @@ def _nan_entry(result: CrosscheckResult, backend: str):
 
 
 def disagreement_message(result: CrosscheckResult, first: Difference) -> str:
-    """The message of the first disagreement: what differs, by how much, where, and why
-    it may (a kink, a complex convention mix-up, nearby values, the gradchecks' verdicts)."""
+    """The message of the first disagreement: what differs, by how much, where, and why it may."""
     lines = [f"crosscheck: {first.reference} and {first.other} disagree on {_subject(first)} [{first.quantity}]."]
     if first.note == "different shapes":
         lines.append(f"The results have different {first.where}.")
@@ -389,15 +384,13 @@ def _shared_failure_message(result: CrosscheckResult) -> str:
 
 
 def failure_message(result: CrosscheckResult) -> str:
-    """The explanation of a failed crosscheck: its first disagreement, else the backends
-    whose gradcheck failed."""
+    """The explanation of a failed crosscheck: its first disagreement, else the failed gradchecks."""
     bad = result.disagreements()
     return disagreement_message(result, bad[0]) if bad else _shared_failure_message(result)
 
 
 def raise_failure(result: CrosscheckResult):
-    """Raise the :class:`~agcheck.GradcheckError` of a failed crosscheck: the first
-    disagreement between two backends, else the backends whose gradcheck failed."""
+    """Raise the :class:`~agcheck.GradcheckError` of a failed crosscheck (see :func:`failure_message`)."""
     bad = result.disagreements()
     if bad:
         first = bad[0]

@@ -1,11 +1,7 @@
-"""One backend's side of a crosscheck: its port of ``fn``, its own copies of the inputs,
-and the quantities it computes — values, reverse-mode and forward-mode derivatives, and
-second derivatives — as NumPy arrays with labelled axes.
-
-Everything framework-specific goes through the backend's verbs: ``from_numpy`` makes the
-inputs, ``precision`` the 64-bit switch, ``prepare`` / ``trace().vjp`` / ``jvp`` the
-first derivatives, ``vjp_of_vjp`` the second ones, ``to_numpy`` the results.
-"""
+"""One backend's side of a crosscheck: its port of ``fn``, its copies of the inputs, and the
+values and derivatives it computes, as NumPy arrays with labelled axes (through the
+backend's verbs only: ``from_numpy``, ``precision``, ``prepare``, ``trace().vjp``, ``jvp``,
+``vjp_of_vjp``, ``to_numpy``)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -15,8 +11,8 @@ import numpy as np
 from agcheck.backends.base import Backend
 from agcheck.crosscheck.labelled import LabelledArray
 
-__all__ = ["BackendPort", "CROSSCHECK_SEED", "value_arrays", "reverse_derivatives", "forward_derivatives",
-           "second_derivatives", "second_order_unsupported", "draw_probes"]
+__all__ = ["BackendPort", "CROSSCHECK_SEED", "labelled_value", "value_arrays", "reverse_derivatives",
+           "forward_derivatives", "second_derivatives", "second_order_unsupported", "draw_probes"]
 
 #: seed of the private generator that draws fast mode's random cotangents and tangents
 CROSSCHECK_SEED = 20240605
@@ -72,14 +68,11 @@ class BackendPort:
         return tuple(self.output_numpy(o) for o in self.be.as_tuple(self.port(*self.arguments(np_inputs))))
 
     def gradient_at(self, np_inputs: tuple, k: int, r: int, j: int) -> np.ndarray:
-        """The reverse-mode derivative of element ``r`` of output ``k`` with respect to the
-        checked input ``j`` at other inputs (flat NumPy, torch's convention)."""
+        """d(output ``k`` element ``r``)/d(checked input ``j``) at other inputs (flat NumPy, torch's convention)."""
         fn, args = self.be.prepare(self.port, self.arguments(np_inputs, self.checked))
         trace = self.be.trace(fn, args, self.checked)
-        out = trace.outputs[k]
-        g = trace.vjp([k], [self.be.one_hot(out, r)])[j]
-        x = args[self.checked[j]]
-        return np.zeros(_size(x.shape)) if g is None else self.flat_numpy(g)
+        g = trace.vjp([k], [self.be.one_hot(trace.outputs[k], r)])[j]
+        return np.zeros(_size(args[self.checked[j]].shape)) if g is None else self.flat_numpy(g)
 
     def flat_numpy(self, x) -> np.ndarray:
         """A (possibly sparse) array of this backend as a flat NumPy array."""
@@ -87,25 +80,15 @@ class BackendPort:
         return np.asarray(be.to_numpy(be.to_dense(x) if hasattr(be, "to_dense") else x)).reshape(-1)
 
 
-# -- values ---------------------------------------------------------------------------------
-
-
-def _value_array(v):
-    if isinstance(v, np.ndarray):
-        return v
-    return np.array([v], dtype=object)
+def labelled_value(v, k: int) -> LabelledArray:
+    """Output ``k``'s value ``v`` (a non-array one as a one-entry object array)."""
+    data = v if isinstance(v, np.ndarray) else np.array([v], dtype=object)
+    return LabelledArray(data, [(f"output {k} element ", tuple(np.shape(v)))])
 
 
 def value_arrays(side: BackendPort) -> dict:
     """The outputs, keyed by ``(output,)``."""
-    return {
-        (k,): LabelledArray(_value_array(side.output_numpy(o)),
-                            [(f"output {k} element ", tuple(np.shape(side.output_numpy(o))))])
-        for k, o in enumerate(side.outputs)
-    }
-
-
-# -- reverse mode --------------------------------------------------------------------------
+    return {(k,): labelled_value(side.output_numpy(o), k) for k, o in enumerate(side.outputs)}
 
 
 def _size(shape) -> int:
@@ -113,13 +96,9 @@ def _size(shape) -> int:
 
 
 def _grads_numpy(side: BackendPort, grads, checked_args) -> list:
-    result = []
-    for g, x in zip(grads, checked_args):
-        if g is None:
-            result.append(np.zeros(_size(x.shape), dtype=np.asarray(side.be.to_numpy(x)).dtype))
-        else:
-            result.append(side.flat_numpy(g))
-    return result
+    """Flat NumPy gradients, zeros of the input's dtype for a ``None`` one."""
+    return [np.zeros(_size(x.shape), dtype=np.asarray(side.be.to_numpy(x)).dtype) if g is None
+            else side.flat_numpy(g) for g, x in zip(grads, checked_args)]
 
 
 def _pullback(side: BackendPort, k: int):
@@ -129,17 +108,14 @@ def _pullback(side: BackendPort, k: int):
     differentiable = side.be.is_differentiable_output(side.outputs[k])
 
     def pull(cot):
-        if not differentiable:
-            return [np.zeros(_size(s), dtype=np.asarray(side.be.to_numpy(x)).dtype)
-                    for s, x in zip(in_shapes, inputs)]
-        return _grads_numpy(side, side.trace.vjp([k], [cot]), inputs)
+        grads = side.trace.vjp([k], [cot]) if differentiable else [None] * len(inputs)
+        return _grads_numpy(side, grads, inputs)
 
     return pull, in_shapes
 
 
 def _reverse_fast(side: BackendPort, k: int, probe, blocks: dict) -> None:
-    # a complex output gets a real and an imaginary random cotangent, so that a
-    # convention mix-up shows as a conjugate (see compare.convention_mixup)
+    # a real and an imaginary cotangent for a complex output: a convention mix-up shows as a conjugate
     o = side.outputs[k]
     pull, in_shapes = _pullback(side, k)
     complex_out = np.iscomplexobj(side.output_numpy(o))
@@ -186,9 +162,6 @@ def reverse_derivatives(side: BackendPort, fast: bool, probes: dict) -> dict:
         else:
             _reverse_full(side, k, blocks)
     return blocks
-
-
-# -- forward mode --------------------------------------------------------------------------
 
 
 def _pushforward(side: BackendPort):
@@ -248,9 +221,6 @@ def forward_derivatives(side: BackendPort, fast: bool, probes: dict) -> dict:
     return blocks
 
 
-# -- second derivatives, through each framework's own autodiff --------------------------------
-
-
 def second_order_unsupported(side: BackendPort) -> str | None:
     """Why second derivatives cannot be compared on ``side`` (``None``: they can)."""
     if type(side.be).vjp_of_vjp is not Backend.vjp_of_vjp:
@@ -307,9 +277,6 @@ def second_derivatives(side: BackendPort, fast: bool, probes: dict) -> dict:
                 else:
                     blocks[(k, j1, j2)] = LabelledArray(data, _second_axes(k, out_np, j1, x1, x2, j2))
     return blocks
-
-
-# -- fast mode's probes ----------------------------------------------------------------------
 
 
 def draw_probes(side: BackendPort, np_inputs, checked) -> dict:
