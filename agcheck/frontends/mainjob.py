@@ -1,32 +1,10 @@
-"""The main job: ``agcheck`` (``python -m agcheck``) without a subcommand.
+"""The main job: ``agcheck`` without a subcommand (documented in docs/cli.md).
 
-Its options are part of the one ``agcheck`` parser (:func:`agcheck.frontends.cli.build_parser`,
-which takes them from :func:`add_arguments`); :func:`run_job` runs it on the parsed
-arguments.
-
-For every function of the bundled catalog (:mod:`agcheck.frontends.catalog`) and every installed
-backend (torch, JAX, TensorFlow, MLX) it runs :func:`agcheck.gradcheck` (slow mode, reverse
-and — where the backend supports it — forward-mode AD), then :func:`agcheck.crosscheck`
-across those backends. The NumPy backend takes part for the entries that come with
-hand-written derivatives. A function a backend cannot check as written (MLX's float64
-``exp`` is float32-accurate, for one) is ``skip`` there, its reason printed above the table.
-A progress bar runs while it works (on stderr, when that is a terminal); a summary table
-follows, and an HTML report (``agcheck-report.html`` in the current folder by default)
-keeps the table and, for every failure, the failure report.
-
-It says what it is loading at once (the frameworks take seconds to import) and, on a
-terminal, draws a progress bar whose label estimates the time left.
-
-Exit status: 0 when every check passed and the backends agree, 1 otherwise, 2 on a usage
-error (bad option, unknown function name, a requested backend that is not installed, a
-report that cannot be written; a failed check's 1 wins over an unwritable report).
-
-JAX computes in 32 bits unless told otherwise: its checks run inside the backend's
-``precision(True)`` context (``jax.enable_x64``), so the caller's JAX configuration is left
-as it was; MLX's run on its CPU stream, where MLX computes float64. The checks themselves
-live in :mod:`agcheck.frontends.mainjob_checks`, the HTML report in
-:mod:`agcheck.frontends.mainjob_html`; this module is the command (options, the terminal's
-table) and imports no framework.
+Every catalog function (:mod:`agcheck.frontends.catalog`) is gradchecked on every installed
+backend and crosschecked across them (:mod:`agcheck.frontends.mainjob_checks`); this module
+parses the options, prints the table and writes the HTML report (:mod:`~agcheck.frontends.mainjob_html`).
+Exit status: 0 all passed, 1 a check failed (wins over an unwritable report), 2 a usage error.
+Imports no framework.
 """
 from __future__ import annotations
 
@@ -71,7 +49,7 @@ def _console(stderr: bool = False, plain: bool = False):
     options = dict(stderr=stderr, highlight=False, soft_wrap=True, no_color=plain or None)
     console = Console(**options)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        # a pipe or a file: rich would assume 80 columns; leave room for the table
+        # a pipe or a file: rich would assume 80 columns
         console = Console(width=120, **options)
     return console
 
@@ -86,12 +64,8 @@ def _cell(status: str, text: str | None = None):
 
 
 def summary_table(results, backends, short: bool = False, tight: bool = False):
-    """The summary as a ``rich.table.Table``.
-
-    The function names and the statuses are never cut; the kinds wrap when the terminal
-    is narrow, ``short`` headers (``tf``, ``cross``) and, with five backends, ``tight``
-    columns (one space between them instead of two) make the table fit 80 columns.
-    """
+    """The summary as a ``rich.table.Table``; names and statuses are never cut. ``short``
+    headers (``tf``, ``cross``) and ``tight`` columns make five backends fit 80 columns."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -117,8 +91,7 @@ def summary_table(results, backends, short: bool = False, tight: bool = False):
 
 
 def _fitting_table(console, results, backends):
-    """The summary table, with the short headers when the full ones do not fit even with
-    the kinds wrapped, and tight columns when the short ones do not fit either."""
+    """The summary table, with short headers, then tight columns, where it does not fit."""
     from rich.measure import Measurement
 
     unbounded = console.options.update_width(10_000)
@@ -171,8 +144,7 @@ def _failure_text(v: Verdict, verbose: bool = False) -> str:
 # -- the command ----------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The main job's own options (``--fast``, ``--report``, ``--quiet``, ``--verbose`` and
-    ``--plain`` are every command's: :func:`agcheck.frontends.command.add_shared_flags`)."""
+    """Add the main job's own options (the shared flags come from ``add_shared_flags``)."""
     group = parser.add_argument_group("the main job (agcheck without a subcommand)")
     group.add_argument("--only", action="append", metavar="NAME[,NAME]",
                        help="check only these catalog functions (names or kinds: "
@@ -276,12 +248,12 @@ def _plan(args, entries: list, progress=None) -> tuple[list, list, list, dict]:
     installed = detect_backends(_wanted_backends(args), progress=progress)
     backends, notes = _choose_backends(args, installed)
     runnable = [e for e in entries if any(e.supports(b) for b in backends)]
-    # left out: no implementation on any of the backends (those skipped for a reason are
-    # named with it by the skip notes)
+    # no implementation on any backend (those skipped for a reason are in the skip notes)
     left_out = [e.name for e in entries if e not in runnable and all(e.exclusion(b) is None for b in backends)]
     skips = _skip_notes(entries, backends)
     if not runnable:
-        why = ["the NumPy backend checks only the functions with hand-written derivatives"] if "numpy" in backends else []
+        why = (["the NumPy backend checks only the functions with hand-written derivatives"]
+               if "numpy" in backends else [])
         raise UsageError(f"none of the selected functions runs on {', '.join(backends)}"
                          + "".join(f"; {line}" for line in why + skips))
     if left_out:
@@ -358,8 +330,7 @@ def _loading_line(args) -> str:
 
 
 def run_job(args) -> int:
-    """Run the main job on parsed arguments (see :func:`agcheck.frontends.cli.build_parser`);
-    the exit status. Usage errors raise :class:`~agcheck.frontends.command.UsageError`."""
+    """Run the main job on parsed arguments; the exit status. Raises ``UsageError``."""
     from agcheck.progress import Progress
 
     console = _console(plain=args.plain)

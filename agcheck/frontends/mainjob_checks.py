@@ -1,12 +1,6 @@
-"""The main job's checks: gradcheck of one catalog entry on each backend, crosscheck
-across them, each captured as a :class:`Verdict` (see :mod:`agcheck.frontends.mainjob`).
-
-The catalog's NumPy inputs become each backend's arrays through its ``from_numpy``; every
-check runs inside the backend's ``precision(True)`` context (JAX's 64-bit mode, the
-caller's setting restored afterwards; MLX's CPU stream, where MLX computes float64), on
-the port under the backend's ``compiled`` (``jax.jit``, ``mx.compile``; torch's and
-TensorFlow's run eagerly). An entry a backend cannot check (``Entry.exclusion``) is not
-run there: its verdict is ``"skip"``, with the reason. This module imports no framework.
+"""The main job's checks: gradcheck of one catalog entry on each backend and crosscheck
+across them, each captured as a :class:`Verdict`. Every check runs inside the backend's
+``precision(True)`` on the port under its ``compiled``. Imports no framework.
 """
 from __future__ import annotations
 
@@ -31,10 +25,8 @@ BACKENDS = ("torch", "jax", "tensorflow", "mlx", "numpy")
 
 @dataclass
 class Verdict:
-    """The outcome of one check: ``status`` is ``"pass"``, ``"FAIL"`` (a
-    :class:`~agcheck.GradcheckError`), ``"ERROR"`` (the check could not run), ``"-"``
-    (the entry has no implementation on this backend) or ``"skip"`` (it has one, which
-    this backend cannot check: the reason is the ``headline``)."""
+    """One check's outcome; ``status``: ``"pass"``, ``"FAIL"`` (a GradcheckError), ``"ERROR"``
+    (could not run), ``"-"`` (no implementation) or ``"skip"`` (the reason is ``headline``)."""
 
     status: str = "-"
     headline: str = ""
@@ -75,8 +67,7 @@ class EntryResult:
 # -- backends -------------------------------------------------------------------------------
 
 def detect_backends(names=BACKENDS, progress=None) -> dict:
-    """``{name: version}`` of the backends among ``names`` whose framework imports (each
-    named on ``progress`` while it loads)."""
+    """``{name: version}`` of the backends among ``names`` whose framework imports."""
     names = [name for name in BACKENDS if name in names]
     found = {}
     if progress is not None:
@@ -97,13 +88,9 @@ _COMPILED: dict = {}
 
 
 def port(entry, backend: str):
-    """The implementation of ``entry`` the main job runs on ``backend``.
-
-    On JAX that is the entry's function under ``jax.jit`` (the backend's ``compiled``), as
-    JAX code usually runs: eagerly every array-API call compiles its own small XLA
-    program, and the checks of one function would compile a hundred of them (about ten
-    times slower); derivatives are the same either way. On MLX it is ``mx.compile``'s.
-    """
+    """``entry``'s function on ``backend`` under the backend's ``compiled`` (``jax.jit``,
+    ``mx.compile``): eager JAX compiles a small XLA program per array-API call, about ten
+    times slower over a function's checks."""
     fn = entry.function(backend)
     if fn is None:
         return fn
@@ -114,8 +101,7 @@ def port(entry, backend: str):
 
 
 def _context(backend: str):
-    """The backend's float64 setting: JAX computes in 32 bits unless told otherwise (its
-    checks run in 64-bit mode), MLX computes float64 on its CPU stream only."""
+    """The backend's float64 setting (JAX's 64-bit mode; MLX computes float64 on its CPU stream only)."""
     return get_backend(backend).precision(True)
 
 
@@ -182,8 +168,7 @@ def _crosscheck(entry, backends: list, fast_mode: bool) -> Verdict:
     if len(backends) < 2:
         return Verdict(headline="fewer than two backends")
     fn = {b: port(entry, b) for b in backends}
-    # forward mode is compared where every framework port has it (the NumPy backend
-    # without a jvp is left out of that comparison by crosscheck itself, with a note)
+    # crosscheck itself leaves a NumPy backend without a jvp out of the forward comparison
     forward = all(entry.forward_ad(b) for b in backends if b != "numpy")
     options = {b: entry.backend_options(b) for b in backends if entry.backend_options(b)}
     verdict = Verdict(mode=f"{', '.join(backends)}; {'fast mode' if fast_mode else 'full Jacobians'}, reverse"
@@ -203,8 +188,8 @@ def _crosscheck(entry, backends: list, fast_mode: bool) -> Verdict:
 
 
 def run_entry(entry, backends: list, fast_mode: bool = False, progress=None, note: str = "") -> EntryResult:
-    """gradcheck ``entry`` on each of ``backends`` it supports, then crosscheck them
-    (``note``, e.g. the time left, follows each label on ``progress``)."""
+    """gradcheck ``entry`` on each of ``backends`` it supports, then crosscheck them; ``note``
+    (the time left) follows each label on ``progress``."""
     start = time.perf_counter()
     verdicts = {}
     for b in backends:
@@ -226,8 +211,7 @@ def run_entry(entry, backends: list, fast_mode: bool = False, progress=None, not
 
 
 def time_left(done: int, total: int, elapsed: float) -> str:
-    """The progress label's estimate after ``done`` of ``total`` functions took ``elapsed``
-    seconds (``""`` before the first one is done)."""
+    """The progress label's estimate of the time left (``""`` before the first is done)."""
     if done <= 0 or done >= total:
         return ""
     left = elapsed / done * (total - done)

@@ -10,13 +10,13 @@ from agcheck.report.render import report_fragment, stylesheet
 
 __all__ = ["html_report"]
 
+
 def _e(x) -> str:
     return html.escape(str(x))
 
 
 def _rendered_report(v: Verdict, n: int) -> str:
-    """The failure report of ``v`` as an HTML fragment (the report's own body, its headings
-    under the failure's, when it can be drawn; the text otherwise)."""
+    """``v``'s failure report as an HTML fragment (as text where it cannot be drawn)."""
     report = getattr(v.error, "report", None)
     if v.status == "FAIL" and report is not None and report.blocks:
         try:
@@ -74,15 +74,16 @@ def _details_html(results) -> list:
         for label, v in checks:
             parts.append(f"<tr><td>{_e(r.entry.name)}</td><td>{_e(label)}</td>"
                          f"<td class={_e(v.status)}>{_e(v.status)}</td><td>{_e(v.mode)}</td>"
-                         f"<td class=num>{v.seconds:.3f}s</td><td><small>{_e('; '.join(v.warnings))}</small></td></tr>")
+                         f"<td class=num>{v.seconds:.3f}s</td>"
+                         f"<td><small>{_e('; '.join(v.warnings))}</small></td></tr>")
     parts.append("</table>")
     return parts
 
 
 def html_report(results, backends, meta: dict) -> str:
     """The main job's self-contained HTML report."""
-    ok = all(r.ok for r in results)
     failed = [r for r in results if not r.ok]
+    ok = not failed
     title = "agcheck main job: " + ("all checks passed" if ok else f"{len(failed)} of {len(results)} functions FAILED")
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
              f"<style>{stylesheet()}</style></head><body>"]
