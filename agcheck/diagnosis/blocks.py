@@ -23,12 +23,8 @@ def diagnose_block(block, index: int = 0, resample: Callable | None = None,
                    max_rows: int = PROBED_ENTRIES) -> list:
     """The diagnoses of one failing Jacobian block (``report.blocks[index]``).
 
-    ``resample(steps, rows)`` recomputes numerical rows with other steps, at most
-    ``max_rows`` of them, or only rows it already evaluated for the input's earlier blocks
-    where they hold failing entries of this block (see
-    :mod:`agcheck.diagnosis.probes`); without it the kink test is skipped. Its
-    ``input_values()``, where it has one, gives the checked input's values (for
-    :func:`~agcheck.diagnosis.terms.input_statistics`).
+    ``resample`` recomputes at most ``max_rows`` numerical rows with other steps (see
+    :mod:`agcheck.diagnosis.probes`); without it the kink test is skipped.
     """
     if not block.has_arrays:
         return []
@@ -76,11 +72,11 @@ def _fast_only(block, index: int):
 
 def _non_finite(block, index: int):
     N, A = block.numerical, block.analytical
-    finite_n, finite_a = np.isfinite(N), np.isfinite(A)
+    finite_n = np.isfinite(N)
     side = "numerical" if not finite_n.all() else "analytical"
-    count = int((~(finite_n & finite_a)).sum())
-    bad = np.argwhere(~(finite_n & finite_a))[:5]
+    bad = ~(finite_n & np.isfinite(A))
+    count = int(bad.sum())
     why = (": fn is not finite near the input (a pole, log(0), 0/0)" if side == "numerical"
            else ": the backward produces NaN/inf (e.g. 0 * inf, a division by zero)")
     return Diagnosis("non_finite", f"the {side} Jacobian has NaN or infinite entries ({count} of {N.size})" + why,
-                     {"count": count}, [entry_text(block, r, c) for r, c in bad], index)
+                     {"count": count}, [entry_text(block, r, c) for r, c in np.argwhere(bad)[:5]], index)

@@ -1,6 +1,5 @@
-"""Diagnoses of the checks other than the Jacobian comparison (reentrancy, grad_output
-scaling, batched gradients, undefined gradients, no differentiable outputs, gradient
-shapes): one handler per check, reading the facts the check put in ``report.details``."""
+"""Diagnoses of the checks other than the Jacobian comparison: one handler per check, reading
+the facts the check put in ``report.details``."""
 from __future__ import annotations
 
 import numpy as np

@@ -54,11 +54,9 @@ def entry_text(block, r, c) -> str:
 class BlockFacts:
     """A failing block with the numbers the hypotheses share.
 
-    ``floor`` is the finite-difference error floor (absolute): differences below it are
-    not evidence of anything. It starts from ``100 * machine epsilon / eps`` (float32's
-    where the output holds float32 values) times the output's largest entry (the block's
-    where the output is not known), at most 1 % of the block's largest entry, and grows to
-    the spread of the step-size probes when there are some.
+    ``floor``, the absolute finite-difference error floor below which differences are no
+    evidence, is ``100 * machine epsilon / eps`` times the output's largest entry (else the
+    block's), at most 1 % of the block's largest entry; the step-size probes may raise it.
     """
 
     block: object
@@ -72,8 +70,7 @@ class BlockFacts:
     scale: float
     eps: float
     floor: float
-    #: the checked input's values, flattened (one per row of the block), where the caller
-    #: gives them (:meth:`resample.input_values`); ``None`` for a report rebuilt from data
+    #: the checked input's values, one per row, where ``resample.input_values`` gives them
     inputs: np.ndarray | None = None
 
     @classmethod
@@ -95,8 +92,7 @@ class BlockFacts:
         return Diagnosis(kind, message, dict(evidence or {}), list(lines or []), self.index)
 
     def fit(self, X):
-        """``(ok, residual)``: does ``A`` equal ``X`` far more closely than it equals ``N``
-        (to within 1 % of the mismatch, and the error floor)?"""
+        """``(ok, residual)``: does ``A`` equal ``X`` to 1 % of the mismatch (or the error floor)?"""
         with np.errstate(over="ignore", invalid="ignore"):
             rx = float(abs_difference(self.A, X).max())
         return rx <= max(0.01 * self.r0, self.floor) and rx <= 0.1 * self.r0, rx

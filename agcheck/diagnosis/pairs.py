@@ -1,11 +1,6 @@
-"""Hypotheses across two failing blocks of one output: the derivatives with respect to two
-inputs swapped (the backward returns its gradients in the wrong order).
-
-Tried after each block's own diagnoses, on pairs of blocks with the same output, mode and
-part and the same shape; a pair that fits replaces the two blocks' whole-block diagnoses
-(which, block by block, found no pattern or a misleading one). Blocks settled by the
-step-size probes (a kink, noise, a function that is not deterministic) are left alone.
-"""
+"""``swapped``: two failing blocks of one output whose derivatives with respect to two inputs
+are swapped. A pair that fits replaces the blocks' whole-block diagnoses (misleading block
+by block); blocks settled by the step-size probes are left alone."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,17 +13,16 @@ from .facts import BlockFacts
 
 __all__ = ["swapped_inputs"]
 
-#: diagnoses the swap may replace: what the block's structure alone suggested (the kinds
-#: :func:`~agcheck.diagnosis.structure.structure` names, but for its "precision",
-#: which the step-size probes name too)
+#: the kinds :func:`~agcheck.diagnosis.structure.structure` names, which a swap may replace
+#: (not its "precision", which the step-size probes name too)
 STRUCTURAL = {"factor", "sign", "transposed", "adjoint", "conjugate", "ignores_grad_output", "ignores_tangent",
               "permuted", "zero_analytical", "zero_numerical", "few_entries", "localized", "missing_slice",
               "constant_term", "input_statistics", "low_rank"}
 
 
 def swapped_inputs(blocks: list, found: list) -> list:
-    """``found`` (the blocks' own diagnoses) with each pair of blocks whose analytical
-    blocks are each other's numerical ones diagnosed ``swapped`` instead."""
+    """``found`` with each pair of blocks whose analytical blocks are each other's numerical
+    ones diagnosed ``swapped`` instead."""
     by_block = {}
     for d in found:
         by_block.setdefault(d.block, []).append(d)

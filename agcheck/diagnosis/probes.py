@@ -1,17 +1,11 @@
 """Step-size evidence: the worst entries re-evaluated with other steps tell a kink, rounding
 (``precision``) and finite-difference ``noise`` apart from a wrong derivative.
 
-The probes of an input's failing blocks cost at most ``PROBE_SHARE`` of the evaluations of
-``fn`` its check made (:func:`probe_rows`): a small failure costs little more than the check.
-
-The re-evaluation is the caller's: ``resample(steps, rows)`` returns, for each
-``(eps, side)`` of ``steps``, rows ``rows`` of the block's numerical Jacobian computed with
-step ``eps`` — with the check's own stencil (``side="central"``) or a one-sided difference
-(``"right"``, ``"left"``) — as an array ``(len(rows), output.numel)``; its optional
-``values()`` gives the block's output at the input (the check's own), which tells a jump in
-fn's value from rounding, and ``evaluated_rows()`` the rows whose points it already holds.
-:mod:`agcheck.core.report_filling` builds it from the checked function; without it (a report
-rebuilt from data, a synthetic block) only the error-floor estimate of noise is made.
+``resample(steps, rows)`` (the caller's) returns, per ``(eps, side)`` of ``steps``
+(``side``: ``"central"``, the check's stencil, ``"right"`` or ``"left"``), rows ``rows`` of
+the block's numerical Jacobian, ``(len(rows), output.numel)``; its optional ``values()`` is
+the check's output at the input, ``evaluated_rows()`` the rows whose points it holds.
+Without it only the error-floor estimate of noise is made.
 """
 from __future__ import annotations
 
@@ -42,8 +36,8 @@ DISCONTINUITY_ROUNDING = 1000
 
 
 def probe_rows(input_numel: int, blocks: int = 1) -> int:
-    """How many rows (input elements) each of ``blocks`` probed blocks of an input of
-    ``input_numel`` elements may re-evaluate: at least one, at most ``PROBED_ENTRIES``."""
+    """Rows each of ``blocks`` probed blocks of an input of ``input_numel`` elements may
+    re-evaluate (1 to ``PROBED_ENTRIES``): a small failure costs little more than the check."""
     budget = int(PROBE_SHARE * 2 * input_numel) // 6
     return max(1, min(PROBED_ENTRIES, budget // max(1, blocks)))
 
@@ -92,8 +86,8 @@ class Probe:
 
     @property
     def discontinuous(self) -> bool:
-        """The estimates grow tenfold as the step shrinks tenfold, as ``jump / step`` does:
-        fn's value itself jumps at the input, by far more than rounding of the output."""
+        """The estimates grow tenfold as the step shrinks tenfold (as ``jump / step``): fn's value
+        jumps at the input, by far more than the output's rounding."""
         return self.jump_size is not None
 
     @property
@@ -140,12 +134,9 @@ class Probe:
 
 
 def probe(block, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> list | None:
-    """Re-evaluate the worst mismatching entries with other steps (``None`` if impossible):
-    up to ``PROBED_ENTRIES`` of them, in at most ``max_rows`` rows.
-
-    Where ``resample.evaluated_rows()`` gives rows whose points it already holds (those the
-    input's earlier blocks probed) and this block has failing entries in them, those
-    entries are probed, at no new evaluation of fn."""
+    """Re-evaluate up to ``PROBED_ENTRIES`` worst mismatching entries, in at most ``max_rows``
+    rows, with other steps (``None`` if impossible). Failing entries in rows whose points
+    ``resample`` already holds are preferred: they cost no new evaluation of fn."""
     if resample is None or not block.eps:
         return None
     n, a = block.numerical, block.analytical
@@ -200,8 +191,7 @@ def _failing_in(n, a, tol, rows) -> list:
 
 
 def _output_magnitudes(resample, columns: int):
-    """``|fn's output at the input|`` per output element, from ``resample.values()`` (the
-    check's own output, no new call), or None."""
+    """``|fn's output at the input|`` per output element from ``resample.values()``, or None."""
     values = getattr(resample, "values", None)
     if values is None:
         return None
@@ -213,12 +203,8 @@ def _output_magnitudes(resample, columns: int):
 
 
 def step_size_evidence(facts, resample: Callable | None, max_rows: int = PROBED_ENTRIES) -> tuple:
-    """``(diagnoses, settled)``: what the step sizes say about a block (probing at most
-    ``max_rows`` rows), and whether that settles it (no structural hypothesis is tried after
-    a noise or a mostly-kink verdict).
-
-    Raises ``facts.floor`` to the spread of the smooth probed entries.
-    """
+    """``(diagnoses, settled)``: what the step sizes say about a block, and whether that settles
+    it (a noise or mostly-kink verdict). Raises ``facts.floor`` to the smooth entries' spread."""
     found = []
     try:
         probes = probe(facts.block, resample, max_rows)
@@ -250,8 +236,8 @@ REPEAT_TOLERANCE = 1000
 
 
 def nondeterministic_fn(facts, resample: Callable | None):
-    """``nondeterministic_fn``: ``fn`` called again at the unmoved input gives another
-    output than the check's call there (``None`` when it does not, or cannot be asked)."""
+    """``nondeterministic_fn``: ``fn`` called again at the unmoved input gives another output
+    (``None`` when it does not, or cannot be asked)."""
     unmoved = getattr(resample, "unmoved", None)
     if unmoved is None:
         return None
@@ -279,9 +265,8 @@ def nondeterministic_fn(facts, resample: Callable | None):
 
 
 def kink(facts, probes: list, kinks: list):
-    """``kink``, or ``precision`` where the probes are unstable rather than one-sided jumps
-    and either the input is below double precision or ``fn`` rounds a double input's
-    output to float32 values inside."""
+    """``kink``, or ``precision`` where the probes are unstable rather than jumps and the input
+    is below double precision or ``fn`` rounds a double input's output to float32 inside."""
     block = facts.block
     lines = [p.line(block) for p in kinks]
     ev = {"entries": [p.evidence() for p in kinks], "eps": facts.eps, "probed": len(probes)}

@@ -1,12 +1,7 @@
 """``missing_slice``: the analytical block is zero on a slice of the output's or the input's
-elements (a batch element, a region of interest, a band of rows), where the numerical block
-is not, and the two blocks match everywhere else: the backward drops the gradient of that
-slice.
-
-A slice is a box of the tensor's multi-indices, one range per dimension (``output[1, ...]``,
-``input[:, 2:4, ...]``): the smallest box holding the lines (columns for the output, rows
-for the input) that are zero on the analytical side only, grown to whole dimensions where
-the analytical block stays zero, and holding no line where it is not.
+elements (a batch element, a region of interest, a band of rows) where the numerical block
+is not, and the two match elsewhere. A slice is the smallest box of multi-indices holding
+the lines zero on the analytical side only, grown to whole dimensions where it stays zero.
 """
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ MIN_SLICE = 2
 
 
 def slice_text(name: str, lo, hi, shape) -> str:
-    """The box ``lo <= index < hi`` of a tensor of ``shape`` in multi-index notation:
-    ``output[1, ...]``, ``input[:, 2:4, ...]``, ``input[3:5]``."""
+    """The box ``lo <= index < hi`` of ``shape`` as ``output[1, ...]``, ``input[:, 2:4, ...]``, ``input[3:5]``."""
     parts = [":" if (a, b) == (0, n) else str(a) if b == a + 1 else f"{a}:{b}" for a, b, n in zip(lo, hi, shape)]
     trailing = False
     while parts and parts[-1] == ":":
@@ -41,9 +35,8 @@ def _shape_of(shape, lines: int) -> tuple:
 
 
 def _box(dead: np.ndarray, zero: np.ndarray, shape: tuple):
-    """``(lo, hi)``: the smallest box of ``shape`` holding the ``dead`` lines, each range
-    grown to its whole dimension where ``zero`` (the lines zero on the analytical side)
-    still holds the box; ``None`` where the box holds a line that is not zero."""
+    """``(lo, hi)``: the smallest box of ``shape`` holding the ``dead`` lines, each range grown
+    to its whole dimension where all stays ``zero``; ``None`` where the box holds a nonzero line."""
     zero = zero.reshape(shape)
     index = np.unravel_index(np.flatnonzero(dead), shape)
     lo, hi = [int(i.min()) for i in index], [int(i.max()) + 1 for i in index]
@@ -61,10 +54,9 @@ def _box(dead: np.ndarray, zero: np.ndarray, shape: tuple):
 
 
 def _side(facts: BlockFacts, axis: int, zero: np.ndarray):
-    """The slice of one side (``axis`` 1: output elements, the block's columns; 0: input
-    elements, its rows) on which only the analytical block is zero (``zero`` marks its lines
-    that are), if the blocks match elsewhere: ``(text, elements, lines, residual, largest
-    numerical entry there)`` or ``None``."""
+    """The slice of the block's rows (``axis`` 0, input) or columns (1, output) where only the
+    analytical block is zero, if the blocks match elsewhere: ``(text, elements, lines,
+    residual, largest numerical entry there)`` or ``None``."""
     N = facts.N if axis == 0 else facts.N.T
     lines = N.shape[0]
     if not zero.any():
@@ -93,10 +85,7 @@ def _side(facts: BlockFacts, axis: int, zero: np.ndarray):
 
 
 def missing_slice(facts: BlockFacts, wrong):
-    """``missing_slice``: the analytical block is zero on a slice of the output's elements
-    (its columns) or of the input's (its rows), at least ``MIN_SLICE`` of them and not all,
-    where the numerical block is not, and equals the numerical block elsewhere (as
-    :meth:`~agcheck.diagnosis.facts.BlockFacts.fit` asks)."""
+    """``missing_slice`` on a slice of at least ``MIN_SLICE`` elements, and not all, of either side."""
     if not wrong.count:
         return None
     magnitude = np.abs(facts.A)

@@ -1,13 +1,7 @@
-"""Whole-block hypotheses: the analytical block is a simple transformation of the numerical
-one (zero, a constant factor, a sign flip, conjugated, transposed, the adjoint, summed
-over grad_output or the tangent, its rows or columns reordered), or it is zero on a slice
-of the output or the input (:mod:`~agcheck.diagnosis.slices`), or only a few
-entries, rows or columns are wrong, or (:mod:`~agcheck.diagnosis.terms`) the
-mismatch itself is a simple term the backward leaves out.
-
-Each hypothesis is one function of :class:`~agcheck.diagnosis.facts.BlockFacts`
-returning a :class:`~agcheck.report.model.Diagnosis` or ``None``; :func:`structure` tries
-them in order and keeps the first that fits.
+"""Whole-block hypotheses, each a function of :class:`~agcheck.diagnosis.facts.BlockFacts`
+returning a :class:`~agcheck.report.model.Diagnosis` or ``None``: the analytical block is a
+simple transformation of the numerical one, zero on a slice, wrong in a few entries, rows or
+columns, or off by a simple term. :func:`structure` keeps the first that fits.
 """
 from __future__ import annotations
 
@@ -86,8 +80,7 @@ def factor(facts: BlockFacts):
     if not (ok and abs(c - 1) > 1e-3):
         return None
     if isinstance(c, complex) and conjugate(facts) is not None:
-        # a constant Jacobian's conjugate is also a (unit) complex multiple of it: the
-        # missing conjugation is the likelier bug, and conjugate() names it
+        # a constant Jacobian's conjugate is also a unit complex multiple of it: the likelier bug
         return None
     nonzero = _nonzero(facts)
     weak = " (a single nonzero entry: weak evidence)" if nonzero <= 1 else ""
@@ -185,9 +178,8 @@ PERMUTED_WORK = 20_000_000
 
 
 def _matching_lines(A, N):
-    """For each row of ``A``, the row of ``N`` nearest to it (least squares), or ``None``
-    unless that is a permutation other than the identity (rows of one entry, numbers
-    rather than rows, are not matched)."""
+    """For each row of ``A`` the nearest row of ``N`` (least squares), when that is a
+    permutation other than the identity and rows have two entries at least; else ``None``."""
     n = A.shape[0]
     if n < 2 or A.shape[1] < 2 or n > PERMUTED_LINES or n * A.size > PERMUTED_WORK:
         return None
@@ -203,8 +195,8 @@ def _matching_lines(A, N):
 
 
 def _nearest_free(distance):
-    """Each row's column, nearest pairs first, each column taken once (equal rows, zero rows
-    say, share their nearest); ``None`` if that takes more than a few passes over the rows."""
+    """Each row's column, nearest pairs first, each column taken once; ``None`` after more
+    than a few passes over the rows (equal rows, zero rows say, share their nearest)."""
     n = distance.shape[0]
     order, taken, left = np.full(n, -1), np.zeros(n, dtype=bool), n
     for seen, flat in enumerate(np.argsort(distance, axis=None, kind="stable")):
@@ -238,8 +230,7 @@ _REORDERED = {
 
 
 def _permuted(facts: BlockFacts, axis: str):
-    """``permuted``: the analytical block is the numerical one with its rows (input
-    elements) or columns (output elements) reordered."""
+    """``permuted``: the analytical block is the numerical one with its rows or columns reordered."""
     A, N = (facts.A, facts.N) if axis == "rows" else (facts.A.T, facts.N.T)
     order = _matching_lines(A, N)
     if order is None:
@@ -269,8 +260,6 @@ def permuted_cols(facts: BlockFacts):
 TRANSFORMATIONS = (zero_analytical, zero_numerical, factor, conjugate, transposed, adjoint, ignores_grad_output,
                    ignores_tangent, permuted_rows, permuted_cols)
 
-
-# -- a few wrong entries, rows or columns -------------------------------------------------
 
 @dataclass
 class WrongEntries:
@@ -316,9 +305,8 @@ def localized_cols(facts: BlockFacts, wrong: WrongEntries):
 
 
 def few_entries(facts: BlockFacts, wrong: WrongEntries):
-    """``few_entries``: at most ``FEW`` wrong entries, at most a quarter of the block, and
-    not all of the entries either side makes nonzero (an elementwise function whose every
-    derivative is wrong is not "a few entries" of its mostly zero block)."""
+    """``few_entries``: at most ``FEW`` wrong entries and a quarter of the block, not all of its
+    nonzero ones (an elementwise function with every derivative wrong is not "a few entries")."""
     k, size = wrong.count, facts.N.size
     if not (k <= FEW and 4 * k <= size and k < _derivatives(facts)):
         return None
@@ -332,9 +320,8 @@ def few_entries(facts: BlockFacts, wrong: WrongEntries):
         {"count": k, "entries": [[int(r), int(c)] for r, c in entries[:FEW]]}, lines)
 
 
-#: the hypotheses that say exactly what is wrong with the wrong entries, tried before the
-#: local ones (which would name the same entries less precisely): a slice the backward
-#: leaves at zero, a constant times the identity (or on every entry) left out or added
+#: hypotheses that say exactly what is wrong, tried before the local ones (which would name
+#: the same entries less precisely)
 EXACT = (missing_slice, constant_term)
 
 #: the local hypotheses, tried in order when no transformation fits
@@ -350,11 +337,7 @@ def structure(facts: BlockFacts) -> list:
     wrong = WrongEntries.of(facts)
     if not wrong.count:
         return []
-    for hypothesis in EXACT + LOCAL:
-        found = hypothesis(facts, wrong)
-        if found is not None:
-            return [found]
-    for hypothesis in TERMS:  # the mismatch itself has a simple form: a term left out
+    for hypothesis in EXACT + LOCAL + TERMS:
         found = hypothesis(facts, wrong)
         if found is not None:
             return [found]

@@ -1,28 +1,16 @@
-"""Hypotheses about the mismatch itself, ``D = analytical - numerical``: where no
-transformation of the numerical block gives the analytical one, the backward may still be
-right but for one term it leaves out (or adds), and that term has a simple form.
+"""Hypotheses about the mismatch ``D = analytical - numerical`` itself: where no transformation
+of the numerical block gives the analytical one, the backward may be right but for one term
+it leaves out (or adds), of a simple form:
 
-* ``constant_term`` — ``D`` is a constant times the identity (a square block), or one
-  constant on every entry: the backward leaves out (or adds) a term ``c * grad_output`` (the
-  derivative of a ``c * x`` term of the forward: a skip connection, the ``2 * x`` of
-  ``x**2 + 2 * x``), or adds one constant to every element of the gradient (the derivative
-  of a ``c * x.sum()`` added to every output). Tried before the local hypotheses: a wrong
-  diagonal of a small block is no "few entries".
-* ``input_statistics`` — for each wrong output element, ``D`` over the input elements that
-  reach it is an affine function of those elements' values, ``alpha + beta * x``: the
-  derivative through a mean (the constant) and a scale such as a standard deviation (the
-  ``beta * x`` term) of the input is missing, as in a normalisation written with detached
-  statistics. Needs the input's values (``BlockFacts.inputs``).
-* ``low_rank`` — ``D`` is an outer product of one or two pairs of vectors, on a block large
-  enough for that to be rare by chance (and whose numerical side is not itself of that
-  rank): a term coupling every input element with every output element through a few
-  shared quantities (softmax's ``-s s^T``, a norm or sum of the forward) is missing.
+* ``constant_term``: ``D`` is ``c`` times the identity, or ``c`` on every entry (a ``c * x``
+  term's derivative, a skip connection); tried before the local hypotheses, since a wrong
+  diagonal of a small block is no "few entries";
+* ``input_statistics``: per wrong output element, ``D`` is affine in the input's values (the
+  derivative through detached statistics, a mean and a scale, is missing);
+* ``low_rank``: ``D`` is one or two outer products (softmax's ``-s s^T``, a norm or sum).
 
-Each hypothesis takes the block's facts and its wrong entries
-(:class:`~agcheck.diagnosis.structure.WrongEntries`, as the local hypotheses do). One
-fits when adding its term to the numerical block gives the analytical one as closely as
-:meth:`~agcheck.diagnosis.facts.BlockFacts.fit` asks of the whole-block
-transformations (1 % of the mismatch, or the error floor).
+Each takes the block's facts and its wrong entries, and fits as closely as
+:meth:`~agcheck.diagnosis.facts.BlockFacts.fit` asks of the whole-block transformations.
 """
 from __future__ import annotations
 
@@ -56,9 +44,8 @@ def _real(facts: BlockFacts) -> bool:
 
 
 def constant_term(facts: BlockFacts, wrong):
-    """``constant_term``: ``D = c * I`` on a square block of at least ``MIN_DIAGONAL`` rows, or
-    ``D = c`` on every entry of a block of at least ``MIN_CONSTANT_ENTRIES`` (``c`` the mean
-    of the diagonal, or of the block), fitting as the whole-block transformations fit."""
+    """``constant_term``: ``D = c * I`` on a square block of ``MIN_DIAGONAL`` rows or more, or
+    ``D = c`` on a block of ``MIN_CONSTANT_ENTRIES`` entries or more (``c`` the mean difference)."""
     if not wrong.count or facts.N.size > TERM_ENTRIES:
         return None
     N, A = facts.N, facts.A
@@ -118,11 +105,9 @@ def _affine_in(M, reach, xc, count):
 
 
 def input_statistics(facts: BlockFacts, wrong):
-    """``input_statistics``: per output element, ``D = alpha + beta * x`` over the input
-    elements reaching it (those where either side is above the error floor), at least
-    ``MIN_SUPPORT`` of them for every wrong output element, on an input that is not
-    constant, while the numerical block itself is no such function (a quadratic's Jacobian
-    is affine in ``x``, and so is any error in its coefficients)."""
+    """``input_statistics``: per output element, ``D = alpha + beta * x`` over the (at least
+    ``MIN_SUPPORT``) input elements reaching it, where the numerical block is no such function
+    itself (a quadratic's Jacobian is affine in ``x``, and so is any error in it)."""
     x = facts.inputs
     if x is None or not _real(facts) or np.iscomplexobj(x) or x.shape != (facts.N.shape[0],) \
             or facts.N.size > TERM_ENTRIES:
@@ -168,8 +153,7 @@ def input_statistics(facts: BlockFacts, wrong):
 
 
 def low_rank(facts: BlockFacts, wrong):
-    """``low_rank``: ``D`` is a sum of at most ``MAX_RANK`` outer products (of the whole
-    mismatch: ``wrong`` is not needed)."""
+    """``low_rank``: ``D`` is a sum of at most ``MAX_RANK`` outer products (``wrong`` unused)."""
     lines = min(facts.N.shape)
     if not _real(facts) or lines < RANK_LINES or facts.N.size > TERM_ENTRIES:
         return None
@@ -207,16 +191,14 @@ def low_rank(facts: BlockFacts, wrong):
 
 
 def _leading(M):
-    """The leading singular triplets of ``M`` (``u, s, vt``, a few of them), from its range
-    sampled by ``MAX_RANK + 4`` Gaussian vectors (exact where ``M`` has at most that rank;
-    a private generator: the caller's random state is left alone): a few products with
-    ``M`` instead of a full decomposition."""
+    """A few leading singular triplets ``u, s, vt`` of ``M``, from its range sampled by
+    ``MAX_RANK + 4`` Gaussian vectors (exact up to that rank) of a private generator, which
+    leaves the caller's random state alone: a few products instead of a full SVD."""
     sample = np.random.default_rng(0).standard_normal((M.shape[1], MAX_RANK + 4))
     q, _ = np.linalg.qr(M @ sample)
     ub, s, vt = np.linalg.svd(q.T @ M, full_matrices=False)
     return q @ ub, s, vt
 
 
-#: the hypotheses about the mismatch, tried in order after the whole-block and local ones
-#: (:func:`constant_term` is tried before the local ones)
+#: tried in order after the whole-block and local hypotheses
 TERMS = (input_statistics, low_rank)
