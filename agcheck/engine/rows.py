@@ -1,13 +1,10 @@
 """One piece of ``fn`` as the batched engine sees it, and its numerical rows.
 
-:class:`Problem` probes each input (can it be moved in batches: stacked along ``fn``'s
-own first dimension, or under ``vmap``, agreeing with plain calls), computes the numerical
-Jacobian rows in chunks (batched, each chunk as many rows as the memory budget allows for
-the bytes the shapes imply: :mod:`~agcheck.engine.cost`; or element by element, with the
-samples moved together where they are independent: :mod:`~agcheck.engine.samples`), and
-keeps them, where whole Jacobians fit, in the run's rows (:mod:`agcheck.core.numerical_rows`:
-for the failure's decision, the reference engine and the forward-mode pass). Every choice follows from the check's shapes, its traced graph and the forms the
-backend declares: none from the time a call took.
+:class:`Problem` probes each input (can it be moved in batches, agreeing with plain
+calls?), computes the rows in chunks (batched, sized by :mod:`~agcheck.engine.cost`; or
+element by element, samples moved together where independent: :mod:`~agcheck.engine.samples`)
+and keeps them in the run's rows where whole Jacobians fit. Choices follow from shapes, the
+traced graph and the backend's forms; the one timing is a ratio (:meth:`Problem._samples_pay`).
 """
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from agcheck.core import jacobian as jac
 from agcheck.core.numerical_rows import runs
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.row_block import RowBlock
+from agcheck.core.run import DEFAULT_MEMORY_BUDGET
 from agcheck.core.shared_evaluations import sharing
 from agcheck.stencil import STENCILS
 from agcheck.engine import cost
@@ -29,19 +27,15 @@ from agcheck.engine.samples import SampleRows
 
 __all__ = ["Problem", "n_in_total", "DEFAULT_MEMORY_BUDGET", "MIN_BATCHED_NUMEL", "INTERMEDIATES"]
 
-#: default bytes that Jacobian storage and batch working sets may take
-DEFAULT_MEMORY_BUDGET = 1 << 30
 #: below this many elements an input is perturbed element by element (a loop is cheaper)
 MIN_BATCHED_NUMEL = 16
 PROBE_SEED = 5113
 #: one batched call may always take this many bytes (see Problem.batch_bytes)
 MIN_BATCH_BYTES = 8 << 20
-#: the rows left after a first batched chunk are moved by samples where that costs less
-#: than this share of the batched calls' CPU time (:meth:`Problem._samples_pay`): the
-#: margin keeps the choice away from a tie that noise could flip
+#: the rows after a first batched chunk move by samples where that costs under this share
+#: of the batched calls (:meth:`Problem._samples_pay`): away from a tie noise could flip
 SAMPLES_MARGIN = 0.7
-#: how :meth:`Problem._disagreement` says that the batched form raised, and that the
-#: plain calls it is compared with raised
+#: how :meth:`Problem._disagreement` says that the batched form, or the plain calls, raised
 _RAISED = "raised"
 _PLAIN_CALLS_RAISED = "the plain calls raised"
 
@@ -55,7 +49,7 @@ class Problem(SampleRows):
         self.fn, self.trace, self.args, self.checked = fn, trace, args, checked
         self.outputs = trace.outputs
         self.floats = [k for k, o in enumerate(self.outputs) if self.be.is_floating_or_complex(o)]
-        self.budget = run.opts.memory_budget or DEFAULT_MEMORY_BUDGET
+        self.budget = run.memory_budget
         arrays = [args[q] for q in checked] + [self.outputs[k] for k in self.floats]
         self.itemsize = max(self.be.itemsize(a) for a in arrays)
         self.out_numel = sum(self.be.numel(self.outputs[k]) for k in self.floats)
@@ -69,10 +63,8 @@ class Problem(SampleRows):
         #: per batched input: its batched form, called with the stacked copies of the input
         self.evaluators = {}
         self._unbatchable = {}  # per input: why each batched form was left out or rejected
-        #: whether VJPs are batched: ``None`` until the first batch, ``False`` where the
-        #: backend has no batched VJPs, the loop of VJPs is too short to repay their setup
-        #: (``cost.BATCHED_VJPS_FROM_CALLS``; a loop of dear calls repays it sooner), or a
-        #: batched VJP failed
+        #: whether VJPs are batched: ``None`` until the first batch; ``False`` without
+        #: batched VJPs, for a short loop of cheap calls, or after a batched VJP failed
         self._vjp_batched = None if self.be.supports(Capability.BATCHED_GRAD) and (
             dear_calls or 2 * self.out_numel >= cost.BATCHED_VJPS_FROM_CALLS) else False
         #: the plan found the loop's calls dear (:mod:`agcheck.checks.loop_plan`)
@@ -80,47 +72,35 @@ class Problem(SampleRows):
         jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
         self.keep_rows = jacobian_bytes <= self.budget // 2
-        #: what one batched call may take: as much as one Jacobian (which the reference
-        #: engine holds), at least MIN_BATCH_BYTES, at most its share of the budget
+        #: one batched call's bytes: a Jacobian's (what the reference engine holds), at least
+        #: MIN_BATCH_BYTES, at most its share of the budget
         self.batch_bytes = min(self.budget // cost.CHUNK_SHARE, max(jacobian_bytes, MIN_BATCH_BYTES))
-        #: the inputs whose rows another pass of the same check left in the run's rows
-        #: (:mod:`agcheck.core.numerical_rows`: the forward-mode pass takes the reverse-mode
-        #: pass's): :meth:`numerical_row_chunks` yields them as they are
+        #: the inputs whose rows another pass of the check left complete (forward mode
+        #: takes reverse mode's): :meth:`numerical_row_chunks` yields them as they are
         self.remembered = {q for q in checked if (kept := self.kept_rows(q)) is not None and kept.complete()}
-        #: the inputs whose rows all agreed with the analytical side in the comparison under
-        #: way (for :func:`agcheck.engine.failure.decide`)
+        #: the inputs whose rows all agreed in the comparison under way (for failure.decide)
         self.passed = set()
-        #: per output, the analytical Jacobian's column ranges computed one VJP per
-        #: column (as the reference engine computes them) and reentrancy-checked, with
-        #: the Jacobian's rows (one per output element) per checked input
+        #: per output: column ranges computed one VJP each, as the reference engine does,
+        #: and reentrancy-checked, with the rows per checked input
         self._exact_columns = {}
-        #: per output, the rows of an analytical first pass by samples, reentrancy-checked
-        #: but not computed as the reference engine computes them (one VJP per column)
+        #: per output: the rows of an analytical first pass by samples, reentrancy-checked
         self.sample_columns = {}
-        #: per input, how many independent samples its first dimension holds (None: not
-        #: found independent), as :meth:`samples` found it
+        #: per input: the independent samples of its first dimension (None: not found)
         self._samples = {}
         self._sample_base = {}  # per input found to hold samples: fn's floating outputs unmoved (NumPy)
 
     def chunk_rows(self, bytes_per_row: int, n_rows: int) -> int:
-        """Rows (or columns) one batched call takes: what the batch memory
-        (:attr:`batch_bytes`) holds at ``bytes_per_row``, at most ``n_rows`` and
-        :attr:`max_batch`."""
+        """Rows (or columns) one batched call takes within :attr:`batch_bytes`, at most
+        ``n_rows`` and :attr:`max_batch`."""
         return cost.rows_per_chunk(bytes_per_row, self.batch_bytes, n_rows, self.max_batch)
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
-        """Can ``args[pos]`` be moved in batches? Probed once (the result and the form
-        chosen are logged): two moves of the input (along a random direction) are
-        evaluated in a batched form: ``stacked`` (one plain call, the copies laid along
-        fn's own first dimension, and the other arguments that share that dimension
-        repeated beside them where the copies alone do not fit) where fn gives each copy
-        its own result, else ``vmap`` (``vmap`` first where the input's first dimension is
-        not a batch: :meth:`_batch_first`), and ``functional`` (``vmap`` with fn's in-place
-        writes made out-of-place) where ``vmap`` raised; a form is taken where it agrees
-        with plain calls at the same moves (fn sees the input move and keeps the copies
-        apart), made only once a form has given results of the right shapes: a form that
-        raises at once costs no plain call."""
+        """Can ``args[pos]`` be moved in batches? Probed once, and logged: two moves along a
+        random direction are evaluated in each form of :meth:`_batched_forms` in turn
+        (``functional`` only where ``vmap`` raised), and the first that agrees with plain
+        calls at the same moves is taken. The plain calls are made only once a form gives
+        results of the right shapes: a form that raises at once costs none."""
         if pos in self._batched:
             return self._batched[pos]
         be, x = self.be, self.args[pos]
@@ -185,10 +165,9 @@ class Problem(SampleRows):
         return self.be.uniform_unit_vector(x, self.be.generator(x, PROBE_SEED), real=True)
 
     def _plain_reference(self, pos):
-        """The plain calls' central difference quotient along the probe's direction (a
-        list, one flat array per output; the batched forms' results must agree with it).
-        Computed once; ``None`` when they raised an error that is not the user's (a user's
-        error propagates)."""
+        """The plain calls' central difference quotient along the probe's direction, one
+        flat array per output, computed once (and one call's CPU time noted); ``None``
+        where they raised an error not the user's (a user's error propagates)."""
         if pos not in self._reference:
             be, x = self.be, self.args[pos]
             eps = self.run.eps_for(x)
@@ -211,12 +190,11 @@ class Problem(SampleRows):
         return self._reference[pos]
 
     def _batched_forms(self, pos) -> list:
-        """The batched forms worth a probe, in the order they are tried: ``(via, tiled,
-        evaluate)``. Left out without a call of ``fn`` (the reason noted for the engine's
-        log): ``stacked`` where an output has no first dimension to carry the copies end to
-        end or ``fn``'s kind rules it out (:meth:`Backend.stacking_obstacle`), ``vmap``
-        (and ``functional``, always tried last) where the traced evaluation shows an
-        obstacle (:meth:`Backend.batching_obstacle`)."""
+        """``(via, tiled, evaluate)`` of the forms worth a probe, in order: ``stacked``
+        (copies along fn's first dimension, the arguments sharing it tiled beside them where
+        the copies alone do not fit), ``vmap``, ``functional`` (vmap with in-place writes
+        made out-of-place). Forms the outputs, fn's kind or the traced graph rule out are
+        left out without a call, their reasons noted for the log."""
         be, reasons = self.be, []
         obstacle = be.batching_obstacle(self.fn, pos, self.trace)
         forms = [] if obstacle else [("vmap", (), be.evaluate_batch)]
@@ -243,22 +221,18 @@ class Problem(SampleRows):
         return forms
 
     def _batch_first(self, pos) -> bool:
-        """Whether ``args[pos]``'s first dimension looks like a batch that ``fn`` carries
-        to its outputs (some output shares it, and it is not a vector's only dimension),
-        so that its copies laid end to end along it are tried before ``vmap``. Elsewhere
-        (a vector, a weight matrix) stacked copies rarely fit: products and broadcasts
-        with the other arguments raise, and a process's first raising op maps megabytes
-        of C++ unwinding tables, while ``vmap`` batches those functions too."""
+        """Whether ``args[pos]``'s first dimension looks like a batch fn carries to an
+        output (not a vector's only dimension): stacked copies are then tried before
+        ``vmap``. Elsewhere they rarely fit, and a process's first raising op maps
+        megabytes of C++ unwinding tables."""
         x = self.args[pos]
         if len(x.shape) < 2:
             return False
         return any(len(self.outputs[k].shape) >= 1 and self.outputs[k].shape[0] == x.shape[0] for k in self.floats)
 
     def _sharing_first_dimension(self, pos) -> tuple | None:
-        """The positions of the other dense arrays among ``fn``'s arguments whose first
-        dimension is that of ``args[pos]`` (a batch of samples that ``args[pos]`` may
-        share: a batch of images beside a batch of their regions), or ``None`` when there
-        are none."""
+        """Positions of the other dense arguments sharing ``args[pos]``'s first dimension
+        (images beside their regions), or ``None``."""
         be, x = self.be, self.args[pos]
         if not x.shape:
             return None
@@ -268,10 +242,8 @@ class Problem(SampleRows):
         return found or None
 
     def _disagreement(self, batched, pos, eps) -> str | None:
-        """``None`` where a batched form's results at the two probe moves agree with the
-        plain calls, else why not: its results have other shapes, its difference quotient
-        differs from the plain calls' because fn does not see the batch or mixes the
-        copies, or :data:`_PLAIN_CALLS_RAISED`."""
+        """``None`` where a batched form's results at the probe moves agree with the plain
+        calls, else why not (other shapes, a different quotient, the plain calls raised)."""
         be = self.be
         if any(tuple(batched[k].shape) != (2, *self.outputs[k].shape) for k in self.floats):
             return "results of other shapes"
@@ -289,8 +261,8 @@ class Problem(SampleRows):
         return None
 
     def copy_bytes(self, pos) -> int:
-        """Bytes one evaluation of ``fn`` at a moved copy of ``args[pos]`` is taken to hold
-        in a batched call: the input and the outputs, ``INTERMEDIATES`` times over."""
+        """Bytes one moved copy of ``args[pos]`` takes in a batched call: the input and the
+        outputs, ``INTERMEDIATES`` times over."""
         return max(self.be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * INTERMEDIATES
 
     def _row_bytes(self, pos) -> int:
@@ -298,10 +270,9 @@ class Problem(SampleRows):
         return self.copy_bytes(pos) * len(self.run.stencil.offsets)
 
     def vjps(self, k, stacked, count, batched: bool) -> list:
-        """Per checked input, the VJPs of output ``k`` with each of the ``count`` stacked
-        cotangents, stacked the same way (``None``: undefined): in one batched call, or
-        one plain VJP each. Raises ``ValueError`` when the plain VJPs of an input differ
-        in shape."""
+        """Per checked input, the stacked VJPs of output ``k`` with ``count`` stacked
+        cotangents (``None``: undefined), batched or one each; ``ValueError`` where one
+        input's VJPs differ in shape."""
         if batched:
             return self.trace.vjp_many(k, stacked)
         be = self.be
@@ -322,9 +293,8 @@ class Problem(SampleRows):
         return [None if r is None else be.xp(r).reshape(r, (count, *shape)) for r, shape in zip(results, shapes)]
 
     def evaluate_looped(self, pos, deltas, outputs) -> dict:
-        """``{k: (len(deltas), m) NumPy array}``: ``fn`` with ``args[pos]`` moved by each row
-        of ``deltas`` (flat NumPy), one plain call each, through the backend's in-place
-        perturber (closures see the move; the input is restored bitwise)."""
+        """``{k: (len(deltas), m) NumPy array}``: fn with ``args[pos]`` moved by each row of
+        ``deltas``, one plain call each through the backend's perturber."""
         be, x = self.be, self.args[pos]
         parts = {k: [] for k in outputs}
         with be.perturber(self.args, pos) as perturber, sharing(self.fn):
@@ -336,17 +306,15 @@ class Problem(SampleRows):
         return {k: np.stack(v) for k, v in parts.items()}
 
     def rows_element_by_element(self, pos, begin, end):
-        """Yield row blocks ``(start, stop, {output position: rows})`` covering rows
-        ``begin:end`` of ``args[pos]``, computed as the reference engine computes them (an
-        element and its counterparts in the other samples at once, where :meth:`samples`
-        found them independent), and kept as such."""
+        """Yield and keep row blocks ``(start, stop, {k: rows})`` of rows ``begin:end`` of
+        ``args[pos]``, as the reference engine computes them (samples moved together where
+        independent)."""
         yield from self._kept(pos, self._looped_row_chunks(pos, begin, end, self.run.eps_for(self.args[pos])))
 
     def finish_rows_by_samples(self) -> None:
-        """Compute, element by element with the samples moved together, the numerical rows
-        not yet computed exactly, for every checked input whose samples :meth:`samples`
-        finds independent: a failing check hands them to the reference engine, which would
-        otherwise compute them one element at a time (B times the calls)."""
+        """Compute by samples the rows not yet exact of every checked input with
+        independent samples: a failing check hands them to the reference engine, which
+        would take B times the calls."""
         if not self.keep_rows:
             return
         for q in self.checked:
@@ -360,15 +328,13 @@ class Problem(SampleRows):
                 pass
 
     def note_exact_columns(self, k, ranges, rows) -> None:
-        """Note that ``rows`` (per checked input, NumPy ``(output numel, input numel)``)
-        hold output ``k``'s analytical Jacobian, exact as the reference engine computes
-        it in the column ranges ``ranges``, and checked for reentrancy."""
+        """Note that ``rows`` (per checked input) hold output ``k``'s analytical Jacobian,
+        exact as the reference engine computes it in the column ``ranges``."""
         if ranges:
             self._exact_columns[k] = (ranges, rows)
 
     def exact_analytical(self) -> dict | None:
-        """``{output position: (column ranges, rows per checked input)}``: what
-        :meth:`note_exact_columns` noted; ``None`` when nothing."""
+        """What :meth:`note_exact_columns` noted, or ``None``."""
         return dict(self._exact_columns) or None
 
     def kept_rows(self, pos):
@@ -382,14 +348,13 @@ class Problem(SampleRows):
             yield chunk
 
     def _keep(self, pos, chunk, exact: bool) -> None:
-        """Keep the row block ``chunk`` of ``args[pos]`` in the run's rows, where
-        :attr:`keep_rows`."""
+        """Keep the row block ``chunk`` of ``args[pos]`` in the run's rows, where they fit."""
         if self.keep_rows:
             self.run.rows.of(self.fn, self.args, pos, self.be.numel(self.args[pos])).add(*chunk, exact)
 
     def numerical_row_chunks(self, pos, report=True):
-        """Yield ``(start, stop, {output_position: rows (stop-start, m)})`` over the input
-        (and advance the run's progress bar by each chunk's rows when ``report``)."""
+        """Yield ``(start, stop, {k: rows})`` over ``args[pos]``, advancing the progress bar
+        where ``report``."""
         be, x, eps = self.be, self.args[pos], self.run.eps_for(self.args[pos])
         n = be.numel(x)
         advance = self.run.progress.advance if report else _ignored
@@ -434,13 +399,12 @@ class Problem(SampleRows):
             timed = False
 
     def _samples_pay(self, pos, chunk_seconds, chunk_rows, rest) -> bool:
-        """Whether the ``rest`` rows of ``args[pos]`` cost less moved by samples (one plain
-        call per stencil point moves an element in every sample, after the samples' probe
-        of ``B + 1`` calls) than batched, priced by the ratio of a batched call of
-        ``chunk_rows`` rows (``chunk_seconds``) to one of the probe's plain calls, both CPU
-        times of this thread taken a moment apart; the samples are probed only then
-        (:meth:`samples`). A batched copy evaluates all ``B`` samples: where ``fn``
-        computes much per sample, batching saves less than the ``B``-fold work it adds."""
+        """Whether the ``rest`` rows of ``args[pos]`` cost less by samples (a call per
+        stencil point and element of a sample, after a probe of ``B + 1``) than batched,
+        priced by a batched call of ``chunk_rows`` rows against one of the probe's plain
+        calls, CPU times a moment apart (the samples probed only then). A batched copy
+        evaluates all ``B`` samples: where fn computes much per sample, batching does not
+        repay that ``B``-fold work."""
         b = self._sample_candidate(pos)
         points = len(self.run.stencil.offsets)
         per_copy = chunk_seconds / (chunk_rows * points)
@@ -450,8 +414,7 @@ class Problem(SampleRows):
         return by_samples < SAMPLES_MARGIN * rest * points * per_copy and bool(self.samples(pos))
 
     def _element_moves(self, pos, start, stop, step):
-        """Every stencil point of input elements ``start:stop`` of ``args[pos]``, moved by
-        ``step``, stacked for one batched evaluation."""
+        """Every stencil point of elements ``start:stop`` of ``args[pos]``, stacked."""
         be, x, xp = self.be, self.args[pos], self.be.xp(self.args[pos])
         flat = list(range(start, stop))
         moves = [be.element_moves(x, flat, step if abs(m) == 1 else abs(m) * step, 1 if m > 0 else -1)
@@ -459,8 +422,7 @@ class Problem(SampleRows):
         return xp.reshape(xp.stack(moves, axis=0), (len(moves) * len(flat), *x.shape))
 
     def _difference_rows(self, pos, outs, b, eps) -> dict:
-        """The rows a batched evaluation at :meth:`_element_moves` gives: the stencil's
-        difference of each output (``{output position: (b, m) rows}``)."""
+        """``{k: (b, m) rows}``: the stencil's differences of a batched evaluation's outputs."""
         be, stencil, xp = self.be, self.run.stencil, self.be.xp(self.args[pos])
         points = len(stencil.offsets)
         return {k: be.combine(stencil, xp.unstack(xp.reshape(outs[k], (points, b, be.numel(self.outputs[k]))), axis=0),

@@ -1,7 +1,6 @@
-"""The numerical rows of an input whose first dimension holds independent samples:
-one plain call moves an element and its counterparts in every sample, and each sample's
-outputs give that sample's row, bit for bit the row a call moving the element alone
-gives (:class:`SampleRows`, a part of :class:`agcheck.engine.rows.Problem`)."""
+"""Rows of an input whose first dimension holds independent samples: one plain call moves
+an element in every sample, and each sample's outputs give its row, bit for bit the row a
+call moving the element alone gives (:class:`SampleRows`, part of ``rows.Problem``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,32 +13,25 @@ from agcheck.engine import cost
 __all__ = ["SampleRows", "BATCHED_MOVES_PER_CALL"]
 
 SAMPLES_SEED = 5119
-#: relative differences below this are taken for rounding (:meth:`SampleRows._probe_samples`)
+#: relative differences below this are rounding (:meth:`SampleRows._probe_samples`)
 _ROUNDING = 1e-10
-#: a batched move is taken to cost this fraction of a plain call where another path weighs
-#: its batched moves against the loop by samples (:meth:`SampleRows.samples_loop_cheaper`)
+#: a batched move is taken to cost this fraction of a plain call where the coloured pass
+#: weighs its moves against the loop by samples (:meth:`SampleRows.samples_loop_cheaper`)
 BATCHED_MOVES_PER_CALL = 8
 
 
 class SampleRows:
-    """The rows of inputs that hold independent samples, and the loop over an input's
-    elements; mixed into :class:`agcheck.engine.rows.Problem`, whose attributes it reads."""
+    """Rows by samples and the element loop; mixed into ``rows.Problem``, whose attributes
+    it reads."""
 
     def samples(self, pos) -> int | None:
-        """``B`` when the first dimension of ``args[pos]`` holds ``B`` samples that ``fn``
-        treats independently, so that one plain call moving an element in every sample
-        gives each sample's row as a call moving that element alone would (bitwise);
-        ``None`` otherwise.
-
-        Required: a real double-precision dense input with ``B >= 2``, every floating
-        output led by the same ``B``, and, for each sample in turn, moving all of its
-        elements (by ``±eps``) leaves every other sample's outputs bitwise unchanged
-        (``B`` plain calls where the first sample's move leaves the others bitwise as
-        traced, the traced outputs then standing for the unmoved call; else ``B + 1``,
-        their unmoved one kept for the rows; one call where the first sample's move
-        changes another sample's outputs by more than rounding against the traced
-        outputs). A function that mixes samples (batch statistics, a normalisation over
-        the batch) fails that."""
+        """``B`` where ``args[pos]``'s first dimension holds ``B`` samples fn treats
+        independently (each sample's row from a call moving an element in all of them is
+        bitwise the element's own row), else ``None``. Probed once: a real float64 dense
+        input, every floating output led by ``B``, and moving each sample's elements
+        leaves the others' outputs bitwise unchanged (``B`` or ``B + 1`` plain calls; one
+        where the first move reaches another sample beyond rounding). Batch statistics
+        fail it."""
         if pos not in self._samples:
             found = self._samples[pos] = self._probe_samples(pos)
             if found:
@@ -47,13 +39,12 @@ class SampleRows:
         return self._samples[pos]
 
     def samples_probed(self, pos) -> bool:
-        """Whether :meth:`samples` has been asked of ``args[pos]`` (it then makes no call)."""
+        """Whether :meth:`samples` has been asked of ``args[pos]``."""
         return pos in self._samples
 
     def samples_loop_cheaper(self, pos, moves: int) -> bool:
-        """Whether the loop moving all samples of ``args[pos]`` together (:meth:`samples`,
-        probed only then) makes fewer calls than ``moves`` batched moves would take if
-        each cost ``1 / BATCHED_MOVES_PER_CALL`` of a plain call."""
+        """Whether moving the samples of ``args[pos]`` together (probed only then) costs
+        less than ``moves`` batched moves at ``1 / BATCHED_MOVES_PER_CALL`` of a call each."""
         b = self._sample_candidate(pos)
         if not b:
             return False
@@ -61,9 +52,8 @@ class SampleRows:
         return moves >= BATCHED_MOVES_PER_CALL * calls and bool(self.samples(pos))
 
     def _sample_candidate(self, pos) -> int | None:
-        """``B`` when ``args[pos]`` and the outputs have the form :meth:`samples` requires
-        and its probe costs well below what moving samples together saves; ``None`` when
-        not (no call of ``fn`` is made)."""
+        """``B`` where the shapes have the form :meth:`samples` requires and its probe
+        costs well below what it saves, else ``None`` (no call)."""
         be, x = self.be, self.args[pos]
         shape = tuple(x.shape)
         if not shape or shape[0] < 2 or be.layout(x) != "dense" or be.is_complex(x) or be.itemsize(x) != 8:
@@ -98,12 +88,9 @@ class SampleRows:
                     moved = self._moved_outputs(pos, perturber, delta)
                     others = np.arange(b) != s
                     if base is None:
-                        # the traced outputs first: where the move reaches another sample by
-                        # far more than rounding (a matrix's rows are not samples), no
-                        # unmoved call is needed to say so; where it leaves them bitwise
-                        # as traced, the traced outputs stand for the unmoved call (each
-                        # sample's part of them is then compared bitwise with a plain call
-                        # moving another sample, below)
+                        # against the traced outputs first: a move reaching another sample
+                        # beyond rounding needs no unmoved call; one leaving them bitwise as
+                        # traced lets them stand for it (checked bitwise by later moves)
                         if any(moved[k].shape != traced[k].shape or _beyond_rounding(moved[k][others], traced[k][others])
                                for k in self.floats):
                             return None
@@ -123,18 +110,16 @@ class SampleRows:
         return b
 
     def _moved_outputs(self, pos, perturber, delta) -> dict:
-        """``{k: NumPy array}``: ``fn``'s floating outputs with ``args[pos]`` moved to
-        ``x - delta`` (flat NumPy ``delta``; ``x - 0.0`` keeps every bit of ``x``, where
-        ``x + 0.0`` would turn ``-0.0`` into ``0.0``, and ``x - (-h)`` is ``x + h``)."""
+        """``{k: NumPy array}``: fn's floating outputs at ``x - delta`` (``x - 0.0`` keeps
+        ``-0.0``, where ``x + 0.0`` would not; ``x - (-h)`` is ``x + h``)."""
         be, x = self.be, self.args[pos]
         step = be.array_like(delta.reshape(tuple(x.shape)), x)
         outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, -1)
         return {k: be.to_numpy(outs[k]) for k in self.floats}
 
     def _elements_moved(self, pos, perturber, flats, step) -> dict:
-        """:meth:`_moved_outputs` with only the elements ``flats`` moved (by ``step``):
-        written one entry each where the perturber can (an in-place one), else as a
-        whole-input move."""
+        """:meth:`_moved_outputs` with only ``flats`` moved by ``step``: written entry by
+        entry where the perturber can, else as a whole-input move."""
         in_place = getattr(perturber, "evaluate_elements", None)
         if in_place is None:
             delta = np.zeros(self.be.numel(self.args[pos]))
@@ -144,11 +129,9 @@ class SampleRows:
         return {k: self.be.to_numpy(outs[k]) for k in self.floats}
 
     def _sample_row_chunks(self, pos, spans, eps):
-        """Rows of the disjoint ``(begin, end)`` ``spans``, each element moved together
-        with its counterparts in the other samples that the spans also hold (one plain
-        call per stencil point for all of them); each sample's outputs give that sample's
-        element's row, and the other samples' entries are what a call moving the element
-        alone gives them (:meth:`samples`)."""
+        """Rows of the disjoint ``(begin, end)`` ``spans``, each element moved with its
+        counterparts in the spans' other samples (a call per stencil point for all);
+        entries in samples an element does not reach are an unmoved call's."""
         be, x, stencil = self.be, self.args[pos], self.run.stencil
         b, n = self._samples[pos], be.numel(x)
         per_sample = n // b
@@ -157,9 +140,8 @@ class SampleRows:
         per_row = max(n + self.out_numel, 1) * self.itemsize * 2 * b
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, per_sample)
         with be.perturber(self.args, pos) as perturber, sharing(self.fn):
-            # the entries of the samples an element does not reach: the stencil applied to
-            # unmoved outputs, as torch computes them (0 for central differences of finite
-            # outputs; rounding for the five-point stencil; NaN where an output is infinite)
+            # entries an element does not reach: the stencil over unmoved outputs, as torch's
+            # (0 for central differences of finite outputs, NaN where an output is infinite)
             base = self._sample_base.get(pos) or self._moved_outputs(pos, perturber, np.zeros(n))
             unreached = {k: _combined(stencil, [base[k]] * len(moves), eps) for k in self.floats}
             for i0 in range(0, per_sample, chunk):
@@ -197,15 +179,12 @@ class SampleRows:
                 yield from blocks
 
     def _looped_row_chunks(self, pos, begin, end, eps):
-        """Rows ``begin:end`` one element at a time, yielded in chunks so that memory
-        follows the chunk, not the Jacobian (an element and its counterparts in the other
-        samples at once, where :meth:`samples` found them independent)."""
+        """Rows ``begin:end`` one element at a time (with its counterparts in the other
+        samples where independent), in chunks: memory follows the chunk."""
         be = self.be
         if begin < end and pos not in self._samples and self._square_matrix(pos) and self._sample_candidate(pos):
-            # a square matrix's rows are rarely samples: the first element's rows first,
-            # as the loop computes them, and where its move reaches another row, the
-            # samples' probe is not paid (where the rows are samples, the first element's
-            # counterparts in the other rows then cost two calls more)
+            # a square matrix's rows are rarely samples: where the first element's own rows
+            # reach another row, the samples' probe is not paid
             first = self._element_rows(pos, eps, range(begin, begin + 1))
             yield begin, begin + 1, first
             if self._reaches_another_sample(pos, begin, first):
@@ -223,8 +202,8 @@ class SampleRows:
             yield 0, 0, self._element_rows(pos, eps)
 
     def _element_rows(self, pos, eps, elements=None):
-        """Rows of ``args[pos]``'s flat ``elements`` (all where ``None``), each element moved
-        alone by plain calls, as the reference engine computes them."""
+        """Rows of ``args[pos]``'s flat ``elements`` (all where ``None``), as the reference
+        engine computes them."""
         return self.run.user_errors.call(jac.numerical_jacobians, self.be, self.fn, self.args, pos, self.outputs,
                                          eps, self.run.stencil, elements=elements)
 
@@ -233,9 +212,8 @@ class SampleRows:
         return len(shape) == 2 and shape[0] == shape[1]
 
     def _reaches_another_sample(self, pos, element, rows) -> bool:
-        """Whether ``rows`` (of ``args[pos]``'s flat ``element``) hold a finite entry other
-        than zero among the outputs of a sample other than the element's, reading the
-        first dimension of ``args[pos]`` and of every floating output as samples."""
+        """Whether ``rows`` of flat ``element`` hold a finite nonzero entry in another
+        sample's outputs (first dimensions read as samples)."""
         b = self._sample_candidate(pos)
         s = element // (self.be.numel(self.args[pos]) // b)
         for k in self.floats:
@@ -247,22 +225,21 @@ class SampleRows:
 
 
 def _beyond_rounding(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether ``a`` and ``b`` differ by more than rounding could make them: beyond
-    :data:`_ROUNDING` relative to each entry, or to the largest finite entry of ``b``."""
+    """Whether ``a`` and ``b`` differ beyond :data:`_ROUNDING`, relative to each entry or
+    to ``b``'s largest finite entry."""
     finite = np.abs(b[np.isfinite(b)])
     scale = float(finite.max()) if finite.size else 0.0
     return not np.allclose(a, b, rtol=_ROUNDING, atol=_ROUNDING * scale, equal_nan=True)
 
 
 def _combined(stencil, values: list, eps) -> np.ndarray:
-    """The stencil's derivative estimate from NumPy outputs, flat, with torch's silence
-    on infinities and NaN (the same IEEE operations, so the same bits)."""
+    """The stencil's estimate from NumPy outputs, flat, silent on infinities and NaN as
+    torch's (the same IEEE operations, the same bits)."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         return np.asarray(stencil.combine(values, eps)).reshape(-1)
 
 
 def _sample_delta(offset, eps) -> float:
-    """``d`` such that ``x - d`` is the stencil point ``x + offset * eps`` as torch's
-    element move computes it (``x + h`` for a plus point, ``x - h`` for a minus point)."""
+    """``d`` with ``x - d`` the stencil point ``x + offset * eps`` as torch computes it."""
     h = eps if abs(offset) == 1 else abs(offset) * eps
     return -h if offset > 0 else h
