@@ -1,18 +1,9 @@
-"""agcheck in the place of a framework's own gradient checker.
+"""agcheck in the place of a framework's own gradient checker: :func:`patch_torch`,
+:func:`patch_jax`, :func:`patch_tensorflow`, each a context manager or a :class:`Patch`.
 
-:func:`patch_torch` routes ``torch.autograd.gradcheck`` / ``gradgradcheck`` (and every
-name bound to them, e.g. by ``from torch.autograd import gradcheck`` in a module imported
-earlier, and so the wrappers of ``torch.testing._internal.common_utils``) to agcheck;
-:func:`patch_jax` does the same for ``jax.test_util.check_grads``, :func:`patch_tensorflow`
-for ``tf.test.compute_gradient`` (whose Jacobians :func:`tensorflow_report` explains).
-All work as context managers and as plain calls returning a :class:`Patch` whose
-``restore()`` undoes them.
-
-The mechanism is framework-free: a backend's drop-in module supplies ``(original,
-replacement)`` pairs, and every module in ``sys.modules`` whose globals hold an original
-is rebound; restoring rebinds every replacement (also in modules imported meanwhile) to
-its original. Patches nest: the rebinding happens for the first and is undone with the
-last.
+A backend's drop-in module supplies ``(original, replacement)`` pairs; every module in
+``sys.modules`` whose globals hold an original is rebound, and restoring rebinds the
+replacements (also in modules imported meanwhile). Patches nest: the first rebinds, the last undoes.
 """
 from __future__ import annotations
 
@@ -36,8 +27,7 @@ _DROPIN_MODULES = {"torch": "agcheck.backends.torch_dropin", "jax": "agcheck.bac
 
 
 def _dropin_module(framework: str):
-    """The framework's drop-in module, with the checkers it calls handed in (it lives in a
-    layer below them: :mod:`agcheck.backends.dropin_checkers`)."""
+    """The framework's drop-in module, with the checkers handed in (it is in a layer below them)."""
     from agcheck.backends import dropin_checkers
     from agcheck.gradcheck import gradcheck
     from agcheck.gradgradcheck import gradgradcheck
@@ -47,8 +37,7 @@ def _dropin_module(framework: str):
 
 
 def stats(framework: str | None = None) -> dict:
-    """How many checks went through agcheck's drop-ins (and how many failed), per
-    framework, or for one framework."""
+    """``{"checks": n, "failures": n}`` of agcheck's drop-ins, per framework or for one."""
     with _LOCK:
         if framework is not None:
             return dict(_STATS.get(framework, {"checks": 0, "failures": 0}))
@@ -75,8 +64,8 @@ def _count(framework, key):
 
 
 def _observer(framework: str, failure_types: tuple, failed: Callable | None = None):
-    """Counts the checks and failures of a drop-in: a failure raises one of
-    ``failure_types``, returns ``False``, or is a result ``failed(result)`` says failed."""
+    """A drop-in's call of ``check`` that counts checks and failures (one of ``failure_types``
+    raised, ``False`` returned, or ``failed(result)``)."""
     def observe(kind, check, fn, inputs, kwargs):
         __tracebackhide__ = True
         _count(framework, "checks")
@@ -104,8 +93,8 @@ def _notify(framework, kind, error) -> None:
 
 
 def rebind(pairs, modules=None, skip=()) -> int:
-    """Rebind every module-level name bound to a ``pairs`` original to its replacement
-    (except in the modules ``skip`` names); the number of names rebound."""
+    """Rebind module-level names bound to a ``pairs`` original to its replacement, except in
+    ``skip``; the number rebound."""
     by_id = {id(old): (old, new) for old, new in pairs}
     count = 0
     for key, module in list((modules if modules is not None else sys.modules).items()):
@@ -130,8 +119,7 @@ def rebind(pairs, modules=None, skip=()) -> int:
 
 
 class Patch:
-    """An active drop-in patch. ``restore()`` (or leaving the ``with`` block) undoes it;
-    calling it again does nothing.
+    """An active drop-in patch; ``restore()`` (or leaving the ``with`` block) undoes it, once.
 
     Attributes
     ----------
@@ -194,22 +182,18 @@ class Patch:
 
 
 def patch_torch(**agcheck_keywords) -> Patch:
-    """Route ``torch.autograd.gradcheck`` and ``torch.autograd.gradgradcheck`` to agcheck.
+    """Route ``torch.autograd.gradcheck`` and ``gradgradcheck`` to agcheck.
 
-    Reaches the functions of ``torch.autograd`` and of the module
-    ``torch.autograd.gradcheck``, every name bound to them in modules already imported
-    (``from torch.autograd import gradcheck``), and hence the wrappers of
-    ``torch.testing._internal.common_utils``. Every keyword is passed on; failures are
-    ``torch.autograd.gradcheck.GradcheckError`` (and :class:`agcheck.GradcheckError`),
-    with agcheck's report summary after torch's message.
-
-    Use it as a context manager (``with agcheck.patch_torch(): ...``) or keep the
-    returned :class:`Patch` and call its ``restore()``.
+    Reaches every name bound to them in modules already imported (``from torch.autograd
+    import gradcheck``, the wrappers of ``torch.testing._internal.common_utils``). Failures
+    are ``torch.autograd.gradcheck.GradcheckError`` (and :class:`agcheck.GradcheckError`),
+    torch's message followed by agcheck's report summary. Use it as a context manager
+    (``with agcheck.patch_torch(): ...``) or call the returned :class:`Patch`'s ``restore()``.
 
     ``agcheck_keywords`` (``engine``, ``memory_budget``, ``stencil``, ``progress``) are
-    added to every routed call, e.g. ``patch_torch(engine="reference")`` to evaluate the
-    suite's functions exactly as often as torch's checker does (see docs/switching.md).
-    A patch nested in an active one keeps the outer patch's keywords.
+    added to every routed call, e.g. ``engine="reference"`` to evaluate the suite's
+    functions exactly as often as torch does (docs/switching.md). A patch nested in an
+    active one keeps the outer patch's keywords.
     """
     unknown = sorted(set(agcheck_keywords) - {"engine", "memory_budget", "stencil", "progress"})
     if unknown:
@@ -220,13 +204,12 @@ def patch_torch(**agcheck_keywords) -> Patch:
 
 def patch_jax(**agcheck_keywords) -> Patch:
     """Route ``jax.test_util.check_grads`` to :func:`agcheck.check_grads` (same arguments,
-    same ``AssertionError`` on failure, with agcheck's account in the message). A context
-    manager, or a :class:`Patch` to ``restore()``.
+    same ``AssertionError``, agcheck's account in the message). A context manager, or a
+    :class:`Patch` to ``restore()``.
 
-    ``agcheck_keywords`` (``account``) are added to every routed call:
-    ``patch_jax(account="full")`` explains each failure by the failing level's full
-    Jacobians instead of the check's own evaluations. A patch nested in an active one
-    keeps the outer patch's keywords.
+    ``agcheck_keywords`` (``account``) are added to every routed call: ``account="full"``
+    explains each failure by the failing level's full Jacobians. A patch nested in an
+    active one keeps the outer patch's keywords.
     """
     unknown = sorted(set(agcheck_keywords) - {"account"})
     if unknown:
@@ -241,28 +224,22 @@ def patch_jax(**agcheck_keywords) -> Patch:
 
 def patch_tensorflow() -> Patch:
     """Route ``tf.test.compute_gradient`` to agcheck's Jacobians (same arguments, same
-    ``(theoretical, numerical)`` tuples of 2-D NumPy arrays, rows the value's elements and
-    columns the argument's, the same numbers within finite-difference noise).
+    ``(theoretical, numerical)`` 2-D NumPy arrays, equal within finite-difference noise).
 
-    Reaches ``tf.test``, ``tf.compat.v2.test``, TensorFlow's ``gradient_checker_v2`` and
-    every name bound to the function in modules already imported.
-    (``tf.compat.v1.test.compute_gradient`` is another function, of TensorFlow 1's graphs,
-    and stays TensorFlow's.) A context manager, or a :class:`Patch` to ``restore()``.
-
-    The suite compares the two Jacobians itself; where they differ beyond tolerances by
-    dtype, agcheck logs a warning (logger ``agcheck.tensorflow``) naming the largest
-    difference, and :func:`tensorflow_report` gives agcheck's failure report of the call.
+    Reaches ``tf.test``, ``tf.compat.v2.test``, ``gradient_checker_v2`` and every name bound
+    to the function in modules already imported (``tf.compat.v1.test.compute_gradient``, of
+    TensorFlow 1's graphs, stays TensorFlow's). A context manager, or a :class:`Patch`.
+    Where the two Jacobians differ beyond the dtype's tolerances, a warning (logger
+    ``agcheck.tensorflow``) names the largest difference; :func:`tensorflow_report` explains it.
     """
     return Patch("tensorflow")._install()
 
 
 def tensorflow_report(result=None, *, atol=None, rtol=None):
-    """agcheck's failure report of a recent ``tf.test.compute_gradient`` call routed to
-    agcheck (by default the latest; or the one that returned ``result``): the report of
-    :func:`agcheck.gradcheck` on the call's function, arguments and step (``eps=delta``)
-    at ``atol`` / ``rtol`` (by default the tolerances of agcheck's comparison after the
-    call: ``1e-5`` / ``1e-3`` in double precision, ``1e-2`` in single), or ``None`` where
-    that check passes. A ``LookupError`` when no such call was routed."""
+    """The :func:`agcheck.gradcheck` failure report of a routed ``tf.test.compute_gradient``
+    call (the latest, or the one that returned ``result``) with ``eps=delta``, at ``atol`` /
+    ``rtol`` (default ``1e-5`` / ``1e-3`` in double precision, ``1e-2`` in single); ``None``
+    where that passes. A ``LookupError`` when no such call was routed."""
     return _dropin_module("tensorflow").report(result, atol=atol, rtol=rtol)
 
 
@@ -290,4 +267,5 @@ def check_grads(f, args, order, modes=("fwd", "rev"), atol=None, rtol=None, eps=
     checks pass, and makes ``"full"`` the default account.
     """
     __tracebackhide__ = True
-    return _dropin_module("jax").check_grads(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full, account=account)
+    return _dropin_module("jax").check_grads(f, args, order, modes=modes, atol=atol, rtol=rtol, eps=eps, full=full,
+                                             account=account)
