@@ -1,11 +1,6 @@
 """agcheck's exceptions: :class:`GradcheckError` for a failed check, and the errors for
-arguments a check cannot take.
-
-The latter's types keep ``except`` clauses written for torch's checker working: where torch's
-checker fails on such arguments with a ``RuntimeError`` of its own (a negative ``atol``,
-``eps=0``, inputs on two devices), agcheck names the problem with an error that is a
-``RuntimeError`` too.
-"""
+arguments a check cannot take, each also of the type torch's checker raises there, so that
+``except`` clauses written for torch keep working."""
 from __future__ import annotations
 
 from agcheck.report.model import FailureReport
@@ -42,20 +37,16 @@ GradcheckError.__module__ = "agcheck.report"
 
 
 class CheckInputError(ValueError, RuntimeError):
-    """An option, an input or the checked function that the check cannot work with: an
-    option out of its range, inputs on two devices, a function that modifies its inputs.
+    """An option out of its range, inputs on two devices, a function that modifies its inputs.
 
-    A ``ValueError``, and a ``RuntimeError``: what torch's checker raises in these cases
-    (a message of its own, or a failed check).
+    A ``ValueError``, and a ``RuntimeError``: what torch's checker raises in these cases.
     """
 
 
 class GradOutputsError(CheckInputError, TypeError):
-    """``grad_outputs`` given to gradgradcheck that cannot be ``fn``'s cotangents: an empty
-    tuple or list.
+    """``grad_outputs`` given to gradgradcheck that cannot be ``fn``'s cotangents (empty).
 
-    Also a ``TypeError``, what torch's checker raises then (it calls ``fn`` without its
-    inputs).
+    Also a ``TypeError``, what torch's checker raises then (it calls ``fn`` without its inputs).
     """
 
 

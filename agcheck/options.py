@@ -11,8 +11,8 @@ __all__ = ["GradcheckOptions", "GradgradcheckOptions", "gradcheck_options"]
 
 
 def _check_number(name: str, value, *, positive: bool, magnitude: bool = False, nan_ok: bool = False) -> float:
-    """``value`` as a float, checked (``positive``: > 0, else >= 0); ``magnitude`` takes its
-    absolute value first; ``nan_ok`` lets NaN through."""
+    """``value`` as a float, > 0 if ``positive`` else >= 0 (``magnitude``: its absolute value;
+    ``nan_ok``: NaN passes)."""
     if isinstance(value, (str, bytes)):  # float("1e-6") would take it; torch's checker does not
         raise TypeError(f"{name} must be a real number, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -65,17 +65,11 @@ class GradcheckOptions:
     def __post_init__(self):
         # The impossible combinations raise AssertionError, as in torch.
         if not (self.check_forward_ad or self.check_backward_ad):
-            raise AssertionError(
-                "Expected at least one of check_forward_ad or check_backward_ad to be True"
-            )
+            raise AssertionError("Expected at least one of check_forward_ad or check_backward_ad to be True")
         if self.check_batched_grad and not self.check_backward_ad:
-            raise AssertionError(
-                "Setting check_batched_grad=True requires check_backward_ad to be True"
-            )
+            raise AssertionError("Setting check_batched_grad=True requires check_backward_ad to be True")
         if self.check_batched_forward_grad and not self.check_forward_ad:
-            raise AssertionError(
-                "Setting check_batched_forward_grad=True requires check_forward_ad to be True"
-            )
+            raise AssertionError("Setting check_batched_forward_grad=True requires check_forward_ad to be True")
         if self.fast_tolerance not in ("torch", "probe"):
             raise ValueError(f"fast_tolerance must be 'torch' or 'probe', got {self.fast_tolerance!r}")
         if self.engine not in ("auto", "batched", "reference"):
@@ -108,8 +102,7 @@ def _validated(**keywords) -> GradcheckOptions:
 
 
 def gradcheck_options(**keywords) -> GradcheckOptions:
-    """``GradcheckOptions(**keywords)``: the options are frozen, so the same keywords give
-    the same object, validated once."""
+    """``GradcheckOptions(**keywords)``, one frozen object per keywords, validated once."""
     try:
         hash(tuple(keywords.values()))
     except TypeError:  # an unhashable value: validated (and refused, or kept) afresh
@@ -129,14 +122,8 @@ class GradgradcheckOptions:
 
     def __post_init__(self):
         if not (self.check_fwd_over_rev or self.check_rev_over_rev):
-            raise AssertionError(
-                "Expected at least one of check_fwd_over_rev or check_rev_over_rev to be True"
-            )
+            raise AssertionError("Expected at least one of check_fwd_over_rev or check_rev_over_rev to be True")
         if self.check_undefined_grad and not self.check_rev_over_rev:
-            raise AssertionError(
-                "Setting check_undefined_grad=True requires check_rev_over_rev to be True"
-            )
+            raise AssertionError("Setting check_undefined_grad=True requires check_rev_over_rev to be True")
         if self.check_batched_grad and not self.check_rev_over_rev:
-            raise AssertionError(
-                "Setting check_batched_grad=True requires check_rev_over_rev to be True"
-            )
+            raise AssertionError("Setting check_batched_grad=True requires check_rev_over_rev to be True")

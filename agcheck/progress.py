@@ -1,26 +1,14 @@
-"""A small progress display: a rich progress bar when wanted, silence otherwise.
-
-Used by the main job (``python -m agcheck``) and meant to be reused by the core (a
-``progress=True`` option of long checks)::
-
-    from agcheck.progress import Progress
+"""A small progress display: a rich progress bar when wanted, silence otherwise::
 
     with Progress(enabled=True) as bar:
         bar.start(total=len(items), description="checking")
         for item in items:
             bar.update(description=f"checking {item}")
-            ...
             bar.advance()
 
-- ``enabled=False`` makes every method a no-op (nothing is imported, nothing printed).
-- The bar is drawn with `rich <https://github.com/Textualize/rich>`_, imported lazily in
-  :meth:`Progress.start`; without rich the object is silent.
-- It writes to ``sys.stderr`` by default (stdout stays clean for results) and is
-  *transient*: it disappears when closed. When the stream is not a terminal (a pipe, a
-  file, a test's captured output) nothing is drawn, so logs get no control codes.
-
-This module imports no array framework; importing it imports nothing beyond the
-standard library.
+It writes to ``sys.stderr`` (stdout stays clean for results), is transient, and draws
+nothing when the stream is not a terminal, so logs get no control codes. rich is imported
+only when a bar starts; without it the object is silent.
 """
 from __future__ import annotations
 
@@ -61,19 +49,15 @@ class Progress:
         self._task = None
         self._lock = threading.Lock()
 
-    # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "Progress":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- the three verbs ------------------------------------------------------------------
     def start(self, total: int | None, description: str = "") -> "Progress":
-        """Show a bar of ``total`` steps (``None``: unknown length) labelled ``description``.
-
-        Starting an already started bar resets it to the new total and description.
-        """
+        """Show a bar of ``total`` steps (``None``: unknown) labelled ``description``; a started
+        bar is reset to them."""
         with self._lock:
             self.total = None if total is None else int(total)
             self.completed = 0
@@ -119,7 +103,6 @@ class Progress:
             if bar is not None:
                 bar.stop()
 
-    # -- rich -----------------------------------------------------------------------------
     def _make_bar(self):
         try:
             from rich.console import Console

@@ -1,11 +1,9 @@
 """Finite-difference stencils: where to evaluate ``fn`` and how to combine the values.
 
-``"central"`` is torch's two-point central difference, ``(f(x+h) - f(x-h)) / 2h``, computed
-exactly as torch computes it, so verdicts match. ``"five-point"`` is the fourth-order
-central stencil ``(f(x-2h) - 8 f(x-h) + 8 f(x+h) - f(x+2h)) / 12h`` (the Richardson
-extrapolation of two central differences): its truncation error falls as ``h**4``
-instead of ``h**2``, so a larger, rounding-safe ``h`` keeps it accurate — the point of
-checking float32 functions meaningfully.
+``"central"``, ``(f(x+h) - f(x-h)) / 2h``, is computed exactly as torch computes it, so
+verdicts match. ``"five-point"``, ``(f(x-2h) - 8 f(x-h) + 8 f(x+h) - f(x+2h)) / 12h``, has a
+truncation error falling as ``h**4``: a larger, rounding-safe ``h`` keeps it accurate, which
+makes checks of float32 functions meaningful.
 """
 from __future__ import annotations
 
