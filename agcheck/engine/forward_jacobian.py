@@ -1,26 +1,18 @@
 """The analytical Jacobian by forward mode, tied to the backward by random projections.
 
-A slow reverse-mode check compares the Jacobian of ``fn``'s backward ``J_b`` (one VJP per
-output element, and every one again for reentrancy) with the numerical Jacobian. When
-``fn`` has many more output elements than input elements, the same Jacobian costs far
-fewer JVPs: one per input element. The forward-mode Jacobian ``J_f`` stands in for
-``J_b`` only once the backward is shown to give it: ``ROUNDS`` VJPs with Gaussian
-cotangents ``U`` (one row ``u`` each) must reproduce ``U J_f`` to within
-``BOUND * atol * |u|`` per input element, and the same VJPs again must give the same
-values to within ``min(nondet_tol, BOUND * atol) * |u|`` (reentrancy: torch bounds each
-entry by ``nondet_tol``, which a projection shows only when it differs by next to nothing).
+Where the outputs have many more elements than the inputs, one JVP per input element gives
+the Jacobian for far fewer calls than a VJP per output element (twice, with reentrancy).
+The forward-mode Jacobian ``J_f`` stands in for the backward's ``J_b`` only once
+VJPs with Gaussian cotangents ``U`` (rows ``u``) reproduce ``U J_f`` to within
+``BOUND * atol * |u|`` per input element, and again to within
+``min(nondet_tol, BOUND * atol) * |u|`` (reentrancy; torch bounds each entry by ``nondet_tol``).
 
-An entry of ``J_b`` off by ``atol`` or more (what could change the verdict) moves its
-input element's projection by ``|u_j| atol``, ``u_j`` its output element's weight; it stays
-within the bound only if ``|u_j| <= BOUND |u|``, for ``m`` output elements a Gaussian
-draw below about ``BOUND sqrt(m)``: probability ``1e-4`` for ``m = 10^4``, in each of the
-independent projections. Several wrong entries of one input element add with independent
-weights, and do not cancel but by chance of the same order. Rounding (about ``1e-16 |u|``
-for float64 convolutions) stays far below the bound, which is why the path is taken for
-double precision only. What the projections cannot tie (they differ, the backward is
-not reentrant, forward mode is missing) leaves the Jacobian to the VJPs, as does a check
-whose counts say the path cannot pay: the VJPs it saves (the reverse passes' less the
-JVP rows) must be well above the projections' own.
+An entry of ``J_b`` off by ``atol`` moves its input element's projection by ``|u_j| atol``;
+it stays within the bound only if ``|u_j| <= BOUND |u|``, for ``m`` output elements about
+``BOUND sqrt(m)``: probability ``1e-4`` for ``m = 10^4``, in each independent projection.
+Rounding (about ``1e-16 |u|`` for float64 convolutions) stays far below the bound, hence
+double precision only. Anything the projections cannot tie, or counts that say the path
+cannot pay, leaves the Jacobian to the VJPs.
 """
 from __future__ import annotations
 
@@ -29,7 +21,7 @@ import numpy as np
 from agcheck.backends.base import Capability
 from agcheck.core.outcome import EngineEvent
 from agcheck.engine.coloured import DenseBlock
-from agcheck.engine.cost import INTERMEDIATES
+from agcheck.engine.columns import derivative_row_bytes
 
 __all__ = ["try_forward_jacobian", "ROUNDS", "BOUND"]
 
@@ -39,8 +31,7 @@ ROUNDS = 8
 BOUND = 1e-6
 #: forward mode is tried when the outputs hold at least this many times the inputs' elements
 _MIN_OUTPUT_SHARE = 2
-#: VJPs per output element the reverse first and reentrancy passes cost (the second pass
-#: is coloured when it can be, about half the columns on a CNN)
+#: VJPs per output element of the two reverse passes (the second, coloured, about half on a CNN)
 _REVERSE_PASSES = 1.5
 PROJECTION_SEED = 4099
 #: the VJPs the path may save must be at least this many times the projections' VJPs
@@ -48,34 +39,21 @@ _MIN_SAVED_SHARE = 2
 
 
 class _Declined(Exception):
-    """Forward mode cannot stand in for the backward here; the VJPs compute the Jacobian."""
+    """Forward mode cannot stand in for the backward here."""
+
+    decision = "declined"
 
 
 class _Disagreement(Exception):
     """The backward's projections differ from the forward-mode Jacobian's, or from themselves."""
 
+    decision = "disagreement"
+
 
 def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
-    """The analytical Jacobian of every output in ``diff`` by JVPs, once the backward is
-    shown to give it; ``None`` when the VJPs should compute it.
-
-    Parameters
-    ----------
-    p : Problem
-        The piece being checked.
-    diff : list of int
-        The differentiable outputs.
-    inputs : list
-        The checked inputs (``p.args[q]`` for ``q`` in ``p.checked``).
-    vjps : callable
-        ``vjps(k, stacked, count)``: per checked input, the VJPs of output ``k`` with each
-        of ``count`` stacked cotangents (an array ``(count, *input.shape)``, or ``None``).
-
-    Returns
-    -------
-    dict or None
-        ``{k: [DenseBlock per checked input]}`` (rows: output elements).
-    """
+    """``{k: [DenseBlock per checked input]}``, the Jacobians of the outputs ``diff`` by JVPs
+    once the backward is shown to give them, else ``None``; ``vjps(k, stacked, count)``:
+    per checked input, the VJPs of output ``k`` with ``count`` stacked cotangents."""
     be = p.be
     n_in = sum(be.numel(x) for x in inputs)
     m_total = sum(be.numel(p.outputs[k]) for k in diff)
@@ -89,11 +67,8 @@ def try_forward_jacobian(p, diff, inputs, vjps) -> dict | None:
         projections = _projections(p, diff, inputs, vjps)
         blocks = _forward_blocks(p, diff, inputs)
         _tie(p, diff, blocks, projections)
-    except _Declined as reason:
-        p.run.engine_log.append(EngineEvent("forward", "declined", None, str(reason)))
-        return None
-    except _Disagreement as reason:
-        p.run.engine_log.append(EngineEvent("forward", "disagreement", None, str(reason)))
+    except (_Declined, _Disagreement) as reason:
+        p.run.engine_log.append(EngineEvent("forward", reason.decision, None, str(reason)))
         return None
     p.run.engine_log.append(EngineEvent("forward", "passed"))
     return {k: [DenseBlock(b) for b in blocks[k]] for k in diff}
@@ -124,11 +99,8 @@ def _projections(p, diff, inputs, vjps) -> dict:
         first, second = (_flat_vjps(p, vjps, k, stacked, inputs) for _ in range(2))
         norms = np.linalg.norm(u, axis=1)[:, None]
         bound = min(opts.nondet_tol, BOUND * opts.atol) * norms
-        for a, b in zip(first, second):
-            with np.errstate(invalid="ignore", over="ignore"):
-                apart = a.size and not np.all(np.abs(a - b) <= bound)
-            if apart:
-                raise _Disagreement("backward not reentrant on the projections")
+        if any(_apart(a, b, bound) for a, b in zip(first, second)):
+            raise _Disagreement("backward not reentrant on the projections")
         projections[k] = (u, norms, first)
     return projections
 
@@ -154,12 +126,11 @@ def _flat_vjps(p, vjps, k, stacked, inputs) -> list:
 
 
 def _forward_blocks(p, diff, inputs) -> dict:
-    """``{k: [(m, n) NumPy block per input]}`` by batched JVPs of one-hot tangents, as many
-    rows per call as the memory the shapes imply allows (:meth:`Problem.chunk_rows`)."""
+    """``{k: [(m, n) NumPy block per input]}`` by batched JVPs of one-hot tangents."""
     be = p.be
     n_in = sum(be.numel(x) for x in inputs)
     blocks = {k: [np.empty((be.numel(p.outputs[k]), be.numel(x))) for x in inputs] for k in diff}
-    size = p.chunk_rows((n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2, n_in)
+    size = p.chunk_rows(derivative_row_bytes(p, n_in), n_in)
     for j, x in enumerate(inputs):
         for s in range(0, be.numel(x), size):
             e = min(be.numel(x), s + size)
@@ -182,10 +153,11 @@ def _tie(p, diff, blocks, projections) -> None:
     atol = p.opts.atol
     for k in diff:
         u, norms, by_backward = projections[k]
-        bound = BOUND * atol * norms
         for j, (block, got) in enumerate(zip(blocks[k], by_backward)):
-            expected = u @ block
-            with np.errstate(invalid="ignore", over="ignore"):
-                apart = got.size and not np.all(np.abs(got - expected) <= bound)
-            if apart:
+            if _apart(got, u @ block, BOUND * atol * norms):
                 raise _Disagreement(f"output {k}, input {j}: projections differ")
+
+
+def _apart(a, b, bound) -> bool:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(a.size and not np.all(np.abs(a - b) <= bound))
