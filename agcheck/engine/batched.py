@@ -1,31 +1,14 @@
-"""The batched slow-mode engine: full Jacobians in chunks, many evaluations per call.
+"""The batched slow-mode engine: the reference engine's verdicts, faster, in bounded memory.
 
-The reference engine (``agcheck.core.jacobian``) moves one input element at a time and runs
-one backward per output element, as torch does. This engine reaches the same verdicts
-faster and in bounded memory:
-
-* numerical rows come from evaluating ``fn`` on a batch of moved copies of an input at
-  once (stacked along ``fn``'s own first dimension, or vmapped), central differences on
-  the batch (:mod:`~agcheck.engine.rows`);
-* analytical columns come from batched VJPs (many one-hot cotangents at once; where the
-  output and every checked input hold the same independent samples, one cotangent serves
-  the same position in every sample), forward
-  rows from batched JVPs; where the outputs far outnumber the inputs, the whole analytical
-  Jacobian comes from batched JVPs once random VJPs tie it to the backward
-  (:mod:`~agcheck.engine.forward_jacobian`);
-* the two sides are compared chunk by chunk; what is kept whole at most is one side's
-  Jacobian, and only when it fits the memory budget (else it is recomputed per block of
-  output columns).
-
-It is optimistic: anything it cannot do, or any disagreement it finds, hands the check
-back to the reference engine, which then decides the verdict and writes the message. The
-rows it computed element by element are handed over, so that a failure does not pay for
-them twice; where every row was kept, a disagreement is first confirmed on entries
-computed as the reference engine computes them, and the reference engine then gets whole
-Jacobians, exact wherever its message prints them (:mod:`~agcheck.engine.failure`), so
-that a failure costs about what a pass costs. Before batching an input it probes that a
-batched evaluation agrees with plain calls (a function reading its input through a
-closure would not see the move) and loops over that input if not.
+Numerical rows come from ``fn`` evaluated on batches of moved copies of an input
+(:mod:`~agcheck.engine.rows`); analytical columns from batched VJPs (one cotangent per
+element position of all samples where the output and the inputs hold independent samples),
+forward rows from batched JVPs, or the whole Jacobian from JVPs where outputs far outnumber
+inputs (:mod:`~agcheck.engine.forward_jacobian`). At most one side's Jacobian is kept
+whole, and only within the memory budget. Whatever it cannot do, and any disagreement, it
+hands back to the reference engine with the rows it computed element by element; where
+every row was kept, a mismatch is first confirmed so that a failure costs about what a pass
+costs (:mod:`~agcheck.engine.failure`).
 """
 from __future__ import annotations
 
@@ -43,16 +26,16 @@ _MIN_BATCHED_COLUMNS = 8
 
 
 def _require_dense(be, args) -> None:
-    """Sparse and opaque layouts (torch's sparse and MKL-DNN tensors) are left to the
-    reference engine: it moves stored elements, and densifies unmasked inputs."""
+    """Sparse and opaque layouts are left to the reference engine: it moves stored elements,
+    and densifies unmasked inputs."""
     for a in args:
         if be.is_array(a) and be.layout(a) != "dense":
             raise EngineFallback(f"an argument has layout {be.layout(a)!r}")
 
 
 def compare_slow_reverse(run, piece, dear_calls: bool = False) -> Outcome:
-    """Slow-mode reverse check of one piece, batched: passed, or undecided with a reason;
-    ``dear_calls``: the plan found the loop's calls dear (:mod:`agcheck.checks.loop_plan`)."""
+    """Slow-mode reverse check of one piece: passed, or undecided with a reason;
+    ``dear_calls``: the plan found the loop's calls dear."""
     be, opts, args, checked, diff = run.be, run.opts, piece.args, piece.checked, piece.diff
     try:
         _require_dense(be, args)
@@ -67,10 +50,9 @@ def compare_slow_reverse(run, piece, dear_calls: bool = False) -> Outcome:
             return PASSED
         n_in = n_in_total(be, args, checked)
         colourable = opts.engine == "auto" and n_in * p.out_numel >= coloured.MIN_ENTRIES
-        # each input's batched forms are probed where a path first needs them: a check
-        # whose first input's rows raise (as torch's checker meets the error, at its first
-        # rows) pays no probe of the others; where rows are kept, an input that cannot be
-        # batched has its rows computed, element by element, before the next is probed
+        # inputs are probed only as a path needs them: a check whose first input's rows raise
+        # (where torch's checker meets the error) pays no probe of the others; where rows are
+        # kept, an unbatchable input's rows are computed before the next input is probed
         batchable = p.keep_rows and (colourable or _columns_may_batch(p, diff))
         if not batchable:
             for q in checked:
@@ -85,9 +67,8 @@ def compare_slow_reverse(run, piece, dear_calls: bool = False) -> Outcome:
         if not p.keep_rows:
             _reverse_by_column_blocks(p, diff, n_in)
             return PASSED
-        # every numerical row first, as torch's checker orders them, where the pattern
-        # cannot colour them (an evaluation of fn that raises at a step raises before the
-        # analytical side is paid): from this frame, one frame above the probes' calls
+        # every numerical row first, in torch's order, where the pattern cannot colour them:
+        # an evaluation of fn that raises does so before the analytical side is paid
         numerical: dict | None = None
         if not colourable:
             numerical = {}
@@ -100,9 +81,8 @@ def compare_slow_reverse(run, piece, dear_calls: bool = False) -> Outcome:
 
 
 def _handed_back(p, piece, reason: EngineFallback) -> Outcome:
-    """The undecided outcome of a check the engine hands back, with what it computed; a
-    mismatch seen with whole Jacobians at hand is first confirmed
-    (:func:`failure.decide`)."""
+    """The undecided outcome of a check handed back, with what the engine computed; a
+    mismatch seen with whole Jacobians at hand is first confirmed."""
     if str(reason) != MISMATCH:
         return undecided(str(reason))
     inputs = [piece.args[q] for q in piece.checked]
@@ -120,9 +100,8 @@ def _handed_back(p, piece, reason: EngineFallback) -> Outcome:
 
 
 def _finish_rows(p) -> None:
-    """Before a mismatch goes to the reference engine: the rows it would compute one
-    element at a time, computed with the samples moved together where they can be
-    (:meth:`Problem.finish_rows_by_samples`); what fails on the way is left to it."""
+    """The rows the reference engine would compute one element at a time, with the samples
+    moved together where they can be; what fails on the way is left to it."""
     try:
         p.finish_rows_by_samples()
     except Exception as e:
@@ -131,11 +110,9 @@ def _finish_rows(p) -> None:
 
 
 def _finish_columns(p, inputs) -> None:
-    """Before a mismatch goes to the reference engine: the columns of a first pass by
-    samples, computed again one VJP each (as the reference engine computes its first
-    pass), and noted as exact where they reproduce it bit for bit, zeros' signs included
-    (then the second pass already checked them for reentrancy); where they do not, or
-    something fails on the way, the reference engine computes its two passes itself."""
+    """The columns of a first pass by samples, computed again one VJP each and noted as
+    exact where they reproduce it bit for bit, zeros' signs included (the second pass then
+    checked them for reentrancy); elsewhere the reference engine computes both passes."""
     be = p.be
     for k, rows in p.sample_columns.items():
         exact = []
@@ -162,11 +139,9 @@ MISMATCH = "Jacobian mismatch"
 
 
 class _Decidable(EngineFallback):
-    """A mismatch seen with every numerical row kept (:func:`failure.may_decide`) and the
-    whole analytical Jacobians at hand: for :func:`failure.decide` (reverse mode:
-    ``{output position: [DenseBlock per input]}``) or :func:`failure.decide_forward`
-    (forward mode: the JVP rows per input index); ``where`` the row block seen to differ,
-    as :attr:`coloured.RowsDiffer.where`."""
+    """A mismatch seen with every numerical row kept and the whole analytical Jacobians at
+    hand (reverse mode: ``{k: [DenseBlock per input]}``; forward mode: the JVP rows per input
+    index); ``where``: ``(input, output, start, stop)`` of the row block seen to differ."""
 
     def __init__(self, analytical, where):
         super().__init__(MISMATCH)
@@ -176,24 +151,19 @@ class _Decidable(EngineFallback):
 
 
 def _reverse_whole(run, p, diff, colourable, numerical) -> None:
-    """Reverse mode with whole Jacobians at hand: the analytical side first where its
-    pattern may let the numerical side be coloured (in batches, or one plain call per
-    colour class where the input cannot be batched); elsewhere against ``numerical``,
-    every numerical row, computed first. The analytical side is by JVPs where the outputs
-    far outnumber the inputs and the backward is shown to give the same Jacobian, else by
-    VJPs."""
+    """Reverse mode with whole Jacobians at hand, compared coloured where ``colourable``,
+    else against ``numerical`` (every numerical row, computed first)."""
     inputs = [p.args[q] for q in p.checked]
     analytical = forward_jacobian.try_forward_jacobian(p, diff, inputs, columns.projection_vjps(p))
-    first = None  # the VJPs' first passes, which the reentrancy passes check
+    first = None
     if analytical is None and numerical is not None and len(diff) > 1 and not run.opts.raise_exception:
         _compare_output_by_output(run, p, diff, inputs, numerical)
         return
     if analytical is None:
         first = {k: columns.analytical_first_pass(p, k, inputs) for k in diff}
         analytical = {k: blocks for k, (blocks, _) in first.items()}
-    # the reentrancy pass after the numerical side, as torch's checker orders them: an
-    # evaluation of fn that raises does so before it is paid; before a mismatch is
-    # reported, so that a backward that is not reentrant is reported as that first
+    # the reentrancy pass after the numerical side, as in torch: an evaluation of fn that
+    # raises does so before it is paid; and before a mismatch is reported, as in torch
     try:
         _compare_with_analytical(run, p, diff, analytical, colourable, numerical)
     except EngineFallback as reason:
@@ -205,14 +175,13 @@ def _reverse_whole(run, p, diff, colourable, numerical) -> None:
 
 
 def _reverse_by_column_blocks(p, diff, n_in) -> None:
-    """Reverse mode where whole Jacobians do not fit the budget: per block of output
-    columns, the numerical rows' columns (recomputed per block) against the analytical
-    columns."""
+    """Reverse mode where whole Jacobians do not fit the budget: per block of output columns,
+    the numerical rows (recomputed per block) against the analytical columns."""
     be, checked = p.be, p.checked
     inputs = [p.args[q] for q in checked]
+    block = max(1, (p.budget // 2) // max(n_in * p.itemsize, 1))
     for k in diff:
         m = be.numel(p.outputs[k])
-        block = max(1, (p.budget // 2) // max(n_in * p.itemsize, 1))
         for b0 in range(0, m, block):
             b1 = min(m, b0 + block)
             numerical = {q: _keep_columns(be, p.numerical_row_chunks(q, report=(k == diff[0] and b0 == 0)), k, b0, b1)
@@ -222,15 +191,9 @@ def _reverse_by_column_blocks(p, diff, n_in) -> None:
 
 
 def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
-    """Every numerical row at hand, the outputs' analytical Jacobians computed and compared
-    one output at a time, in torch's order: a mismatch ends the check before the later
-    outputs' VJPs are paid, as torch's checker computes an output's only when its
-    comparison comes. Each output's reentrancy pass follows the comparisons, as in
-    :func:`_reverse`; on a mismatch, those of the outputs compared so far.
-
-    Only where no failure report is built (``raise_exception=False``): a report compares
-    every block, and the engine computes the later outputs' columns (in batches where
-    the VJPs batch) for less than the report's loop would."""
+    """The analytical Jacobians computed and compared one output at a time, as torch orders
+    them: a mismatch ends the check before later outputs' VJPs are paid. Only without a
+    failure report, which compares every block (the engine's columns cost it less)."""
     analytical, first = {}, {}
     for i, k in enumerate(diff):
         first[k] = columns.analytical_first_pass(p, k, inputs)
@@ -246,11 +209,8 @@ def _compare_output_by_output(run, p, diff, inputs, numerical) -> None:
 
 
 def _reentrancy_on_mismatch(p, inputs, first, analytical, reason) -> None:
-    """On a mismatch (``reason``), the reentrancy passes of the outputs of ``first`` (the
-    first passes, in torch's order) up to the one seen to differ: torch's checker checks
-    an output's reentrancy just before comparing it and stops at the first output that
-    differs, which is no later one. A first pass by samples that a reentrancy pass
-    corrected is no longer counted as agreeing (:func:`_failing_again`)."""
+    """On a mismatch, the reentrancy passes of the outputs up to the one seen to differ, as
+    torch checks an output's reentrancy just before comparing it."""
     if str(reason) != MISMATCH:
         return
     outputs = list(first)
@@ -262,28 +222,24 @@ def _reentrancy_on_mismatch(p, inputs, first, analytical, reason) -> None:
 
 
 def _reentrancy_on_pass(p, inputs, first, analytical) -> None:
-    """Every output's reentrancy pass after its rows agreed; the outputs whose first pass
-    by samples it corrected are compared again (:func:`_compare_again`)."""
+    """Every output's reentrancy pass; the outputs whose first pass it corrected are
+    compared again."""
     corrected = [k for k in first if columns.reentrancy_pass(p, k, inputs, *first[k])]
     if corrected:
         _compare_again(p, corrected, analytical)
 
 
 def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=None):
-    """The numerical side against the whole analytical Jacobians ``analytical``: coloured
-    by their pattern where ``colourable`` and the pattern allows, else row block by row
-    block (``numerical``: per input, its row blocks already computed; else they are
-    computed as they are compared), the inputs that agree in :attr:`Problem.passed`;
-    raises :class:`EngineFallback` (``MISMATCH``, or :class:`_Decidable` where the failure
-    can be decided from the rows) when they do not agree."""
+    """The numerical side against the whole Jacobians ``analytical``, coloured where the
+    pattern allows, else by row blocks (``numerical``'s, or computed as compared); the
+    inputs that agree go in ``p.passed``. Raises ``MISMATCH`` (:class:`_Decidable` where
+    the failure can be decided from the rows)."""
     be, opts, checked = p.be, run.opts, p.checked
-    decidable = failure.may_decide(p)  # a mismatch is then decided from the kept rows
+    decidable = failure.may_decide(p)
     p.passed = set()
     if colourable and _coloured_agree(run, p, diff, analytical, decidable):
         return
-    # rows already computed exactly are reused, here and by the reference engine; the
-    # first row block that differs ends the comparison, and the rows still to compute
-    # unless every row is kept for deciding the failure (failure.decide)
+    # the first block that differs ends the comparison, and also the rows unless decidable
     differs = None
     for j, q in enumerate(checked):
         p.passed.discard(q)  # its rows computed again
@@ -302,9 +258,8 @@ def _compare_with_analytical(run, p, diff, analytical, colourable, numerical=Non
 
 
 def _coloured_agree(run, p, diff, analytical, decidable) -> bool:
-    """Whether the numerical side, coloured by the analytical pattern, agrees with
-    ``analytical`` (False where the pattern does not allow colouring); a difference
-    raises as :func:`_compare_with_analytical` says, with every row kept."""
+    """Whether the numerical side, coloured by the analytical pattern, agrees (False where
+    it cannot be coloured); raises as :func:`_compare_with_analytical` does."""
     checked = p.checked
     try:
         if coloured.try_from_analytical(p, checked, diff, analytical, decidable):
@@ -322,11 +277,8 @@ def _coloured_agree(run, p, diff, analytical, decidable) -> bool:
 
 
 def _compare_again(p, corrected, analytical) -> None:
-    """The kept numerical rows against the analytical Jacobians of the outputs
-    ``corrected`` (whose rows the reentrancy pass replaced by the exact ones) after they
-    agreed with the rows first computed; a difference is decided as any mismatch is
-    (:class:`_Decidable`). Without every row kept the reference engine compares, with the
-    exact columns noted."""
+    """The kept rows against the outputs ``corrected`` by their reentrancy pass; without
+    every row kept the reference engine compares, with the exact columns noted."""
     failing = _failing_again(p, corrected, analytical)
     if failing is None:
         raise EngineFallback(MISMATCH)
@@ -336,10 +288,9 @@ def _compare_again(p, corrected, analytical) -> None:
 
 
 def _failing_again(p, corrected, analytical) -> list | None:
-    """The blocks ``(input, output)`` of the outputs ``corrected`` whose kept numerical rows
-    differ from the corrected analytical rows; their inputs, which agreed with the rows
-    first computed, are no longer counted as agreeing (for :func:`failure.decide`).
-    ``None`` where not every row was kept."""
+    """The blocks ``(input, output)`` of the outputs ``corrected`` whose kept rows differ from
+    the corrected Jacobians, their inputs taken out of ``p.passed``; ``None`` where not
+    every row was kept."""
     numerical = failure.whole_numerical(p) if failure.may_decide(p) else None
     if numerical is None:
         return None
@@ -352,22 +303,17 @@ def _failing_again(p, corrected, analytical) -> list | None:
 
 
 def _differing_block(decidable: bool, where):
-    """``where`` (input, output, first row, end row): the first row block whose analytical
-    and numerical rows differ. Without rows kept for deciding the failure the engine
-    hands the check back at once (``EngineFallback``)."""
+    """``where``, the first block that differs, or ``MISMATCH`` raised at once where the
+    failure cannot be decided from the rows."""
     if not decidable:
         raise EngineFallback(MISMATCH)
     return where
 
 
 def _columns_may_batch(p, diff) -> bool:
-    """Whether batched VJPs may save time where no input can be moved in batches: a
-    function whose forward cannot be batched (Python control flow on values, writes into
-    a preallocated result) often has a backward that can, and its two passes of one VJP
-    per output element are then the part of the check worth batching: where VJPs are
-    batched (:attr:`Problem._vjp_batched`) and an output has at least
-    ``_MIN_BATCHED_COLUMNS`` elements, or the loop's calls are dear (a VJP of a VJP
-    function is a second backward pass)."""
+    """Whether batched VJPs may pay where no input can be batched: a forward that cannot be
+    batched (control flow on values, writes into a preallocated result) often has a
+    backward that can; dear calls count too (a VJP of a VJP function is a second backward)."""
     if p._vjp_batched is False:
         return False
     return p.dear_calls or max((p.be.numel(p.outputs[k]) for k in diff), default=0) >= _MIN_BATCHED_COLUMNS
@@ -387,7 +333,6 @@ def _compare_columns(p, k, c0, c1, inputs, numerical, offset=0) -> None:
             raise EngineFallback("backward not reentrant")
     for q, a in zip(p.checked, first):
         for s, e, rows in numerical[q]:
-            n_block = rows[k][:, c0 - offset:c1 - offset]
-            n_block = be.to_device_of(n_block, a)
+            n_block = be.to_device_of(rows[k][:, c0 - offset:c1 - offset], a)
             if not be.allclose(a[s:e], n_block, opts.rtol, opts.atol):
                 raise EngineFallback(MISMATCH)
