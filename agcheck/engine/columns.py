@@ -1,9 +1,5 @@
 """The analytical side of the slow-mode engine in reverse mode: Jacobian columns by VJPs
-(batched where the plan batches them: ``cost.BATCHED_VJPS_FROM_CALLS``; one per column
-otherwise, or where a batched VJP fails), a first pass by samples where the output and
-every checked input hold the same independent samples, and the reentrancy pass that
-checks the first (coloured where the pattern allows, else column by column as the first
-pass computed them)."""
+(batched, or one per column), a first pass by samples, and the reentrancy pass."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,51 +15,42 @@ __all__ = ["EngineFallback", "MIN_VJP_SAMPLES", "column_blocks", "analytical_col
 
 
 class EngineFallback(Exception):
-    """Raised inside the engine's slow-mode paths when they cannot decide a check; their
-    entry points turn it into an undecided :class:`Outcome`."""
+    """The engine cannot decide a check; its entry points return it as undecided."""
 
 
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
 
 
-#: the first VJP pass by samples saves ``m - m / B`` VJPs on a passing check. A failing
-#: one reuses what the second pass computed one VJP per column (a pass column by column),
-#: or computes exactly only the columns its report prints (:func:`failure.decide`), and
-#: only where neither serves computes the first pass's columns again, ``m / B`` more: with
-#: two samples and a coloured second pass, about the ``2 m`` VJPs of torch's checker then
+#: the pass by samples saves ``m - m / B`` VJPs on a pass; a failure may pay ``m / B`` more,
+#: with two samples and a coloured second pass about the ``2 m`` VJPs of torch's checker
 MIN_VJP_SAMPLES = 2
 
 
-#: the coloured reentrancy pass is taken when it needs at most this many thirds of the
-#: VJPs of the column-by-column pass (a CNN on a small image needs about half)
+#: the coloured reentrancy pass is taken when it needs at most this many thirds of the VJPs
+#: of the column-by-column pass (a CNN on a small image needs about half)
 _MAX_COLOUR_SHARE = 2
 
 
 def derivative_row_bytes(p, n_in: int) -> int:
-    """The estimated memory of one row of a batched VJP or JVP (a cotangent or tangent of
-    ``n_in`` input elements and the outputs, with fn's intermediates, for the evaluation
-    and its derivative)."""
+    """The estimated bytes of one row of a batched VJP or JVP over ``n_in`` input elements."""
     return (n_in + p.out_numel) * p.itemsize * INTERMEDIATES * 2
 
 
 def column_blocks(p, m, n_in):
-    """``[0, m)`` in blocks of as many columns as one batched VJP takes within the batch
-    memory (:meth:`Problem.chunk_rows`)."""
+    """``[0, m)`` in blocks of as many columns as one batched VJP takes within the batch memory."""
     size = p.chunk_rows(derivative_row_bytes(p, n_in), m)
     return [(c0, min(m, c0 + size)) for c0 in range(0, m, size)]
 
 
 def analytical_columns(p, k, c0, c1, inputs):
-    """``J[:, c0:c1]`` for every input: one batched VJP of one-hot cotangents, or one VJP
-    per column where the backend has no batched VJPs or they failed."""
+    """``J[:, c0:c1]`` for every input, by one batched VJP or one VJP per column."""
     return columns_and_how(p, k, c0, c1, inputs)[0]
 
 
 def columns_and_how(p, k, c0, c1, inputs, cotangents=None):
-    """:func:`analytical_columns`, and whether they were computed one VJP per column
-    (as the reference engine computes them, bit for bit). ``cotangents(c0, c1)``, when
-    given, stacks the cotangents of columns ``c0:c1`` in place of one-hots."""
+    """:func:`analytical_columns`, and whether they were computed one VJP per column (as the
+    reference engine computes them, bit for bit); ``cotangents(c0, c1)`` replaces one-hots."""
     if p._vjp_batched is not False:
         cols = unless_batching_fails(p, batched_columns, p, k, c0, c1, inputs, cotangents)
         if cols is not None:
@@ -110,14 +97,8 @@ def looped_columns(p, k, c0, c1, inputs, cotangents=None):
 
 
 def analytical_first_pass(p, k, inputs):
-    """The whole analytical Jacobian of output ``k``, per input a
-    :class:`coloured.DenseBlock` (rows: output elements), and how it was computed (for
-    :func:`reentrancy_pass`, which checks it).
-
-    It computes every column (batched one-hot VJPs), or, where every checked input holds
-    the same independent samples as the output, one VJP per element position for all
-    samples together (:func:`first_pass_by_samples`); ``how`` is then ``None``, else the
-    column blocks ``(c0, c1, looped)`` as computed."""
+    """Output ``k``'s Jacobian, a :class:`coloured.DenseBlock` per input, and ``how``: the
+    column blocks ``(c0, c1, looped)`` as computed, or ``None`` for a pass by samples."""
     rows = first_pass_by_samples(p, k, inputs)
     how = None
     if rows is None:
@@ -126,26 +107,16 @@ def analytical_first_pass(p, k, inputs):
 
 
 def reentrancy_pass(p, k, inputs, blocks, how) -> bool:
-    """The second analytical pass over output ``k``, which only has to reproduce the
-    first (``blocks``, computed as ``how`` says): coloured where the first pass's pattern
-    allows (output elements that share no input element get one VJP, signed, and each
-    entry is read off its own slot). Where that does not reproduce the first pass exactly
-    (within ``nondet_tol``), it is computed column by column as the first was, and only a
-    difference there is a failed reentrancy check (:class:`EngineFallback`). Either
-    compares whole gradients, so a backward that reaches another sample (which a first
-    pass by samples would not see) does not pass unseen. Once checked, the columns
-    computed one VJP each (the first pass's, or the second's after a first pass by
-    samples) are noted for a failing check to reuse.
-
-    Returns True where a first pass by samples was corrected (:func:`exact_second_pass`):
-    ``blocks`` then hold the exact Jacobian, to be compared with the numerical side again."""
+    """The second pass over output ``k``, which has to reproduce ``blocks``: coloured where
+    the pattern allows, else column by column as the first pass was computed (only a
+    difference there fails the check). Both compare whole gradients, so a backward that
+    reaches another sample does not pass unseen. The columns computed one VJP each are
+    noted for a failing check. True where a pass by samples was corrected."""
     exact, corrected = None, False
     if not coloured_second_pass(p, k, inputs, blocks):
         exact, corrected = exact_second_pass(p, k, inputs, blocks, how)
     rows = [block.by_output for block in blocks]
     if exact is not None:
-        # a pass by samples checked by one VJP per column: those columns are the ones the
-        # reference engine would compute, checked against the first pass for reentrancy
         p.note_exact_columns(k, [(0, p.be.numel(p.outputs[k]))], exact)
     elif how is None:
         p.sample_columns[k] = rows  # verified again first, where a failure reuses them
@@ -155,9 +126,8 @@ def reentrancy_pass(p, k, inputs, blocks, how) -> bool:
 
 
 def first_pass_by_columns(p, k, inputs):
-    """Every column of output ``k``'s Jacobian by one-hot VJPs: per input its ``(m, n)``
-    rows, and the column blocks ``(c0, c1, looped)`` as computed: one VJP each (as the
-    reference engine does) or batched."""
+    """Output ``k``'s Jacobian by one-hot VJPs, per input ``(m, n)`` rows, and the column
+    blocks ``(c0, c1, looped)`` as computed."""
     be = p.be
     m = be.numel(p.outputs[k])
     rows, how = None, []
@@ -175,15 +145,14 @@ def first_pass_by_columns(p, k, inputs):
 
 def output_samples(p, k) -> int | None:
     """``B`` when output ``k`` and every checked input hold ``B >= MIN_VJP_SAMPLES``
-    independent samples along their first dimension (:meth:`Problem.samples`), else
-    ``None``."""
+    independent samples along their first dimension, else ``None``."""
     shape = tuple(p.outputs[k].shape)
     m = p.be.numel(p.outputs[k])
     if not shape or shape[0] < MIN_VJP_SAMPLES:
         return None
     b = shape[0]
-    # every input's form first (no call of fn), then the probes, where the VJPs the pass
-    # saves outnumber the calls of fn the probes still to make would take
+    # the inputs' shapes first (no call of fn), then the probes, where the VJPs the pass
+    # saves outnumber the probes' calls of fn
     if not all(p._sample_candidate(q) == b for q in p.checked):
         return None
     if m - m // b < (b + 1) * sum(1 for q in p.checked if not p.samples_probed(q)):
@@ -192,14 +161,10 @@ def output_samples(p, k) -> int | None:
 
 
 def first_pass_by_samples(p, k, inputs):
-    """The first pass's rows with one VJP per element position of a sample: its cotangent
-    is 1 at that position in every sample, and each sample's inputs get that sample's row
-    (unsigned, so that every bit, zeros' signs too, is what a one-hot VJP would give a
-    backward that keeps the samples apart). ``None`` where the samples are not
-    independent. The VJPs are batched or looped as the pass by columns would take them.
-
-    Entries between different samples are taken as zero: the second pass, which compares
-    whole gradients with these rows, is what would see a backward that is not."""
+    """The first pass's rows by one VJP per element position, 1 at it in every sample, or
+    ``None`` where the samples are not independent. Unsigned, so that every bit, zeros'
+    signs too, is a one-hot VJP's; entries between samples are taken as zero (the second
+    pass, comparing whole gradients, would see a backward that mixes samples)."""
     be, out = p.be, p.outputs[k]
     b = output_samples(p, k)
     if b is None:
@@ -229,9 +194,8 @@ def first_pass_by_samples(p, k, inputs):
             batched.append((c0, c1))
         write(cols, c0, c1)
     if batched and p._vjp_batched is False:
-        # the loop won after these blocks were batched to price it: one VJP per position
-        # again, so that the second pass (one VJP per column, or coloured) can reproduce
-        # the whole pass bit for bit where the backward keeps the samples apart
+        # the loop won after these blocks were batched to price it: looped again, so that
+        # the second pass can reproduce the whole pass bit for bit
         for c0, c1 in batched:
             write(looped_columns(p, k, c0, c1, inputs, merged), c0, c1)
     p.run.engine_log.append(EngineEvent("vjp", "by samples", None, figures={"samples": b}))
@@ -239,19 +203,14 @@ def first_pass_by_samples(p, k, inputs):
 
 
 def exact_second_pass(p, k, inputs, blocks, how=None) -> tuple[list | None, bool]:
-    """The reentrancy pass column by column, each block computed as the first pass
-    computed it (``how``: its ``(c0, c1, looped)`` blocks), so that a deterministic
-    backward reproduces it bit for bit: a batched VJP and one VJP per column may round
-    differently, which ``nondet_tol = 0`` would take for a backward that is not
-    reentrant. Without ``how`` (a first pass by samples) the blocks are chosen anew, and
-    where every one was computed one VJP per column, as the reference engine computes
-    its first pass, their rows (per input, ``(m, n)``) are returned; else ``None``.
+    """The reentrancy pass column by column, each block computed as ``how`` says the first
+    was (batched and looped VJPs may round differently, which ``nondet_tol = 0`` would take
+    for a backward that is not reentrant); returns ``(exact rows or None, corrected)``.
 
-    A first pass by samples computed its columns differently (merged cotangents, some
-    blocks batched while the loop was priced), so a block that differs from it is
-    computed once more, as this pass computed it: only where those two differ is the
-    backward not reentrant. Where they agree, the block's rows replace the first pass's
-    (theirs are the exact Jacobian) and the second value returned is True."""
+    Without ``how`` (a pass by samples, computed differently) a block that differs is
+    computed once more: only if those two differ is the backward not reentrant, else they
+    replace the first pass's rows (``corrected``); its exact rows are returned where every
+    block was computed one VJP per column."""
     m = p.be.numel(p.outputs[k])
     by_samples = how is None
     if by_samples:
@@ -295,8 +254,7 @@ def columns_as_computed(p, k, c0, c1, inputs, looped):
 
 
 def differ(p, first, second) -> bool:
-    """Whether two passes' rows of one column block (per input) differ by more than
-    ``nondet_tol``."""
+    """Whether two passes' rows of one column block differ by more than ``nondet_tol``."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, quietly
         return any(a.size and np.max(np.abs(a - b)) > p.opts.nondet_tol for a, b in zip(first, second))
 
@@ -323,7 +281,6 @@ def coloured_second_pass(p, k, inputs, blocks) -> bool:
     for colour, members in by_colouring.values():
         n_colours = int(colour.max()) + 1
         signs = rng.choice(np.array([-1.0, 1.0]), size=m)
-        # as many colour classes per batched VJP as the memory budget allows
         for c0, c1 in column_blocks(p, n_colours, n_in):
             if not coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1):
                 p.run.engine_log.append(EngineEvent("vjp", "column by column", None, "coloured second pass differs"))
@@ -364,16 +321,14 @@ def coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1)
 
 
 def projection_vjps(p):
-    """``vjps(k, stacked, count)`` for the forward-mode path's few cotangents: batched,
-    unless a batched VJP failed."""
+    """``vjps(k, stacked, count)`` for the forward-mode path: batched unless batching failed."""
     return lambda k, stacked, count: vjps_of(p, k, stacked, count, batched=p._vjp_batched is not False)
 
 
 def unless_batching_fails(p, call, *args):
     """``call(*args)`` (a batched VJP), or ``None`` where the backward cannot run batched
-    (an op without a batching rule, a custom Function that is not vmappable): its VJPs
-    are then computed one at a time from now on, as the reference engine computes them,
-    and a backward that fails outright fails there too."""
+    (no batching rule, a Function that is not vmappable): the VJPs are then looped from
+    now on, where a backward that fails outright fails again."""
     try:
         return call(*args)
     except EngineFallback:
@@ -387,8 +342,8 @@ def unless_batching_fails(p, call, *args):
 
 
 def vjps_of(p, k, stacked, count, batched=None) -> list:
-    """VJPs of output ``k`` with each of ``count`` stacked cotangents, batched or looped
-    as the first pass found cheaper (or as ``batched`` says, unless batching fails)."""
+    """VJPs of output ``k`` with ``count`` stacked cotangents, batched or looped as the first
+    pass found cheaper, or as ``batched`` says."""
     if batched is None:
         batched = p._vjp_batched is not False
     try:
