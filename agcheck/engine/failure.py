@@ -1,20 +1,14 @@
 """A failing dense check decided by the batched engine, at about the cost of a pass.
 
-When the batched rows of a check disagree with its analytical Jacobian, the reference
-engine used to compute every row and column again one element at a time, so that its
-verdict and torch's message were its own. Here the engine keeps every row it computed
-and hands the reference engine whole Jacobians instead, after making sure they lead it
-to the verdict and message it would reach alone:
+The engine hands the reference engine whole Jacobians that lead it to the verdict and
+message it would reach alone:
 
 * the first failing (output, input) block in torch's order is found on the batched
-  numbers, and its worst entry (in the row block seen to differ, when that is in this
-  block) is computed again as the reference engine computes it (the input element's row
-  by plain calls, the output element's column by one VJP); the failure counts only if an
-  entry computed so on both sides still fails;
-* every row and column of that block that the message prints (all of them, unless the
-  framework's printing summarises the block to its edges) is computed exactly too;
-* with these exact numbers in place, the first failing block in torch's order must still
-  be that block, else the reference engine decides as before.
+  numbers; its worst entry is computed again as the reference engine computes it (row by
+  plain calls, column by one VJP), and the failure counts only if it still fails;
+* every row and column of that block that the message prints is computed exactly too;
+* with these in place, the first failing block must still be that block, else the
+  reference engine decides alone.
 
 Blocks before it pass on the batched numbers, as a passing check does."""
 from __future__ import annotations
@@ -29,17 +23,14 @@ __all__ = ["may_decide", "whole_numerical", "decide", "decide_forward"]
 
 
 def may_decide(p) -> bool:
-    """Whether a mismatch of this problem can be decided here: whole numerical Jacobians
-    fit the memory budget (:attr:`Problem.keep_rows`) and every floating output is real
-    (the check's pieces are: a complex output's message splits it in parts). Complex
-    inputs are decided as real ones: a row moves an element along both axes, a column is
-    one VJP, each computed as the reference engine computes it."""
+    """Whether a mismatch can be decided here: whole numerical Jacobians fit the memory
+    budget and every floating output is real (a complex output's message splits it in
+    parts; complex inputs are decided as real ones)."""
     return p.keep_rows and not any(p.be.is_complex(p.outputs[k]) for k in p.floats)
 
 
 def whole_numerical(p) -> dict | None:
-    """``{input position: {output position: (n, m) NumPy rows}}`` from the run's rows, or
-    ``None`` unless every checked input's rows are all kept."""
+    """``{q: {k: (n, m) NumPy rows}}`` from the kept rows, or ``None`` unless all are kept."""
     whole = {}
     for q in p.checked:
         kept = p.kept_rows(q)
@@ -50,14 +41,10 @@ def whole_numerical(p) -> dict | None:
 
 
 def decide(p, diff, analytical, where, exact_columns) -> Outcome | None:
-    """The undecided outcome that hands the reference engine whole Jacobians leading it to
-    its own verdict and message (see the module's docstring), or ``None`` when the
-    mismatch is not confirmed that way.
-
-    ``analytical`` is ``{output position: [DenseBlock per checked input]}``, reentrancy
-    checked; ``where`` is ``(input position, output position, start, stop)``, the kept
-    row block seen to differ; ``exact_columns(k, c0, c1)`` computes output ``k``'s
-    columns ``c0:c1`` one VJP each (per checked input, ``(n, c1 - c0)``)."""
+    """The undecided outcome handing the reference engine whole Jacobians, or ``None`` where
+    the mismatch is not confirmed. ``analytical``: ``{k: [DenseBlock per input]}``;
+    ``where``: ``(q, k, start, stop)`` of the row block seen to differ;
+    ``exact_columns(k, c0, c1)``: output ``k``'s columns ``c0:c1`` one VJP each."""
     be, run = p.be, p.run
     numerical = whole_numerical(p)
     if numerical is None:
@@ -91,16 +78,9 @@ def decide(p, diff, analytical, where, exact_columns) -> Outcome | None:
 
 
 def decide_forward(p, diff, jvp_rows, where) -> Outcome | None:
-    """:func:`decide` for a forward-mode check: the undecided outcome that hands the
-    reference engine whole Jacobians (numerical rows, and JVP rows as
-    ``{input index: [per floating output matrix]}``) leading it to its own verdict and
-    message, or ``None`` when the mismatch is not confirmed so.
-
-    In forward mode both sides are computed by rows (an input element moved, one JVP
-    along it), so the entries the message prints are exact once the printed rows (and
-    the worst entry's) are computed as the reference engine computes them, on both sides.
-    ``jvp_rows`` holds the JVP rows per input index (an :class:`InputRows` keyed by
-    floating output index), as batched; ``where`` the row block seen to differ."""
+    """:func:`decide` in forward mode, ``jvp_rows`` an :class:`InputRows` per input index.
+    Both sides are rows there, so the printed entries are exact once the printed rows (and
+    the worst entry's) are computed as the reference engine computes them."""
     be, run, opts = p.be, p.run, p.run.opts
     numerical = whole_numerical(p)
     analytical = _whole_jvp_rows(p, jvp_rows)
@@ -142,8 +122,8 @@ def _confirmed(run, i, j, exact_rows, exact_columns) -> None:
 
 
 def _worst_entry(p, a, n, where, block) -> tuple[int, int]:
-    """``(row, column)`` of the entry of ``a`` (against ``n``) exceeding ``atol + rtol |n|``
-    the most (any NaN first), within the row block seen to differ where it is ``block``'s."""
+    """``(row, column)`` of the entry of ``a`` exceeding ``atol + rtol |n|`` the most (NaN
+    first), within the row block seen to differ where it is ``block``'s."""
     start, stop = where[2:] if block == where[:2] else (0, a.shape[0])
     opts = p.run.opts
     with np.errstate(invalid="ignore", over="ignore"):
@@ -154,8 +134,7 @@ def _worst_entry(p, a, n, where, block) -> tuple[int, int]:
 
 
 def _compute_exact_rows(p, q, rows, numerical, exact_rows) -> None:
-    """Input ``q``'s ``rows`` not yet exact, computed as the reference engine computes them,
-    in place in ``numerical``."""
+    """Input ``q``'s ``rows`` not yet exact, computed exactly into ``numerical``."""
     for start, stop in _runs([x for x in rows if not exact_rows[q][x]]):
         for s, e, computed in p.rows_element_by_element(q, start, stop):
             for k in p.floats:
@@ -164,8 +143,8 @@ def _compute_exact_rows(p, q, rows, numerical, exact_rows) -> None:
 
 
 def _compute_exact_jvps(p, j, rows, analytical, exact_jvps) -> bool:
-    """Input ``p.checked[j]``'s JVP ``rows``, computed as the reference engine computes them,
-    in place in ``analytical``; False where the outputs changed."""
+    """Input ``p.checked[j]``'s JVP ``rows``, computed exactly into ``analytical``; False
+    where the outputs changed."""
     be, opts = p.be, p.run.opts
     for s, e in _runs(rows):
         exact = p.run.user_errors.call(jac.analytical_rows_forward, be, p.fn, p.args, p.checked, j, range(s, e),
@@ -179,8 +158,8 @@ def _compute_exact_jvps(p, j, rows, analytical, exact_jvps) -> bool:
 
 
 def _overlay_exact_columns(p, diff, analytical) -> dict:
-    """Lays the columns the engine computed as the reference engine does over the
-    ``analytical`` Jacobians (in place); per output, which columns are so exact."""
+    """The exact columns the engine computed, laid over ``analytical``; per output, which
+    columns are exact."""
     exact_cols = {k: np.zeros(p.be.numel(p.outputs[k]), dtype=bool) for k in diff}
     for k, (ranges, rows) in (p.exact_analytical() or {}).items():
         for c0, c1 in ranges if k in exact_cols else ():
@@ -191,13 +170,12 @@ def _overlay_exact_columns(p, diff, analytical) -> dict:
 
 
 def _exact_rows(p) -> dict:
-    """Per input, which of its kept rows were computed as the reference engine computes them."""
+    """Per input, which of its kept rows are exact."""
     return {q: p.kept_rows(q).exact.copy() for q in p.checked}
 
 
 def _whole_jvp_rows(p, jvp_rows: dict) -> dict | None:
-    """``{input index: [per floating output (n, m) NumPy matrix]}`` from the kept JVP
-    rows, or ``None`` unless every row was kept."""
+    """``{j: [(n, m) NumPy rows per floating output]}``, or ``None`` unless every row was kept."""
     whole = {}
     for j in range(len(p.checked)):
         rows = jvp_rows[j].numpy() if j in jvp_rows else None
@@ -213,10 +191,8 @@ def _unconfirmed(run, why: str) -> None:
 
 
 def _first_failing(p, diff, analytical, numerical, where) -> tuple[int, int] | None:
-    """``(output index, input index)`` of the first block in torch's order whose
-    Jacobians (``analytical(i, j)``, ``numerical[q][k]``) differ (torch's rule, as the
-    engine's passes apply it): blocks of the inputs that :attr:`Problem.passed` agree, the block of
-    ``where`` differs, the others are compared."""
+    """``(output index, input index)`` of the first block in torch's order that differs:
+    the inputs in ``p.passed`` agree, ``where``'s block differs, the others are compared."""
     opts = p.run.opts
     for i, k in enumerate(diff):
         for j, q in enumerate(p.checked):
@@ -227,8 +203,8 @@ def _first_failing(p, diff, analytical, numerical, where) -> tuple[int, int] | N
 
 
 def _moved_first_failing(p, diff, analytical, numerical, failing, rows, cols) -> bool:
-    """Whether a block before ``failing`` in torch's order fails once ``rows`` of its
-    input and ``cols`` of its output are computed again: the other blocks sharing them."""
+    """Whether a block before ``failing`` in torch's order, sharing its ``rows`` or ``cols``,
+    fails once they are computed again."""
     opts, (i, j) = p.run.opts, failing
     k, q = diff[i], p.checked[j]
     for before in diff[:i]:
