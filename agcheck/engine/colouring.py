@@ -1,5 +1,4 @@
-"""Colourings and sign patterns for coloured differences (:mod:`agcheck.engine.coloured`):
-plain NumPy over index arrays, no function evaluated."""
+"""Colourings and sign patterns for coloured differences: NumPy over index arrays."""
 from __future__ import annotations
 
 import math
@@ -8,7 +7,6 @@ import numpy as np
 
 __all__ = ["SIGN_SEED", "bits_for", "index_signs", "rank_in_class", "colour_columns"]
 
-#: the seed of the random sign patterns
 SIGN_SEED = 8191
 
 
@@ -45,9 +43,9 @@ def _valid_colouring(colour, rows, cols) -> bool:
 
 
 def colour_columns(rows, cols, n_cols, limit):
-    """A colouring of the input elements ``cols`` such that no output element (``rows``)
-    meets two of one colour (``None``: more than ``limit`` colours needed): strided (index
-    modulo, or divided by, the widest row: banded and blocked patterns), else greedy."""
+    """A colouring of the input elements ``cols`` such that no output element (``rows``) meets
+    two of one colour, or ``None`` past ``limit`` colours: strided (fits banded and blocked
+    patterns), else greedy."""
     if not len(rows):
         return np.zeros(n_cols, dtype=np.int64)
     width = int(np.bincount(rows).max())

@@ -1,7 +1,5 @@
-"""The slow-mode engine in forward mode: numerical rows (batched or looped, as
-:class:`~agcheck.engine.rows.Problem` plans them) against batched JVP rows, block by block
-within the batch memory; a mismatch seen with every row at hand is decided from them
-(:func:`failure.decide_forward`)."""
+"""The slow-mode engine in forward mode: numerical rows against batched JVP rows, block by
+block within the batch memory."""
 from __future__ import annotations
 
 import functools
@@ -17,9 +15,7 @@ __all__ = ["compare_slow_forward"]
 
 
 def compare_slow_forward(run, piece, dear_calls: bool = False) -> Outcome:
-    """Slow-mode forward check of one piece, batched by input rows: passed, or undecided
-    with a reason; ``dear_calls`` as :func:`~agcheck.engine.batched.compare_slow_reverse`
-    takes it."""
+    """Slow-mode forward check of one piece: passed, or undecided with a reason."""
     p = None
     try:
         _require_dense(run.be, piece.args)
@@ -56,22 +52,21 @@ def _jvp_signed(p, j, signs) -> list:
 def _forward(run, p, diff) -> None:
     be = run.be
     fn, args, checked = p.fn, p.args, p.checked
-    # every row computed is kept where a failure can be decided from them: the first row
-    # block that differs ends the comparison, not the rows
+    # where a failure can be decided from the rows, the first block that differs ends the
+    # comparison but not the rows
     decidable = failure.may_decide(p)
-    jvp_rows, differs = {}, None  # per input index, its JVP rows (where decidable)
+    jvp_rows, differs = {}, None
     for j, q in enumerate(checked):
         probe = None
         if q not in p.remembered and not p.batched_ok(q) and be.numel(args[q]):
-            # a batched JVP first: if it fails (random ops or ops without a batching rule
-            # under vmap), it fails before a looped numerical side that the reference
-            # engine would compute again
+            # a batched JVP that fails (random ops, no batching rule) fails before a looped
+            # numerical side that the reference engine would compute again
             probe = be.jvp_rows(fn, args, checked, j, [0])
         for chunk in p.numerical_row_chunks(q):  # fn's calls run one frame below this one
             for s, e, rows in _jvp_blocks(p, q, chunk):
                 # a one-element input's rows are the probe's: its jvp runs once, as in torch
                 analytical = probe if probe is not None and (s, e) == (0, 1) else \
-                    be.jvp_rows(fn, args, checked, j, list(range(s, e)))  # one batched JVP
+                    be.jvp_rows(fn, args, checked, j, list(range(s, e)))
                 probe = None
                 _keep_jvp_rows(p, analytical, decidable, jvp_rows, j, q, s, e)
                 if differs is None:
@@ -83,8 +78,8 @@ def _forward(run, p, diff) -> None:
 
 
 def _keep_jvp_rows(p, analytical, decidable, jvp_rows, j, q, s, e) -> None:
-    """Check the JVP rows ``s:e`` of input ``q`` (one per floating output, of the
-    outputs' kinds) and, where ``decidable``, keep them (undefined ones as zeros)."""
+    """Check the JVP rows ``s:e`` of input ``q`` and, where ``decidable``, keep them
+    (undefined ones as zeros)."""
     be = p.be
     if len(analytical) != len(p.floats):
         raise EngineFallback("outputs changed")
@@ -100,8 +95,8 @@ def _keep_jvp_rows(p, analytical, decidable, jvp_rows, j, q, s, e) -> None:
 
 
 def _block_differs(p, diff, analytical, rows, decidable, where):
-    """``(input, output, first row, end row)`` of the first output whose JVP rows differ
-    from the numerical rows of block ``where`` (input, first row, end row), else None."""
+    """``(input, output, start, stop)`` of the first output whose JVP rows differ from the
+    numerical rows of block ``where`` (input, start, stop), else None."""
     be, opts = p.be, p.opts
     q, s, e = where
     for i, k in enumerate(diff):
@@ -117,11 +112,9 @@ def _block_differs(p, diff, analytical, rows, decidable, where):
 
 
 def _jvp_blocks(p, q, chunk):
-    """The numerical row block ``chunk`` of input ``q``, cut into the blocks one batched
-    JVP computes within the batch memory at the memory the shapes imply for a row
-    (:meth:`Problem.chunk_rows`): rows computed one element at a time come in one block
-    of any size, and a JVP of them all at once would hold every tangent and its
-    intermediates."""
+    """The numerical row block ``chunk`` of input ``q`` cut into blocks one batched JVP
+    computes within the batch memory (rows computed element by element come in one block
+    of any size)."""
     be = p.be
     n = be.numel(p.args[q])
     estimate = columns.derivative_row_bytes(p, n)
