@@ -1,12 +1,10 @@
 """Coloured differences: a Jacobian's entries from a few dozen evaluations.
 
 Input elements that never meet in an output element form a colour class and move together
-(Curtis, Powell and Reid), each by ``+h`` or ``-h`` by sign patterns (all ``+``, one per bit
-of its rank in the class, random ones): an output's quotient is then the entry of the one
-element it depends on, under every pattern, where a stray entry ``e`` summed into ``a``
-shows as ``a + e`` under one and ``a - e`` under another. One colour where each output
-element depends on at most one input element, found by probing (elementwise, reshapes,
-indexing; the analytical side is compressed alike); else the colouring of the analytical
+(Curtis, Powell and Reid), each by ``+h`` or ``-h`` under several sign patterns, so that a
+stray entry ``e`` summed into ``a`` shows as ``a + e`` under one and ``a - e`` under another.
+One colour where each output element depends on at most one input element, found by
+probing (the analytical side is compressed alike); else the colouring of the analytical
 Jacobian's pattern. These paths only pass checks: the exact engines decide the rest.
 """
 from __future__ import annotations
@@ -52,8 +50,7 @@ def _small(values, bound) -> bool:
 
 
 def _disagreement(n_entries, a_entries, opts, numerical_strays, analytical_strays) -> str:
-    """Why the entries read off under every sign pattern (``(patterns, entries)``) do not
-    establish a pass, or ``""``."""
+    """Why the entries read off under every sign pattern do not establish a pass, or ``""``."""
     if not allclose_like_torch(a_entries, n_entries, opts.rtol, opts.atol):
         return "entries differ"
     if not _small(numerical_strays, opts.atol):
@@ -66,9 +63,9 @@ def _disagreement(n_entries, a_entries, opts, numerical_strays, analytical_stray
 
 
 def _read_off(compressed, colour, signs, own, other):
-    """``(entries, strays)`` of ``compressed`` ``(patterns, colours, size)``, signed classes of
-    ``own`` elements: each entry ``(own[i], other[i])`` unsigned, and sums where none is."""
-    c = 0 if colour is None else colour[own]  # None: one colour
+    """``(entries, strays)`` of ``compressed`` ``(patterns, colours, size)``: each entry
+    ``(own[i], other[i])`` unsigned, and the sums where no entry is."""
+    c = 0 if colour is None else colour[own]
     entries = compressed[:, c, other] * signs[:, own]
     expected = np.zeros(compressed.shape[1:], dtype=bool)
     expected[c, other] = True
@@ -99,9 +96,8 @@ def _attempt(p, path: str, decide, *args) -> bool:
 
 def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
     """``{k: NumPy array}``: ``fn`` at ``n_rows`` moves of ``args[q]`` (``move_rows(start, stop,
-    as_deltas)``: flat NumPy rows, the moved input or the move), a row per move or per
-    ``group`` that ``reduce`` combines; in batches within the batch memory, or one plain
-    call each where ``args[q]`` cannot be batched."""
+    as_deltas)``), a row per move or per ``group`` that ``reduce`` combines; batched, or one
+    plain call each where ``args[q]`` cannot be batched."""
     be, x = p.be, p.args[q]
     per_row = (be.numel(x) + p.out_numel) * p.itemsize * _COPY_FACTOR
     size = max(group, p.batch_bytes // max(per_row, 1) // group * group)
@@ -120,8 +116,8 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
 
 
 def _differences(p, q, colour, n_colours, signs, outputs) -> dict:
-    """``{k: (patterns, n_colours, m)}``: quotients of ``fn`` along each colour class of ``args[q]``
-    moved by each sign pattern (``signs``: ``(patterns, n)``); a complex input's on both axes."""
+    """``{k: (patterns, n_colours, m)}``: quotients of ``fn`` along each colour class of
+    ``args[q]`` moved by each sign pattern; a complex input's on both axes."""
     stencil, eps = p.run.stencil, p.run.eps_for(p.args[q])
     xs = p.be.to_numpy(p.args[q]).reshape(-1)
     points = len(stencil.offsets)
@@ -131,7 +127,7 @@ def _differences(p, q, colour, n_colours, signs, outputs) -> dict:
         o = o.reshape(-1, points, o.shape[-1])
         return stencil.combine([o[:, i] for i in range(points)], eps)
 
-    # _evaluate is called from this frame (fn's calls one frame below it)
+    # called from this frame, not through a helper: fn's calls one frame below it
     rows = _evaluate(p, q, _signed_moves(xs, stencil, eps, colour, n_colours, signs), n_rows, outputs, reduce, points)
     if np.iscomplexobj(xs):
         imag = _evaluate(p, q, _signed_moves(xs, stencil, eps * 1j, colour, n_colours, signs), n_rows, outputs,
@@ -145,9 +141,8 @@ def _signed_moves(xs, stencil, step, colour, n_colours, signs):
     points, offsets = len(stencil.offsets), np.asarray(stencil.offsets)
 
     def move_rows(start, stop, as_deltas):
-        # row i: sign pattern i // (C P), colour (i // P) % C, stencil point i % P; that
-        # colour's elements move by +h or -h as the sequential perturbation moves one
-        # (x + (-h) is x - h to the bit), the others stay
+        # row i: sign pattern i // (C P), colour (i // P) % C, stencil point i % P; moves of
+        # +h or -h as the reference engine's (x + (-h) is x - h to the bit)
         i = np.arange(start, stop)
         m = offsets[i % points]
         h = np.where(np.abs(m) == 1, step, np.abs(m) * step).astype(xs.dtype)[:, None]
@@ -173,8 +168,8 @@ class _Pattern:
 
 
 def _probe(p, q, outputs) -> dict:
-    """``{k: _Pattern}`` for ``args[q]``, found by moving each half of its elements by
-    index bit; raises :class:`Declined` where an output element depends on several."""
+    """``{k: _Pattern}`` for ``args[q]``, found by moving each half of its elements by index
+    bit; :class:`Declined` where an output element depends on several."""
     xs = p.be.to_numpy(p.args[q]).reshape(-1)
     n = len(xs)
     step = _PROBE_STEP * np.maximum(np.abs(xs), 1.0)
@@ -206,7 +201,7 @@ def _probe(p, q, outputs) -> dict:
 
 
 def try_compressed_reverse(p, checked, diff) -> bool:
-    """Whether a slow reverse-mode comparison passed by compressed differences (else the exact engine decides)."""
+    """Whether a slow reverse-mode check passed by compressed differences."""
     be = p.be
     entries = sum(be.numel(p.args[q]) for q in checked) * sum(be.numel(p.outputs[k]) for k in diff)
     return entries >= MIN_ENTRIES and _attempt(p, "compressed", _compressed_reverse, p, checked, diff)
@@ -239,9 +234,10 @@ def _compressed_output(p, k, checked, patterns, numerical, col_signs, row_signs)
     vjps = {}
     for j, q in enumerate(checked):
         pat = patterns[q][k]
-        if pat.colour.tobytes() not in vjps:
-            vjps[pat.colour.tobytes()] = [_compressed_vjps(p, k, checked, pat, row_signs) for _ in range(2)]
-        first, second = (v[j] for v in vjps[pat.colour.tobytes()])
+        key = pat.colour.tobytes()
+        if key not in vjps:
+            vjps[key] = [_compressed_vjps(p, k, checked, pat, row_signs) for _ in range(2)]
+        first, second = (v[j] for v in vjps[key])
         with np.errstate(invalid="ignore", over="ignore"):
             if first.size and np.max(np.abs(first - second)) > p.opts.nondet_tol:
                 return "backward not reentrant"
@@ -254,8 +250,8 @@ def _compressed_output(p, k, checked, patterns, numerical, col_signs, row_signs)
 
 
 def _reverse_worth_it(p, checked, diff, patterns, n_patterns) -> bool:
-    """Compressed work (evaluations plus VJPs) ``_MIN_SAVING`` times below the exact
-    engine's, its largest batch of cotangents within the memory budget."""
+    """Compressed work ``_MIN_SAVING`` times below the exact engine's, its largest batch of
+    cotangents within the memory budget."""
     be = p.be
     points = len(p.run.stencil.offsets) * (2 if any(be.is_complex(p.args[q]) for q in checked) else 1)
     exact = sum(2 * be.numel(p.args[q]) for q in checked) + 2 * sum(be.numel(p.outputs[k]) for k in diff)
@@ -272,7 +268,7 @@ def _reverse_worth_it(p, checked, diff, patterns, n_patterns) -> bool:
 
 def _compressed_vjps(p, k, checked, pat, signs) -> list:
     """Per checked input, ``(patterns, colours, n)``: VJPs of the signed colour classes of
-    output ``k``'s elements, batched where the check's VJPs are (``Problem._vjp_batched``)."""
+    output ``k``'s elements."""
     be, out = p.be, p.outputs[k]
     n_patterns, m = signs.shape
     count = n_patterns * pat.n_colours
@@ -296,7 +292,7 @@ def _compressed_vjps(p, k, checked, pat, signs) -> list:
 
 def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:
     """:func:`try_compressed_reverse` in forward mode: ``jvp_signed(j, signs)`` gives the JVPs
-    along the signed moves, per floating output an ``(patterns, m)`` NumPy array."""
+    along the signed moves, per floating output a ``(patterns, m)`` NumPy array."""
     be = p.be
     if any(be.is_complex(p.args[q]) for q in checked):
         return False  # forward-mode rows of complex inputs pair two directions: the exact engine's
@@ -335,9 +331,8 @@ def _compressed_forward(p, checked, diff, jvp_signed) -> str:
 
 
 class DenseBlock:
-    """One analytical Jacobian block held whole: ``by_output`` ``(m, n)``, C-contiguous (a
-    block of output columns is written, and its pattern read, without strided copies), and
-    ``by_input`` the ``(n, m)`` view the comparisons use."""
+    """One analytical Jacobian block: ``by_output`` ``(m, n)``, C-contiguous (column blocks
+    are written, and the pattern read, without strided copies); ``by_input`` its transpose."""
 
     def __init__(self, by_output: np.ndarray):
         self.by_output = by_output
@@ -363,12 +358,9 @@ class DenseBlock:
 
 
 def try_from_analytical(p, checked, diff, analytical, decidable=False) -> bool:
-    """Whether the numerical side, by coloured differences (inputs that cannot be coloured:
-    exact rows), matched the analytical Jacobian ``analytical[k][j]`` (a
-    :class:`DenseBlock`) under every sign pattern. Raises :class:`RowsDiffer` at the first
-    exact row block that differs; where the failure is to be ``decidable`` from the rows
-    (the engine keeps them: ``Problem.keep_rows``), once that input's rows are all
-    computed, and the inputs whose rows agreed are in ``p.passed``."""
+    """Whether the numerical side, coloured (exact rows where an input cannot be), matched
+    ``analytical[k][j]`` under every sign pattern; :class:`RowsDiffer` at the first exact row
+    block that differs (where ``decidable``, once that input's rows are all computed)."""
     return _attempt(p, "coloured", _from_analytical, p, checked, diff, analytical, decidable)
 
 
@@ -406,7 +398,7 @@ def _exact_rows_against(p, q, diff, jac, decidable) -> None:
 
 def _colouring(p, q, diff, jac):
     """``(colour per element of args[q], {k: (input indices, output indices)})`` of the
-    pattern of ``jac``; raises :class:`Declined` where it cannot pay."""
+    pattern of ``jac``; :class:`Declined` where it cannot pay."""
     n = p.be.numel(p.args[q])
     if p.be.is_complex(p.args[q]):
         raise Declined("not compressible: complex input")
@@ -424,8 +416,7 @@ def _colouring(p, q, diff, jac):
 
 
 def _coloured_input(p, q, diff, jac) -> str:
-    """Input ``q``'s rows by coloured differences against ``jac``: ``""`` when every entry
-    matched, else the disagreement."""
+    """Input ``q``'s rows by coloured differences against ``jac``: ``""``, or the disagreement."""
     colour, entries = _colouring(p, q, diff, jac)
     n, n_colours = len(colour), int(colour.max()) + 1
     rank = rank_in_class(colour)
