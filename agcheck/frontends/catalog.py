@@ -1,30 +1,11 @@
 """The bundled catalog of functions that the main job (``python -m agcheck``) checks.
 
-Every function is written once against the array API: it takes arrays, finds their
-namespace with ``array_api_compat.array_namespace`` and calls only functions of the
-standard (and its ``linalg`` extension), so the same code runs on torch tensors, JAX
-arrays and NumPy arrays (on TensorFlow and MLX arrays through agcheck's small namespaces,
-:mod:`agcheck.backends.tensorflow_xp` and :mod:`agcheck.backends.mlx_xp`). The exceptions
-are the ``custom`` entries, whose derivatives are hand-written per framework (a
-``torch.autograd.Function``, a ``jax.custom_jvp`` / ``jax.custom_vjp``, a
-``tf.custom_gradient``, an ``mx.custom_function``, a NumPy VJP/JVP): they give one port
-per backend.
-
-An entry a backend cannot check as written names that backend in ``not_on``, with the
-reason (the main job shows the reason, never a silent pass): MLX computes float64 ``sin``,
-``cos`` and ``exp`` at float32 accuracy, has no complex128 and no derivatives of some of
-``mx.linalg``.
-
-Each :class:`Entry` has a name, the function (or its ports), an input builder (shapes,
-dtypes, how the values are drawn and a seed — chosen away from the points where the
-frameworks legitimately differ: kinks, ties, zeros of norms, see docs/crosscheck.md), the
-kinds it belongs to and, for some, hand-written NumPy derivatives (``vjp=``/``jvp=``) so
-that the NumPy backend takes part too.
-
-The entries' machinery is in :mod:`agcheck.frontends.catalog_entry`, the functions and
-their NumPy derivatives in :mod:`agcheck.frontends.catalog_functions`, the framework-specific
-ports in :mod:`agcheck.frontends.catalog_ports`. Importing the catalog imports neither torch
-nor jax: the ports are built on first use.
+Every function is written once against the array API (``array_api_compat.array_namespace``;
+TensorFlow and MLX through :mod:`agcheck.backends.tensorflow_xp` and :mod:`~agcheck.backends.mlx_xp`),
+except the ``custom`` entries, whose hand-written derivatives give one port per backend
+(:mod:`agcheck.frontends.catalog_ports`). Seeds and samplers keep inputs away from the points
+where the frameworks legitimately differ (kinks, ties, zeros of norms: docs/crosscheck.md).
+Importing the catalog imports neither torch nor jax.
 """
 from __future__ import annotations
 
@@ -54,7 +35,8 @@ CATALOG: tuple = (
     _e("sin", "elementwise", [R34], fns.sin, 1, "sin(x)", vjp=fns.sin_vjp, jvp=fns.sin_jvp, not_on=_MLX_F32),
     _e("exp", "elementwise", [R34], fns.exp, 2, "exp(x)", vjp=fns.exp_vjp, jvp=fns.exp_jvp, not_on=_MLX_F32),
     _e("tanh", "elementwise", [R34], fns.tanh, 3, "tanh(x)", vjp=fns.tanh_vjp, jvp=fns.tanh_jvp),
-    _e("log1p", "elementwise", [Arg((3, 4), sample="uniform", low=-0.5, high=2.0)], fns.log1p, 4, "log1p(x), x > -0.5"),
+    _e("log1p", "elementwise", [Arg((3, 4), sample="uniform", low=-0.5, high=2.0)], fns.log1p, 4,
+       "log1p(x), x > -0.5"),
     _e("sqrt", "elementwise", [Arg((3, 4), sample="positive")], fns.sqrt, 5, "sqrt(x), x > 0"),
     _e("pow", "elementwise", [Arg((3, 4), sample="positive"), R34], fns.power, 6, "x ** y, x > 0"),
     _e("sigmoid", "elementwise", [R34], fns.sigmoid, 7, "1 / (1 + exp(-x))", vjp=fns.sigmoid_vjp, jvp=fns.sigmoid_jvp,
@@ -73,8 +55,8 @@ CATALOG: tuple = (
     # linear algebra
     _e("matmul", "linalg", [R34, Arg((4, 3))], fns.matmul, 30, "a @ b", vjp=fns.matmul_vjp, jvp=fns.matmul_jvp),
     _e("matrix_norm", "linalg", [R34], fns.matrix_norm, 31, "Frobenius norm"),
-    _e("vector_norm", "linalg", [Arg((3, 4), sample="nonzero")], fns.vector_norm, 32, "2-norm of each row, away from 0",
-       vjp=fns.vector_norm_vjp, jvp=fns.vector_norm_jvp),
+    _e("vector_norm", "linalg", [Arg((3, 4), sample="nonzero")], fns.vector_norm, 32,
+       "2-norm of each row, away from 0", vjp=fns.vector_norm_vjp, jvp=fns.vector_norm_jvp),
     _e("det", "linalg", [Arg((3, 3), sample="well_conditioned")], fns.det, 33, "det(a), well conditioned"),
     _e("inv", "linalg", [Arg((3, 3), sample="well_conditioned")], fns.inv, 34, "inv(a), well conditioned",
        not_on=_MLX_NO_D),
@@ -129,10 +111,8 @@ def by_name() -> dict:
 
 
 def select(names, entries=CATALOG) -> list:
-    """The entries named in ``names`` (entry names or kind names), in catalog order.
-
-    Raises ``KeyError`` listing the names that match nothing.
-    """
+    """The entries named in ``names`` (entry or kind names), in catalog order; a ``KeyError``
+    lists the names that match nothing."""
     wanted = [n.strip() for n in names if n.strip()]
     unknown = [n for n in wanted if n not in KINDS and all(e.name != n for e in entries)]
     if unknown:

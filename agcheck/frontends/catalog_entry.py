@@ -1,7 +1,5 @@
-"""What a catalog entry is: its arguments (:class:`Arg`: shape, dtype, how the values are
-drawn) and the entry itself (:class:`Entry`: the function or its ports, the backends it
-runs on and why not elsewhere).
-"""
+"""A catalog entry (:class:`Entry`: the function or its ports, where it runs and why not
+elsewhere) and its arguments (:class:`Arg`: shape, dtype, how the values are drawn)."""
 from __future__ import annotations
 
 import math
@@ -87,7 +85,7 @@ class Arg:
 
 @dataclass(frozen=True)
 class Entry:
-    """One catalog function.
+    """One catalog function (fields below).
 
     name : str
         Unique, and not a kind name (``--only`` takes both).
@@ -96,22 +94,17 @@ class Entry:
     args : tuple of Arg
         The positional arguments; :meth:`inputs` draws them from ``seed``.
     fn : callable
-        The function, written against the array API (for ``custom`` entries: the plain
-        forward computation, which the NumPy backend runs).
+        Written against the array API (for ``custom`` entries: the plain forward, run by NumPy).
     ports : callable, optional
-        ``ports(backend_name) -> callable`` for entries with framework-specific code
-        (hand-written derivatives); ``None`` for an unsupported backend.
+        ``ports(backend) -> callable or None``, for framework-specific (hand-written) derivatives.
     vjp, jvp : callable, optional
-        Hand-written derivatives of ``fn`` for the NumPy backend (torch's complex
-        convention; see docs/numpy.md). The NumPy backend checks only entries that have them.
+        Hand-written derivatives for the NumPy backend (torch's complex convention,
+        docs/numpy.md); the NumPy backend checks only entries that have them.
     reverse_only : frozenset of str
-        Backends on which only reverse mode is checked (e.g. a ``jax.custom_vjp`` has no
-        forward mode).
+        Backends checked in reverse mode only (a ``jax.custom_vjp`` has no forward mode).
     not_on : tuple of (str, str)
-        ``(backend, reason)`` pairs: the backends that cannot check ``fn`` as written, and
-        why (TensorFlow refuses mixed real/complex arithmetic through Python's operators;
-        MLX computes float64 ``exp`` at float32 accuracy). Entries with a complex128
-        argument are also excluded on MLX (:meth:`exclusion`).
+        ``(backend, reason)``: backends that cannot check ``fn`` as written (complex128
+        entries are also excluded on MLX, see :meth:`exclusion`).
     """
 
     name: str
@@ -143,8 +136,7 @@ class Entry:
         return self.fn
 
     def exclusion(self, backend: str) -> str | None:
-        """Why ``backend`` cannot check this entry, though it has an implementation there
-        (``None`` when it can, or has none)."""
+        """Why ``backend`` cannot check this entry though it has an implementation there, or ``None``."""
         for name, reason in self.not_on:
             if name == backend:
                 return reason
