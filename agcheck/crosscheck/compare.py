@@ -116,9 +116,9 @@ def _compare_derivatives(result: CrosscheckResult, quantity: str, by_backend: di
         for key, block in by_backend[base].items():
             other = by_backend[n].get(key)
             if other is None:
-                result.differences.append(Difference(quantity, base, n, key[0], key[1], key[2] if len(key) > 2 else None,
-                                                     ok=False, max_abs=float("inf"),
-                                                     where=f"missing on {n}", note="different shapes"))
+                result.differences.append(Difference(
+                    quantity, base, n, key[0], key[1], key[2] if len(key) > 2 else None, ok=False,
+                    max_abs=float("inf"), where=f"missing on {n}", note="different shapes"))
                 continue
             d = compare(quantity, base, n, key, block, other, result.rtol, result.atol)
             if not d.ok:

@@ -3,8 +3,8 @@ agcheck's own words around them."""
 from __future__ import annotations
 
 __all__ = ["NONDET_HINT", "FAST_MODE_NOTE", "FAST_FAIL_SLOW_OK", "BATCHED_HINT", "BATCHED_FWD_HINT",
-           "UNDEFINED_GRAD_HINT", "REPORT_POINTER", "jacobian_mismatch_message", "complex_part", "not_reentrant_message",
-           "batched_mismatch_message", "message_with_summary"]
+           "UNDEFINED_GRAD_HINT", "REPORT_POINTER", "jacobian_mismatch_message", "complex_part",
+           "not_reentrant_message", "batched_mismatch_message", "message_with_summary"]
 
 NONDET_HINT = (
     "\n\nIf the backward relies on non-deterministic kernels (atomic adds on GPUs, for "

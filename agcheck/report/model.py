@@ -222,7 +222,8 @@ class JacobianBlock:
                 f"{fmt(decode_number(p.get('atol')))}); the blocks below are the slow-mode ones"
             )
         lines.append(
-            f"  {self.mismatches} of {total} {'entry' if total == 1 else 'entries'} outside |analytical - numerical| <= "
+            f"  {self.mismatches} of {total} {'entry' if total == 1 else 'entries'} outside "
+            "|analytical - numerical| <= "
             f"atol + rtol * |numerical| (atol={fmt(self.atol)}, rtol={fmt(self.rtol)})"
         )
         e = self.max_abs_entry
@@ -337,7 +338,8 @@ class FailureReport:
 
     def __repr__(self) -> str:
         kinds = ", ".join(d.kind for d in self.diagnoses) or "none"
-        return f"<FailureReport check={self.check!r} backend={self.backend!r} blocks={len(self.blocks)} diagnoses={kinds}>"
+        return (f"<FailureReport check={self.check!r} backend={self.backend!r} blocks={len(self.blocks)} "
+                f"diagnoses={kinds}>")
 
     def headline(self) -> str:
         first = next((ln.strip() for ln in self.message.splitlines() if ln.strip()), "")
@@ -445,13 +447,12 @@ class FailureReport:
         if ext == ".json":
             with open(path, "w", encoding="utf-8") as f:
                 f.write(self.to_json(indent=1))
-            return path
-        if ext in (".html", ".htm"):
+        elif ext in (".html", ".htm"):
             write_html(self, path)
-            return path
-        if ext == ".png":
+        elif ext == ".png":
             write_png(self, path)
-            return path
-        raise ValueError(f"cannot save a report as {ext or 'a file without extension'!r}: "
-                         "use .html, .png or .json")
+        else:
+            raise ValueError(f"cannot save a report as {ext or 'a file without extension'!r}: "
+                             "use .html, .png or .json")
+        return path
 

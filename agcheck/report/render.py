@@ -189,8 +189,8 @@ def _figure(report, blocks, header: bool):
     for sub, b, k in zip(subfigs, blocks, heights):
         index = next((i for i, rb in enumerate(report.blocks) if rb is b), None)
         kinds = [d.kind for d in report.diagnoses if d.block == index] if len(report.blocks) > 1 else []
-        sub.suptitle(f"{b.title}: block {b.shape[0]} x {b.shape[1]}, {_count(b.mismatches, 'entry', 'entries')} outside tolerance, "
-                     f"max |diff| {b.max_abs_diff:.3g} (worst entry boxed in green)"
+        sub.suptitle(f"{b.title}: block {b.shape[0]} x {b.shape[1]}, {_count(b.mismatches, 'entry', 'entries')} "
+                     f"outside tolerance, max |diff| {b.max_abs_diff:.3g} (worst entry boxed in green)"
                      + (f"; diagnosis: {', '.join(kinds)}" if kinds else ""), x=0.01, ha="left", fontsize=10)
         axes = sub.subplots(k, 3, squeeze=False)
         _draw_block(sub, axes, b)
