@@ -1,10 +1,5 @@
-"""The ``agcheck`` fixture's object and the failure it raises (the pytest plugin,
-:mod:`agcheck.frontends.pytest_plugin`, makes them; nothing here imports a framework).
-
-:class:`AgcheckFixture` runs agcheck's checks with the test run's backend and report
-folder; a failed check becomes an ``AgcheckFailure`` (an ``AssertionError`` and an
-:class:`agcheck.GradcheckError`), whose report is saved once the test has failed.
-"""
+"""The ``agcheck`` fixture's object and the ``AgcheckFailure`` it raises, whose report is
+saved once the test has failed. Imports no framework."""
 from __future__ import annotations
 
 import os
@@ -20,8 +15,7 @@ PLUGIN_MODULE = "agcheck.frontends.pytest_plugin"
 
 
 class AgcheckReportWarning(UserWarning):
-    """A failure report could not be saved in the report folder (the test's outcome is
-    unchanged)."""
+    """A failure report could not be saved (the test's outcome is unchanged)."""
 
 
 class Stash:
@@ -113,17 +107,14 @@ class Pending:
 class AgcheckFixture:
     """What the ``agcheck`` fixture returns.
 
-    The fixture is named after the package and stands in for it: its ``gradcheck``,
-    ``gradgradcheck`` and ``crosscheck`` run the package's functions with the selected
-    backend and turn failures into :class:`AgcheckFailure`; every other public name
-    (``agcheck.GradcheckError``, ``agcheck.numerical_jacobian``, ...) is the package's.
+    It stands in for the package: ``gradcheck``, ``gradgradcheck`` and ``crosscheck`` run
+    with the selected backend and raise :class:`AgcheckFailure`; every other public name
+    (``agcheck.GradcheckError``, ...) is the package's.
 
     Attributes
     ----------
     backend : str or None
-        The selected backend (``None``: inferred from the inputs). A ``backend=`` keyword
-        of a call wins; a check whose inputs are arrays of another framework runs on that
-        framework's backend (see :meth:`backend_for`).
+        The selected backend (``None``: inferred from the inputs); see :meth:`backend_for`.
     report_dir : str or None
         Where reports of failed checks are saved.
     saved : list of str
@@ -186,18 +177,14 @@ class AgcheckFixture:
         return self._call(crosscheck, fn, inputs, kwargs)
 
     def backend_for(self, inputs, **kwargs):
-        """The backend a check of ``inputs`` (with the check's keywords ``kwargs``) runs on.
+        """The backend a check of ``inputs`` with keywords ``kwargs`` runs on (``None``: inferred).
 
         ``kwargs["backend"]`` when given; otherwise the selected backend, unless the inputs
-        are arrays of another framework (that framework's backend then) or the check is given
-        NumPy derivatives (``vjp=``/``jvp=``: the NumPy backend); ``None``: inferred by the
-        check from the inputs.
+        are arrays of another framework or the check is given NumPy derivatives (``vjp=``/``jvp=``).
         """
         if kwargs.get("backend") is not None:
             return kwargs["backend"]
-        if self.backend is None:
-            return None
-        if "vjp" in kwargs or "jvp" in kwargs:
+        if self.backend is None or "vjp" in kwargs or "jvp" in kwargs:
             return None
         from agcheck.backends.registry import canonical_name, infer_backend
 
@@ -230,9 +217,8 @@ class AgcheckFixture:
 
     # -- failures ----------------------------------------------------------------------
     def failure(self, error):
-        """The :class:`AgcheckFailure` for ``error``: its message followed by the report
-        summary (when the message does not already end with it). Within a test the report
-        is saved if the test fails; outside one (no test item), at once."""
+        """The :class:`AgcheckFailure` for ``error``, its message followed by the report summary.
+        Within a test the report is saved if the test fails; outside one, at once."""
         message = str(error)
         report = getattr(error, "report", None)
         summary = ""
@@ -260,9 +246,8 @@ class AgcheckFixture:
         return failure
 
     def save_report(self, report) -> str | None:
-        """Save ``report`` in the report folder now (if one is configured and the report can
-        be saved); the path written, or ``None``. A folder or file that cannot be written
-        is an :class:`AgcheckReportWarning`, never an exception."""
+        """Save ``report`` in the report folder now; the path, or ``None``. A folder or file that
+        cannot be written is an :class:`AgcheckReportWarning`, never an exception."""
         path, _ = self._save(report)
         return path
 

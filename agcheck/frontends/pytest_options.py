@@ -42,8 +42,7 @@ def configured_backends(config) -> list:
 
 
 def configured_report_dir(config) -> str | None:
-    """The report folder (``--agcheck-report-dir`` or the ini setting), absolute; ``None``
-    when none is configured."""
+    """The absolute report folder (``--agcheck-report-dir`` or the ini setting), or ``None``."""
     d = option_value(config, "agcheck_report_dir") or config.getini("agcheck_report_dir") or None
     if d and not os.path.isabs(d):
         d = os.path.join(str(config.invocation_params.dir), d)
@@ -69,8 +68,7 @@ def unknown_choice(kind: str, given: str, known) -> str:
 
 
 def validate_options(config) -> None:
-    """Check every agcheck option and ini setting; a ``pytest.UsageError`` naming the first
-    bad one. Imports agcheck's registry only when a backend or an engine is named."""
+    """A ``pytest.UsageError`` naming the first bad agcheck option or ini setting."""
     names = configured_backends(config)
     if names:
         from agcheck.backends.registry import _ALIASES, available_backends, canonical_name
