@@ -19,22 +19,11 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    """A progress bar with ``start(total, description)``, ``advance(n=1)`` and ``close()``.
+    """A progress bar with ``start(total, description)``, ``advance(n=1)`` and ``close()``: a
+    context manager, restartable after closing, safe to advance from several threads.
 
-    Parameters
-    ----------
-    enabled : bool
-        ``False``: silent, every method does nothing.
-    file : file object, optional
-        Where to draw (default ``sys.stderr``, looked up when the bar starts).
-    transient : bool
-        Remove the bar from the screen when it closes (default ``True``).
-    console : rich.console.Console, optional
-        Draw on this console instead (``file`` is then ignored); lets a caller share one
-        console between the bar and its own output.
-
-    The object is a context manager (``__exit__`` closes it), may be started again after
-    closing, and is safe to advance from several threads.
+    ``enabled=False`` makes every method a no-op; ``file`` (default ``sys.stderr``, looked up
+    at start) is where to draw, unless a rich ``console`` is given to share with the caller.
     """
 
     def __init__(self, enabled: bool = True, *, file=None, transient: bool = True, console=None):

@@ -357,7 +357,7 @@ class FailureReport:
         how to reproduce; at most ``MAX_SUMMARY_LINES`` lines, the blocks cut first."""
         head = [self._header()] + self._diagnosis_lines()
         body = [ln for block in self.blocks for ln in block.summary_lines()]
-        if self.details and not self.blocks:  # the facts of a check without Jacobian blocks
+        if self.details and not self.blocks:
             body.append("  " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}"
                                          for k, v in list(self.details.items())[:8]))
         tail = []

@@ -126,7 +126,7 @@ def _draw_block(fig, axes_rows, block) -> None:
                         light = abs(v) > 0.6 * top if kind == "signed" else v < 0.6 * top
                         ax.text(j, i, f"{v + 0.0:.3g}", ha="center", va="center", fontsize=7,
                                 color="white" if light else "black")
-            for e in block.worst[:1]:  # mark the worst entry
+            for e in block.worst[:1]:
                 _mark(ax, e, fr, fc, max(r, c))
 
 
