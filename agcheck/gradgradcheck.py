@@ -13,7 +13,8 @@ from agcheck.backends.base import Backend
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.errors import GradOutputsError, OutputTypeError
-from agcheck.gradcheck import GRADCHECK_KEYWORDS, all_checks, checking, prepared_run, refuse_misspelt, takes_torchs_func
+from agcheck.gradcheck import (GRADCHECK_KEYWORDS, all_checks, checking, prepared_run, refuse_misspelt,
+                               takes_torchs_func)
 from agcheck.options import GradcheckOptions, GradgradcheckOptions
 
 __all__ = ["gradgradcheck"]
@@ -43,13 +44,15 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
 
     Parameters
     ----------
-    fn, inputs, backend, eps, atol, rtol, raise_exception, nondet_tol, check_undefined_grad, check_grad_dtypes, check_batched_grad, fast_mode, masked
+    fn, inputs, backend, eps, atol, rtol, raise_exception, nondet_tol, check_undefined_grad
+        As in :func:`agcheck.gradcheck`.
+    check_grad_dtypes, check_batched_grad, fast_mode, masked
         As in :func:`agcheck.gradcheck` (``masked`` defaults to ``False`` here, as in torch).
     grad_outputs : array or tuple, optional
-        The cotangents of ``fn``'s differentiable outputs. Those that take part in the
-        check (torch: ``requires_grad=True``) are differentiated with respect to as well.
-        By default random values in [-1, 1) drawn from a private generator (the caller's
-        global RNG state is not touched), requiring grad.
+        The cotangents of ``fn``'s differentiable outputs; those that take part in the check
+        (torch: ``requires_grad=True``) are differentiated with respect to as well. By
+        default random values in [-1, 1), requiring grad, from a private generator (the
+        global RNG is untouched).
     gen_non_contig_grad_outputs : bool
         Make the random ``grad_outputs`` non-contiguous.
     check_fwd_over_rev, check_rev_over_rev : bool
@@ -60,8 +63,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
         random cotangents at every level (``grad_outputs`` give the first level's).
         ``order=1`` is :func:`agcheck.gradcheck`.
     engine, memory_budget, stencil, progress, fast_tolerance
-        Beyond torch, as in :func:`agcheck.gradcheck`; they apply to the check of the
-        VJP.
+        Beyond torch, as in :func:`agcheck.gradcheck`; they apply to the check of the VJP.
     **backend_options
         Keywords of the chosen backend, as in :func:`agcheck.gradcheck`. ``fn`` may also
         be given as ``func=``, torch's name for it.
