@@ -50,12 +50,12 @@ if TYPE_CHECKING:
     from agcheck.backends.registry import available_backends, get_backend, infer_backend, register_backend
     from agcheck.core.matrices import analytical_jacobian, numerical_jacobian
     from agcheck.crosscheck import CrosscheckResult, crosscheck
-    from agcheck.errors import BackendInferenceError, CheckInputError, GradOutputsError, OutputTypeError
+    from agcheck.errors import (BackendInferenceError, CheckInputError, GradcheckError, GradOutputsError,
+                                OutputTypeError)
     from agcheck.frontends.dropin import Patch, check_grads, patch_jax, patch_tensorflow, patch_torch
     from agcheck.gradcheck import CostWarning, gradcheck
     from agcheck.gradgradcheck import gradgradcheck
     from agcheck.options import GradcheckOptions
-    from agcheck.errors import GradcheckError
 
 
 def __getattr__(name: str) -> Any:
@@ -72,9 +72,8 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """The package, whose functions named as their modules (``gradcheck``,
-    ``gradgradcheck``, ``crosscheck``) stay functions when those modules are imported:
-    the import system sets a loaded submodule as an attribute of its package."""
+    """Keeps ``agcheck.gradcheck`` (and the other functions named as their modules) a function
+    when the import system sets the loaded submodule as an attribute of the package."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
