@@ -80,11 +80,13 @@ class CheckContext:
         more = f"; ... ({len(self.inputs) - width} more)" if len(self.inputs) > width else ""
         return "; ".join(shown) + more
 
-    def summary_lines(self, width: int = 240) -> list:
-        where = [f"function {self.function}"] if self.function else ["function not recorded"]
+    def function_text(self) -> str:
+        """``fn``'s name, with its module and source where known."""
         at = ", ".join(x for x in (self.module and f"module {self.module}", self.source) if x)
-        if at:
-            where[0] += f" ({at})"
+        return (self.function or "not recorded") + (f" ({at})" if at else "")
+
+    def summary_lines(self, width: int = 240) -> list:
+        where = ["function " + self.function_text()]
         if self.test:
             where.append(f"test {self.test}")
         lines = ["where: " + ", ".join(where)]

@@ -278,9 +278,7 @@ def _block_view(report, block) -> dict:
 def _context_view(context) -> dict | None:
     if context is None:
         return None
-    function = context.function or "not recorded"
-    at = ", ".join(x for x in (context.module and f"module {context.module}", context.source) if x)
-    facts = [("call", context.call), ("function", function + (f" ({at})" if at else ""))]
+    facts = [("call", context.call), ("function", context.function_text())]
     if context.test:
         facts.append(("test", context.test))
     facts += [("versions", ", ".join(f"{k} {v}" for k, v in context.versions.items())),
