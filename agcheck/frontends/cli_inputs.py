@@ -169,13 +169,9 @@ def make_inputs(specs, backend: str, seed: int = 0) -> tuple:
 
     Make 64-bit JAX inputs (and run the check) inside the backend's ``precision(True)``.
     """
-    import numpy as np
+    from agcheck.frontends.mainjob_checks import convert
 
-    from agcheck.backends.registry import get_backend
-
-    be = get_backend(backend)
-    return tuple(be.from_numpy(a, checked=bool(np.issubdtype(a.dtype, np.inexact)))
-                 for a in numpy_inputs(specs, seed))
+    return convert(numpy_inputs(specs, seed), backend)
 
 
 def needs_double(specs) -> bool:

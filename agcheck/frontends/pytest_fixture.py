@@ -229,7 +229,6 @@ class AgcheckFixture:
                 summary = f"(the failure report could not be summarised: {exc!r})"
         if summary and summary.strip() not in message:
             message = message.rstrip("\n") + "\n\n" + summary
-        path = None
         if self._item is not None:
             failure = failure_type()(message, error=error)
             if self.report_dir and report is not None and hasattr(report, "save"):
