@@ -20,13 +20,9 @@ class EngineFallback(Exception):
 
 #: outputs below this many elements get the second analytical pass column by column
 _MIN_COLOURED_OUTPUTS = 64
-
-
 #: the pass by samples saves ``m - m / B`` VJPs on a pass; a failure may pay ``m / B`` more,
 #: with two samples and a coloured second pass about the ``2 m`` VJPs of torch's checker
 MIN_VJP_SAMPLES = 2
-
-
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the VJPs
 #: of the column-by-column pass (a CNN on a small image needs about half)
 _MAX_COLOUR_SHARE = 2

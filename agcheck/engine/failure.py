@@ -187,7 +187,6 @@ def _whole_jvp_rows(p, jvp_rows: dict) -> dict | None:
 
 def _unconfirmed(run, why: str) -> None:
     run.engine_log.append(EngineEvent("failure", "unconfirmed", None, why))
-    return None
 
 
 def _first_failing(p, diff, analytical, numerical, where) -> tuple[int, int] | None:
