@@ -388,12 +388,13 @@ class Problem(SampleRows):
             for step in (eps, eps * 1j) if be.is_complex(x) else (eps,):  # a loop: no frame above fn's calls
                 outs = self.evaluators[pos](self._element_moves(pos, start, stop, step))
                 parts.append(self._difference_rows(pos, outs, stop - start, eps))
+            seconds = time.thread_time() - started  # before the consumer's work on the chunk
             chunk = start, stop, parts[0] if len(parts) == 1 else {
                 k: be.xp(x).astype(be.plus_imaginary(parts[0][k], parts[1][k]), x.dtype) for k in parts[0]}
             self._keep(pos, chunk, exact=False)
             advance(stop - start)
             yield chunk
-            if timed and stop < n and self._samples_pay(pos, time.thread_time() - started, stop - start, n - stop):
+            if timed and stop < n and self._samples_pay(pos, seconds, stop - start, n - stop):
                 for block in self._sample_row_chunks(pos, [(stop, n)], eps):  # kept as computed
                     advance(block[1] - block[0])
                     yield block
