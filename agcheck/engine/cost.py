@@ -48,8 +48,9 @@ TIMED_FROM_SHARE = 4
 #: 19 checks of 60-160 calls (``bench/plan_band.py``) the engine took 0.68-0.99 of the
 #: loop's time from 2 on, 1.04-1.37 below
 DEAR_CALL = 2
-#: the reference call is timed this many times and ``fn``'s ``TIMED_CALLS``, the fastest
-#: of each kept: a first call costs up to 3 times more (8 beside busy processes)
+#: the reference call is timed this many times and ``fn``'s ``TIMED_CALLS``, alternating
+#: with the reference's last ones, the fastest of each kept: a first call costs up to 3
+#: times more (8 beside busy processes)
 REFERENCE_REPEATS = 3
 TIMED_CALLS = 2
 
