@@ -380,7 +380,7 @@ class Problem(SampleRows):
         # batched: every stencil point of every row of a chunk in one call (a complex
         # input: its real moves, then its imaginary ones), called from this frame
         size = self.chunk_rows(self._row_bytes(pos), n)
-        timed = pos in self._plain_seconds and self._sample_candidate(pos)
+        samples = self._sample_candidate(pos) if pos in self._plain_seconds else None
         for start in range(0, n, size):
             stop = min(n, start + size)
             parts = []
@@ -394,21 +394,20 @@ class Problem(SampleRows):
             self._keep(pos, chunk, exact=False)
             advance(stop - start)
             yield chunk
-            if timed and stop < n and self._samples_pay(pos, seconds, stop - start, n - stop):
+            if samples and stop < n and self._samples_pay(pos, samples, seconds, stop - start, n - stop):
                 for block in self._sample_row_chunks(pos, [(stop, n)], eps):  # kept as computed
                     advance(block[1] - block[0])
                     yield block
                 return
-            timed = False
+            samples = None
 
-    def _samples_pay(self, pos, chunk_seconds, chunk_rows, rest) -> bool:
+    def _samples_pay(self, pos, b, chunk_seconds, chunk_rows, rest) -> bool:
         """Whether the ``rest`` rows of ``args[pos]`` cost less by samples (a call per
         stencil point and element of a sample, after a probe of ``B + 1``) than batched,
         priced by a batched call of ``chunk_rows`` rows against one of the probe's plain
         calls, CPU times a moment apart (the samples probed only then). A batched copy
         evaluates all ``B`` samples: where fn computes much per sample, batching does not
-        repay that ``B``-fold work."""
-        b = self._sample_candidate(pos)
+        repay that ``B``-fold work (``b``: the candidate samples, :meth:`_sample_candidate`)."""
         points = len(self.run.stencil.offsets)
         per_copy = chunk_seconds / (chunk_rows * points)
         plain = self._plain_seconds[pos]
