@@ -14,7 +14,6 @@ from agcheck.core.piece import Piece
 from agcheck.core.numpy_rng import numpy_rng_preserved
 from agcheck.core.input_guard import InputGuard
 from agcheck.core.problem import check_output_types, resolve_problem
-from agcheck.core.shared_evaluations import SharedEvaluations
 from agcheck.core.run import CheckRun
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
 from agcheck.core.outcome import EngineEvent
@@ -224,10 +223,6 @@ def checking(run: CheckRun, subject: dict) -> Iterator[Verdict]:
         verdict.passed = False
 
 
-#: evaluations of the engine's probes the first pass over complex outputs may also keep
-SHARED_PROBE_EVALUATIONS = 8
-
-
 # -- the order of the checks is torch's -------------------------------------------------
 def all_checks(run: CheckRun, snapshots: dict | None = None, watch_calls: bool = False) -> None:
     """Run the checks the options ask for, in torch's order. ``snapshots``
@@ -336,35 +331,11 @@ def _differentiable(run: CheckRun, outputs) -> list:
 def _complex_reverse_mode(run: CheckRun, top: Piece) -> None:
     be = run.be
     complex_outputs = [i for i, k in enumerate(top.diff) if be.is_complex(top.outputs[k])]
-    # torch's order, imaginary parts first; the real parts' pass takes the first
-    # pass's evaluations at the same moves instead of calling fn again
-    shared = SharedEvaluations(be, run.args, run.checked, first="imag", budget_bytes=_shared_bytes(run, top))
-    try:
-        for part in ("imag", "real"):
-            fn = output_part(be, run.fn, part, shared)
-            trace = be.trace(fn, run.args, run.checked)
-            jacobian.check(run, Piece.of(be, fn, run.args, run.checked, trace,
-                                          complex_indices=complex_outputs, test_imag=part == "imag"))
-    finally:
-        shared.close()
-    if shared.served:
-        run.engine_log.append(EngineEvent("numerical", "shared", None, "the real parts' pass took the "
-                                           "imaginary parts' evaluations",
-                                           figures={"served": shared.served}))
-
-
-def _shared_bytes(run: CheckRun, top: Piece) -> int:
-    """What the first pass over complex outputs may keep for the second: one
-    evaluation per move of its numerical Jacobians (twice the bytes of those Jacobians;
-    torch's checker holds them and two analytical Jacobians per pass) and a few for
-    the engine's probes, within a quarter of the memory budget."""
-    be = run.be
-    per_evaluation = sum(be.numel(top.outputs[k]) * be.itemsize(top.outputs[k])
-                         // (2 if be.is_complex(top.outputs[k]) else 1) for k in top.diff)
-    points = len(run.stencil.offsets)
-    moves = sum(be.numel(run.args[p]) * points * (2 if be.is_complex(run.args[p]) else 1)
-                for p in run.checked)
-    return min(run.memory_budget // 4, per_evaluation * (moves + SHARED_PROBE_EVALUATIONS))
+    for part in ("imag", "real"):  # torch's order, imaginary parts first
+        fn = output_part(be, run.fn, part)
+        trace = be.trace(fn, run.args, run.checked)
+        jacobian.check(run, Piece.of(be, fn, run.args, run.checked, trace,
+                                      complex_indices=complex_outputs, test_imag=part == "imag"))
 
 
 def _complex_forward_mode(run: CheckRun) -> list:

@@ -447,8 +447,7 @@ class Backend(Interop):
 
     def content_digest(self, x):
         """A hashable digest of ``x``'s shape, dtype and values (equal digests: equal
-        arrays, bit for bit), or ``None`` where it cannot be had cheaply (then evaluations
-        are not shared between the passes over a function with complex outputs)."""
+        arrays, bit for bit), or ``None`` where it cannot be had cheaply."""
         return None
 
     def modification_count(self, x) -> int | None:

@@ -17,21 +17,15 @@ class OutputPart:
     fn: Callable
     part: str
     backend: Any
-    #: the evaluations this pass shares with the other part's
-    #: (:class:`agcheck.core.shared_evaluations.SharedEvaluations`), or ``None``
-    shared: Any = None
 
     def __call__(self, *args):
-        shared = self.shared
-        if shared is not None and shared.active:
-            return shared.evaluate(self, args)
         return self.taken(self.fn(*args))
 
-    def taken(self, outputs, part: str | None = None) -> tuple:
-        """``part`` (by default this function's) of each complex array among ``fn``'s
-        ``outputs``; the other outputs as they are."""
+    def taken(self, outputs) -> tuple:
+        """This function's part of each complex array among ``fn``'s ``outputs``; the other
+        outputs as they are."""
         be = self.backend
-        take = be.real if (part or self.part) == "real" else be.imag
+        take = be.real if self.part == "real" else be.imag
         return tuple(take(o) if be.is_array(o) and be.is_complex(o) else o for o in be.as_tuple(outputs))
 
 

@@ -86,30 +86,6 @@ def test_an_immutable_backend_stacks_its_rows():
     assert np.array_equal(np.asarray(block.result()), np.stack([np.ones(3), np.arange(3.0)]))
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax", "numpy"])
-def test_rows_added_as_arrays_and_one_by_one_without_a_block_give_their_stack_in_order(backend, monkeypatch):
-    """Without a block (immutable arrays, small blocks), a 2-D array of rows is kept whole
-    (splitting a JAX array compiles a program per shape) and joined with single rows in
-    the order they came; a wider array than the block's rows is still added row by row."""
-    if backend == "jax":
-        pytest.importorskip("jax")
-    monkeypatch.setattr(row_block, "SMALL_BLOCK_ENTRIES", 10**9)
-    be = agcheck.get_backend(backend)
-    rows = np.arange(7 * 3, dtype=np.float64).reshape(7, 3)
-    like = be.from_numpy(rows[0])
-    block = RowBlock(be, 7, 3, like, like.dtype)
-    block.add(be.from_numpy(rows[0]))
-    block.add_rows(be.from_numpy(rows[1:4]))
-    block.add(be.from_numpy(rows[4]))
-    block.add(be.from_numpy(rows[5]))
-    block.add_rows(be.from_numpy(rows[6:]))
-    assert np.array_equal(be.to_numpy(block.result()), rows)
-    chunks = []
-    monkeypatch.setattr(RowBlock, "add", lambda self, row: chunks.append(tuple(row.shape)))
-    RowBlock(be, 2, 2, like, like.dtype).add_rows(be.from_numpy(rows[:2]))
-    assert chunks == [(3,), (3,)]
-
-
 def test_the_numerical_jacobian_is_written_block_by_block(monkeypatch):
     """The element-by-element Jacobian goes through write_rows (a few rows at a time),
     never through one stack of every row, and is the same matrix."""

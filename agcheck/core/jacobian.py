@@ -10,9 +10,7 @@ from typing import Callable, Sequence
 from agcheck.errors import CheckInputError
 from agcheck.errors import GradcheckError
 from agcheck.report.messages import not_reentrant_message
-from agcheck.core.held_differences import HeldDifferences
 from agcheck.core.row_block import RowBlock
-from agcheck.core.shared_evaluations import sharing
 from agcheck.stencil import STENCILS
 
 __all__ = ["stencil_difference", "numerical_jacobians", "numerical_rows", "numerical_rows_at", "outputs_at_input",
@@ -117,7 +115,7 @@ def outputs_at_input(be, fn: Callable, args: tuple, position: int, evaluated: di
     :func:`numerical_rows_at` does; taken from, or kept in, ``evaluated``."""
     if evaluated is not None and UNMOVED in evaluated:
         return evaluated[UNMOVED]
-    with be.perturber(args, position) as perturber, sharing(fn):
+    with be.perturber(args, position) as perturber:
         outs = perturber.evaluate_element_moves(fn, 0, [UNMOVED[1]])[0]
     if evaluated is not None:
         evaluated[UNMOVED] = outs
@@ -139,7 +137,7 @@ def numerical_rows_at(be, fn: Callable, args: tuple, position: int, output_posit
     distinct = [list(dict.fromkeys(move for plan in plans for move in plan[axis])) for axis in range(len(plans[0]))]
     points = {} if evaluated is None else evaluated  # (element, move) -> fn's outputs; x itself is element None
     found = [[] for _ in plans]
-    with be.perturber(args, position) as perturber, sharing(fn):
+    with be.perturber(args, position) as perturber:
         for flat in elements:
             flat = int(flat)
 
@@ -182,30 +180,19 @@ def numerical_jacobians(be, fn: Callable, args: tuple, position: int, outputs: t
     if be.numel(x) == 0:  # no element to move, in any layout: no rows, and no call of fn
         return {k: RowBlock(be, 0, be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k])).result()
                 for k in float_positions}
-    with be.perturber(args, position) as perturber, sharing(fn):
+    with be.perturber(args, position) as perturber:
         flats = range(perturber.numel) if elements is None else elements
         if not hasattr(flats, "__len__"):
             flats = list(flats)
         rows = {k: RowBlock(be, len(flats), be.numel(outputs[k]), outputs[k], _row_dtype(be, x, outputs[k]))
                 for k in float_positions}
-        # a real input's real outputs: each element's evaluations held, combined by chunks
-        real_rows = {k: rows[k] for k in float_positions if not be.is_complex(outputs[k])}
-        held = HeldDifferences(be, stencil, eps, real_rows) if len(moves) == 1 and real_rows else None
         expected = _traced_sizes(be, outputs)
         for flat in flats:
-            if held is None:
-                cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil, expected)
-            else:
-                values = perturber.evaluate_element_moves(fn, flat, moves[0])
-                cols = stencil_difference(be, values, eps, stencil, lambda: perturber.index(flat), held.rows, expected)
-                held.add(values)
+            cols = _columns_for_element(be, perturber, fn, flat, eps, moves, stencil, expected)
             for k in float_positions:
-                if held is None or k not in held.rows:
-                    rows[k].add(cols[k])
+                rows[k].add(cols[k])
             if on_element is not None:
                 on_element()
-        if held is not None:
-            held.flush()
         placement = getattr(perturber, "dense_rows", lambda: None)() if elements is None else None
     if placement is None:
         return {k: rows[k].result() for k in float_positions}
@@ -237,7 +224,7 @@ def numerical_directional(be, fn: Callable, args: tuple, position: int, u, eps: 
     """Finite-difference ``J u`` for every array output; for a complex input ``u`` is
     ``(u_re, u_im)`` and the result ``J_x u_re + i J_y u_im``."""
     x = args[position]
-    with be.perturber(args, position) as perturber, sharing(fn):
+    with be.perturber(args, position) as perturber:
         def along(step):
             values = []
             for s, sign in _moves(stencil, step):  # a loop: no frame between this one and fn's calls

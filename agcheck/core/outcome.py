@@ -18,14 +18,13 @@ class EngineEvent:
     Attributes
     ----------
     path : str
-        ``"numerical"``, ``"vjp"``, ``"compressed"``, ``"coloured"`` or ``"failure"``.
+        ``"plan"``, ``"numerical"``, ``"vjp"``, ``"forward"``, ``"compressed"``,
+        ``"coloured"``, ``"exact"`` or ``"failure"``.
     decision : str
-        ``"batched"`` / ``"looped"``; ``"repriced"`` (a batch that did not pay, the loop
-        priced again and found dearer); ``"remeasured"`` (a batch far dearer per row than the
-        probe's, measured once more); ``"shared"`` (the real parts' pass took the imaginary
-        parts' evaluations, ``figures["served"]`` of them); ``"coloured"`` / ``"column by
-        column"`` (vjp); ``"passed"`` / ``"declined"`` / ``"disagreement"`` (compressed,
-        coloured); ``"confirmed"`` / ``"unconfirmed"`` (failure).
+        ``"engine"`` / ``"reference"`` (plan); ``"batched"`` / ``"looped"`` / ``"by samples"``
+        (numerical, vjp); ``"coloured"`` / ``"column by column"`` / ``"corrected"`` (vjp);
+        ``"passed"`` / ``"declined"`` / ``"disagreement"`` (forward, compressed, coloured,
+        exact); ``"confirmed"`` / ``"unconfirmed"`` (failure).
     subject : int or None
         The input position (numerical) or checked-input index.
     detail : str
@@ -36,10 +35,9 @@ class EngineEvent:
         dimension, one plain call), ``"vmap"`` or ``"functional"`` (vmap with in-place
         writes made out-of-place).
     figures : dict
-        Seconds the decision was taken on (``"loop_row"``, ``"stacked_probe"``,
-        ``"vmap_probe"``, ``"functional_probe"``, ``"probe_row"``, ``"batched_row"``,
-        ``"loop_column"``, ``"batched_column"``); for a confirmed failure, counts
-        ``"exact_rows"`` and ``"exact_columns"``.
+        Counts and sizes the decision was taken on (``"loop_calls"``, ``"rows_per_batch"``,
+        ``"columns_per_batch"``, ``"samples"``; for a confirmed failure ``"exact_rows"`` and
+        ``"exact_columns"``), never seconds.
     """
 
     path: str

@@ -36,15 +36,6 @@ class RowBlock:
         if self._block is not None and len(self._rows) == PENDING_ROWS:
             self._flush()
 
-    def add_rows(self, rows) -> None:
-        """Add the rows of a 2-D array, in order."""
-        if self._block is None and rows.shape[0] and int(rows.shape[1]) == self._n_cols:
-            # kept whole: splitting an immutable array costs a call (JAX: a compile) per shape
-            self._rows.append(_Rows(rows))
-            return
-        for row in rows:
-            self.add(row)
-
     def _flush(self) -> None:
         if self._rows:
             self._be.write_rows(self._block, self._written, self._rows)
@@ -59,33 +50,7 @@ class RowBlock:
             return self._block if self._written == self._block.shape[0] else self._block[:self._written]
         if not self._rows:
             return be.zeros((0, self._n_cols), like=self._like, dtype=self._dtype)
-        first = self._rows[0]
-        xp = be.xp(first.array if isinstance(first, _Rows) else first)
-        if any(isinstance(r, _Rows) for r in self._rows):
-            stacked = xp.concat(_pieces(xp, self._rows), axis=0)
-        else:
-            stacked = xp.stack(self._rows, axis=0)
+        xp = be.xp(self._rows[0])
+        stacked = xp.stack(self._rows, axis=0)
         return stacked if stacked.dtype == self._dtype else xp.astype(stacked, self._dtype)
 
-
-class _Rows:
-    """Rows added together (:meth:`RowBlock.add_rows`), kept as their 2-D array."""
-
-    def __init__(self, array):
-        self.array = array
-
-
-def _pieces(xp, rows: list) -> list:
-    """2-D arrays of the rows in order: each run of single rows stacked, added arrays as they are."""
-    pieces, run = [], []
-    for r in rows:
-        if isinstance(r, _Rows):
-            if run:
-                pieces.append(xp.stack(run, axis=0))
-                run = []
-            pieces.append(r.array)
-        else:
-            run.append(r)
-    if run:
-        pieces.append(xp.stack(run, axis=0))
-    return pieces

@@ -12,9 +12,9 @@ from agcheck.backends.base import InputPart, OutputPart
 __all__ = ["output_part", "input_part", "split_inputs"]
 
 
-def output_part(be, fn: Callable, part: str, shared=None) -> Callable:
+def output_part(be, fn: Callable, part: str) -> Callable:
     """``fn`` with ``real`` or ``imag`` applied to each of its complex array outputs."""
-    return OutputPart(fn, part, be, shared)
+    return OutputPart(fn, part, be)
 
 
 def input_part(be, fn: Callable, complex_positions: Sequence[int], originals: tuple, part: str) -> Callable:

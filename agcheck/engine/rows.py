@@ -19,7 +19,6 @@ from agcheck.core.numerical_rows import runs
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.row_block import RowBlock
 from agcheck.core.run import DEFAULT_MEMORY_BUDGET
-from agcheck.core.shared_evaluations import sharing
 from agcheck.stencil import STENCILS
 from agcheck.engine import cost
 from agcheck.engine.cost import INTERMEDIATES
@@ -299,7 +298,7 @@ class Problem(SampleRows):
         ``deltas``, one plain call each through the backend's perturber."""
         be, x = self.be, self.args[pos]
         parts = {k: [] for k in outputs}
-        with be.perturber(self.args, pos) as perturber, sharing(self.fn):
+        with be.perturber(self.args, pos) as perturber:
             for delta in deltas:
                 step = be.array_like(delta.reshape(tuple(x.shape)), x)
                 outs = self.run.user_errors.call(perturber.evaluate_direction, self.fn, step, 1)

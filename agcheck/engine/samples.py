@@ -7,7 +7,6 @@ import numpy as np
 
 from agcheck.core import jacobian as jac
 from agcheck.core.outcome import EngineEvent
-from agcheck.core.shared_evaluations import sharing
 from agcheck.engine import cost
 
 __all__ = ["SampleRows", "BATCHED_MOVES_PER_CALL"]
@@ -81,7 +80,7 @@ class SampleRows:
         traced = {k: be.to_numpy(self.outputs[k]).copy() for k in self.floats}  # kept apart from fn's tensors
         base = None
         try:
-            with be.perturber(self.args, pos) as perturber, sharing(self.fn):
+            with be.perturber(self.args, pos) as perturber:
                 for s in range(b):
                     delta = np.zeros(n)
                     delta[s * per_sample:(s + 1) * per_sample] = eps * signs[s * per_sample:(s + 1) * per_sample]
@@ -139,7 +138,7 @@ class SampleRows:
         moves = [_sample_delta(m, eps) for m in stencil.offsets]
         per_row = max(n + self.out_numel, 1) * self.itemsize * 2 * b
         chunk = cost.rows_per_chunk(per_row, self.budget // cost.CHUNK_SHARE, per_sample)
-        with be.perturber(self.args, pos) as perturber, sharing(self.fn):
+        with be.perturber(self.args, pos) as perturber:
             # entries an element does not reach: the stencil over unmoved outputs, as torch's
             # (0 for central differences of finite outputs, NaN where an output is infinite)
             base = self._sample_base.get(pos) or self._moved_outputs(pos, perturber, np.zeros(n))
@@ -182,14 +181,6 @@ class SampleRows:
         """Rows ``begin:end`` one element at a time (with its counterparts in the other
         samples where independent), in chunks: memory follows the chunk."""
         be = self.be
-        if begin < end and pos not in self._samples and self._square_matrix(pos) and self._sample_candidate(pos):
-            # a square matrix's rows are rarely samples: where the first element's own rows
-            # reach another row, the samples' probe is not paid
-            first = self._element_rows(pos, eps, range(begin, begin + 1))
-            yield begin, begin + 1, first
-            if self._reaches_another_sample(pos, begin, first):
-                self._samples[pos] = None
-            begin += 1
         if begin < end and self.samples(pos):
             yield from self._sample_row_chunks(pos, [(begin, end)], eps)
             return
@@ -206,22 +197,6 @@ class SampleRows:
         engine computes them."""
         return self.run.user_errors.call(jac.numerical_jacobians, self.be, self.fn, self.args, pos, self.outputs,
                                          eps, self.run.stencil, elements=elements)
-
-    def _square_matrix(self, pos) -> bool:
-        shape = tuple(self.args[pos].shape)
-        return len(shape) == 2 and shape[0] == shape[1]
-
-    def _reaches_another_sample(self, pos, element, rows) -> bool:
-        """Whether ``rows`` of flat ``element`` hold a finite nonzero entry in another
-        sample's outputs (first dimensions read as samples)."""
-        b = self._sample_candidate(pos)
-        s = element // (self.be.numel(self.args[pos]) // b)
-        for k in self.floats:
-            entries = self.be.to_numpy(rows[k]).reshape(b, -1)
-            others = np.delete(entries, s, axis=0)
-            if np.any(np.isfinite(others) & (others != 0)):
-                return True
-        return False
 
 
 def _beyond_rounding(a: np.ndarray, b: np.ndarray) -> bool:
