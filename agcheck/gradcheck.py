@@ -16,7 +16,6 @@ from agcheck.core.input_guard import InputGuard
 from agcheck.core.problem import check_output_types, resolve_problem
 from agcheck.core.run import CheckRun
 from agcheck.core.wirtinger import input_part, output_part, split_inputs
-from agcheck.core.outcome import EngineEvent
 from agcheck.errors import CheckInputError, OutputTypeError
 from agcheck.options import GradcheckOptions, gradcheck_options
 from agcheck.core.report_filling import complete_report

@@ -12,7 +12,6 @@ costs (:mod:`~agcheck.engine.failure`).
 """
 from __future__ import annotations
 
-import numpy as np
 
 from agcheck.core.outcome import PASSED, Outcome, undecided
 from agcheck.engine import coloured, columns, failure, forward_jacobian
@@ -94,44 +93,7 @@ def _handed_back(p, piece, reason: EngineFallback) -> Outcome:
             decided = None
         if decided is not None:
             return decided
-    _finish_rows(p)
-    _finish_columns(p, inputs)
     return undecided(str(reason), p.exact_analytical())
-
-
-def _finish_rows(p) -> None:
-    """The rows the reference engine would compute one element at a time, with the samples
-    moved together where they can be; what fails on the way is left to it."""
-    try:
-        p.finish_rows_by_samples()
-    except Exception as e:
-        if e in p.run.user_errors:
-            raise
-
-
-def _finish_columns(p, inputs) -> None:
-    """The columns of a first pass by samples, computed again one VJP each and noted as
-    exact where they reproduce it bit for bit, zeros' signs included (the second pass then
-    checked them for reentrancy); elsewhere the reference engine computes both passes."""
-    be = p.be
-    for k, rows in p.sample_columns.items():
-        exact = []
-        try:
-            m = be.numel(p.outputs[k])
-            for c0, c1 in columns.column_blocks(p, m, sum(be.numel(x) for x in inputs)):
-                cols = columns.looped_columns(p, k, c0, c1, inputs)
-                if all(_same_bits(be.to_numpy(a).T, r[c0:c1]) for a, r in zip(cols, rows)):
-                    exact.append((c0, c1))
-        except Exception as e:
-            if e in p.run.user_errors:
-                raise
-        p.note_exact_columns(k, exact, rows)
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
 
 
 #: the reason of an undecided outcome where the engine saw the Jacobians differ

@@ -114,9 +114,7 @@ def reentrancy_pass(p, k, inputs, blocks, how) -> bool:
     rows = [block.by_output for block in blocks]
     if exact is not None:
         p.note_exact_columns(k, [(0, p.be.numel(p.outputs[k]))], exact)
-    elif how is None:
-        p.sample_columns[k] = rows  # verified again first, where a failure reuses them
-    else:
+    elif how is not None:
         p.note_exact_columns(k, [(c0, c1) for c0, c1, looped in how if looped], rows)
     return corrected
 

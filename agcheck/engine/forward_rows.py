@@ -8,7 +8,7 @@ from agcheck.backends.base import Capability
 from agcheck.core.numerical_rows import InputRows
 from agcheck.core.outcome import PASSED, Outcome, undecided
 from agcheck.engine import coloured, columns, failure
-from agcheck.engine.batched import MISMATCH, EngineFallback, _Decidable, _differing_block, _finish_rows, _require_dense
+from agcheck.engine.batched import MISMATCH, EngineFallback, _Decidable, _differing_block, _require_dense
 from agcheck.engine.rows import Problem, n_in_total
 
 __all__ = ["compare_slow_forward"]
@@ -37,7 +37,6 @@ def compare_slow_forward(run, piece, dear_calls: bool = False) -> Outcome:
                     decided = None
                 if decided is not None:
                     return decided
-            _finish_rows(p)
         return undecided(str(reason))
     return PASSED
 

@@ -15,7 +15,6 @@ import numpy as np
 
 from agcheck.backends.base import Capability
 from agcheck.core import jacobian as jac
-from agcheck.core.numerical_rows import runs
 from agcheck.core.outcome import EngineEvent
 from agcheck.core.row_block import RowBlock
 from agcheck.core.run import DEFAULT_MEMORY_BUDGET
@@ -83,7 +82,6 @@ class Problem(SampleRows):
         #: and reentrancy-checked, with the rows per checked input
         self._exact_columns = {}
         #: per output: the rows of an analytical first pass by samples, reentrancy-checked
-        self.sample_columns = {}
         #: per input: the independent samples of its first dimension (None: not found)
         self._samples = {}
         self._sample_base = {}  # per input found to hold samples: fn's floating outputs unmoved (NumPy)
@@ -311,22 +309,6 @@ class Problem(SampleRows):
         ``args[pos]``, as the reference engine computes them (samples moved together where
         independent)."""
         yield from self._kept(pos, self._looped_row_chunks(pos, begin, end, self.run.eps_for(self.args[pos])))
-
-    def finish_rows_by_samples(self) -> None:
-        """Compute by samples the rows not yet exact of every checked input with
-        independent samples: a failing check hands them to the reference engine, which
-        would take B times the calls."""
-        if not self.keep_rows:
-            return
-        for q in self.checked:
-            kept = self.kept_rows(q)
-            exact = kept.exact if kept is not None else np.zeros(self.be.numel(self.args[q]), dtype=bool)
-            if exact.all() or not self.samples(q):
-                continue
-            # all gaps in one pass: a gap in one sample is moved together with its
-            # counterparts in the others, not in a call of its own
-            for _ in self._sample_row_chunks(q, runs(~exact), self.run.eps_for(self.args[q])):  # kept as computed
-                pass
 
     def note_exact_columns(self, k, ranges, rows) -> None:
         """Note that ``rows`` (per checked input) hold output ``k``'s analytical Jacobian,
