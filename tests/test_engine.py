@@ -1371,7 +1371,6 @@ def test_a_forward_check_is_planned_from_its_calls_however_dear_a_jvp(jvp_second
     from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 18)
-    monkeypatch.setattr(cost, "timed_band", lambda whole_batches: range(0))  # counted, never timed
     monkeypatch.setattr(SinWithJvp, "factor", factor)
     monkeypatch.setattr(SinWithJvp, "jvp_seconds", jvp_seconds)
     options = dict(check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False)
@@ -1391,7 +1390,7 @@ def test_an_error_of_the_engines_own_code_fails_agcheck_tests_and_never_a_users_
     import agcheck.checks.jacobian as reference
     from agcheck.engine import batched
 
-    def broken(run, piece, dear_calls=False):
+    def broken(run, piece):
         raise KeyError(0)
 
     monkeypatch.setattr(batched, "compare_slow_reverse", broken)
@@ -1415,7 +1414,7 @@ def test_a_fallback_on_an_error_is_logged_with_its_exception(monkeypatch, caplog
         assert run(torch.sin, (x,), engine="batched").verdict
     assert not caplog.records  # decided by the engine: nothing to log
 
-    def broken(run, piece, dear_calls=False):
+    def broken(run, piece):
         raise RuntimeError("Batching rule not implemented for aten::something")
 
     monkeypatch.setattr(batched, "compare_slow_reverse", broken)

@@ -72,7 +72,7 @@ def check(run, piece: Piece) -> None:
         if plan != "reference":
             compare = forward_rows.compare_slow_forward if piece.forward else engine.compare_slow_reverse
             try:
-                outcome = compare(run, piece, dear_calls=plan == "dear")
+                outcome = compare(run, piece)
             except Exception as error:
                 if error in run.user_errors or isinstance(error, OWN_ERRORS) and os.environ.get(STRICT_ENGINE):
                     raise

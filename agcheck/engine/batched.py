@@ -32,16 +32,15 @@ def _require_dense(be, args) -> None:
             raise EngineFallback(f"an argument has layout {be.layout(a)!r}")
 
 
-def compare_slow_reverse(run, piece, dear_calls: bool = False) -> Outcome:
-    """Slow-mode reverse check of one piece: passed, or undecided with a reason;
-    ``dear_calls``: the plan found the loop's calls dear."""
+def compare_slow_reverse(run, piece) -> Outcome:
+    """Slow-mode reverse check of one piece: passed, or undecided with a reason."""
     be, opts, args, checked, diff = run.be, run.opts, piece.args, piece.checked, piece.diff
     try:
         _require_dense(be, args)
     except EngineFallback as reason:
         return undecided(str(reason))
     # the paths are chosen in this frame: the probes' calls of fn run one frame below it
-    p = Problem(run, piece.fn, piece.trace, args, checked, dear_calls)
+    p = Problem(run, piece.fn, piece.trace, args, checked)
     try:
         # compressed differences need a few dozen evaluations: worth it also one call at a time
         if opts.engine == "auto" and coloured.try_compressed_reverse(p, checked, diff):
@@ -275,10 +274,10 @@ def _differing_block(decidable: bool, where):
 def _columns_may_batch(p, diff) -> bool:
     """Whether batched VJPs may pay where no input can be batched: a forward that cannot be
     batched (control flow on values, writes into a preallocated result) often has a
-    backward that can; dear calls count too (a VJP of a VJP function is a second backward)."""
+    backward that can."""
     if p._vjp_batched is False:
         return False
-    return p.dear_calls or max((p.be.numel(p.outputs[k]) for k in diff), default=0) >= _MIN_BATCHED_COLUMNS
+    return max((p.be.numel(p.outputs[k]) for k in diff), default=0) >= _MIN_BATCHED_COLUMNS
 
 
 def _keep_columns(be, chunks, k, b0, b1):

@@ -1,19 +1,16 @@
-"""The engine's plan rules, from a check's shapes and the backend's declared forms; for a
-loop of a few dozen calls, from one call of ``fn`` against a reference function's, a
-ratio of CPU times taken in one moment; never from seconds.
+"""The engine's plan rules, from a check's shapes and the backend's declared forms, never
+from a clock.
 
 The engine runs where the element-by-element loop would make ``ENGINE_FROM_CALLS`` calls
 (:func:`loop_calls`; ``COMPILED_ENGINE_FACTOR`` times as many where the backend compiles
-per shape), or fewer that are dear (:func:`timed_band`, :func:`loop_is_dear`). A batched
-call takes the rows the memory budget holds at the bytes the shapes imply
-(:func:`rows_per_chunk`).
+per shape). A batched call takes the rows the memory budget holds at the bytes the
+shapes imply (:func:`rows_per_chunk`).
 """
 from __future__ import annotations
 
 __all__ = ["CHUNK_SHARE", "MAX_BATCH", "ENGINE_FROM_CALLS", "COMPILED_ENGINE_FACTOR",
-           "INTERMEDIATES", "BATCHED_VJPS_FROM_CALLS", "TIMED_FROM_SHARE", "DEAR_CALL", "REFERENCE_REPEATS",
-           "TIMED_CALLS",
-           "loop_calls", "engine_from_calls", "timed_band", "loop_is_dear", "rows_per_chunk", "batch_cap"]
+           "INTERMEDIATES", "BATCHED_VJPS_FROM_CALLS",
+           "loop_calls", "engine_from_calls", "rows_per_chunk", "batch_cap"]
 
 #: one batched call may take at most this fraction of the memory budget
 CHUNK_SHARE = 4
@@ -34,25 +31,11 @@ ENGINE_FROM_CALLS = 200
 #: on a backend that compiles per shape (JAX) the engine runs from this many times
 #: ``ENGINE_FROM_CALLS``: its programs compile in 0.1-0.5 s each, a loop call ~0.5 ms
 COMPILED_ENGINE_FACTOR = 10
-#: VJPs are batched where their loop makes this many calls, or the plan found the calls
-#: dear: some ops' batched backward imports torch._dynamo on first use (sgn: about 1 s;
-#: tests/test_torch_graph.py), which a short loop of cheap VJPs does not repay (at 16,
-#: bench case gradgrad_abs took 0.74 s against 0.05 s)
+#: VJPs are batched where their loop makes this many calls: some ops' batched backward
+#: imports torch._dynamo on first use (sgn: about 1 s; tests/test_torch_graph.py), which a
+#: short loop of cheap VJPs does not repay (at 16, bench case gradgrad_abs took 0.74 s
+#: against 0.05 s)
 BATCHED_VJPS_FROM_CALLS = 256
-#: a loop of fewer calls than ``ENGINE_FROM_CALLS`` but at least this share of them has
-#: one call of ``fn`` priced (:func:`timed_band`); fewer leave too little to save
-TIMED_FROM_SHARE = 4
-#: in that band the engine runs where the loop costs ``DEAR_CALL * ENGINE_FROM_CALLS``
-#: calls of a reference function (``x + x`` of the input, moved as the loop moves it). A
-#: small function's call costs 1-1.3 of them (2 at most seen beside busy processes); over
-#: 19 checks of 60-160 calls (``bench/plan_band.py``) the engine took 0.68-0.99 of the
-#: loop's time from 2 on, 1.04-1.37 below
-DEAR_CALL = 2
-#: the reference call is timed this many times and ``fn``'s ``TIMED_CALLS``, alternating
-#: with the reference's last ones, the fastest of each kept: a first call costs up to 3
-#: times more (8 beside busy processes)
-REFERENCE_REPEATS = 3
-TIMED_CALLS = 2
 
 
 def loop_calls(n_moved: int, n_in: int, n_out: int, *, forward: bool) -> int:
@@ -65,19 +48,6 @@ def loop_calls(n_moved: int, n_in: int, n_out: int, *, forward: bool) -> int:
 def engine_from_calls(whole_batches: bool) -> int:
     """The loop calls from which the engine runs."""
     return ENGINE_FROM_CALLS * (COMPILED_ENGINE_FACTOR if whole_batches else 1)
-
-
-def timed_band(whole_batches: bool) -> range:
-    """The loop calls for which one call of ``fn`` is timed before the plan; none where the
-    backend compiles per shape (one evaluation does not measure its compilations)."""
-    if whole_batches:
-        return range(0)
-    return range(ENGINE_FROM_CALLS // TIMED_FROM_SHARE, ENGINE_FROM_CALLS)
-
-
-def loop_is_dear(calls: int, call_units: float) -> bool:
-    """Whether ``calls`` calls of ``call_units`` reference calls each repay the engine."""
-    return calls * call_units >= DEAR_CALL * ENGINE_FROM_CALLS
 
 
 def rows_per_chunk(bytes_per_row: int, allowance: int, n_rows: int, cap: int | None = None) -> int:

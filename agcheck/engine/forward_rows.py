@@ -14,12 +14,12 @@ from agcheck.engine.rows import Problem, n_in_total
 __all__ = ["compare_slow_forward"]
 
 
-def compare_slow_forward(run, piece, dear_calls: bool = False) -> Outcome:
+def compare_slow_forward(run, piece) -> Outcome:
     """Slow-mode forward check of one piece: passed, or undecided with a reason."""
     p = None
     try:
         _require_dense(run.be, piece.args)
-        p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked, dear_calls)
+        p = Problem(run, piece.fn, piece.trace, piece.args, piece.checked)
         if not run.be.supports(Capability.BATCHED_JVP):
             raise EngineFallback("no batched JVP")
         # tried from this frame: its probes' calls of fn run one frame below the next

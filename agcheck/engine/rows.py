@@ -41,7 +41,7 @@ _PLAIN_CALLS_RAISED = "the plain calls raised"
 class Problem(SampleRows):
     """One piece of ``fn`` (after the complex split) and what the engine learned of it."""
 
-    def __init__(self, run, fn, trace, args, checked, dear_calls: bool = False):
+    def __init__(self, run, fn, trace, args, checked):
         self.run = run
         self.be, self.opts = run.be, run.opts
         self.fn, self.trace, self.args, self.checked = fn, trace, args, checked
@@ -64,9 +64,7 @@ class Problem(SampleRows):
         #: whether VJPs are batched: ``None`` until the first batch; ``False`` without
         #: batched VJPs, for a short loop of cheap calls, or after a batched VJP failed
         self._vjp_batched = None if self.be.supports(Capability.BATCHED_GRAD) and (
-            dear_calls or 2 * self.out_numel >= cost.BATCHED_VJPS_FROM_CALLS) else False
-        #: the plan found the loop's calls dear (:mod:`agcheck.checks.loop_plan`)
-        self.dear_calls = dear_calls
+            2 * self.out_numel >= cost.BATCHED_VJPS_FROM_CALLS) else False
         jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
         self.keep_rows = jacobian_bytes <= self.budget // 2
