@@ -79,7 +79,6 @@ class Problem(SampleRows):
         #: per output: column ranges computed one VJP each, as the reference engine does,
         #: and reentrancy-checked, with the rows per checked input
         self._exact_columns = {}
-        #: per output: the rows of an analytical first pass by samples, reentrancy-checked
         #: per input: the independent samples of its first dimension (None: not found)
         self._samples = {}
         self._sample_base = {}  # per input found to hold samples: fn's floating outputs unmoved (NumPy)
