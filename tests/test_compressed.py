@@ -762,3 +762,36 @@ def test_coloured_second_pass_batches_follow_the_memory_budget(monkeypatch):
     # all 64 colour classes at most MAX_BATCH a call; (400 + 337) elements x 8 bytes x 8
     # per cotangent, a quarter of 4 MiB per call: 22
     assert widest[None] == min(64, cost.MAX_BATCH) and widest[4 << 20] <= 22
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_coloured_pass_batches_at_most_max_batch_copies_a_call(broken, monkeypatch):
+    # a batched call of hundreds of copies fits the budget on paper, but a convolution's
+    # workspace grows with the copies (kornia's 3-D motion blur peaked at 3.3 GB so, under
+    # 1 GB capped); the coloured pass's calls are capped as every batched call is
+    from agcheck.engine import cost
+
+    from .helpers import OneEntryOff, make
+
+    be = type(agcheck.get_backend("torch"))
+    sizes = []
+    for name in ("evaluate_batch", "evaluate_stacked"):
+        original = getattr(be, name)
+
+        def recorded(self, fn, args, position, stacked, *rest, _original=original, **kw):
+            sizes.append(stacked.shape[0])
+            return _original(self, fn, args, position, stacked, *rest, **kw)
+
+        monkeypatch.setattr(be, name, recorded)
+    w = torch.tensor([[[0.3, -0.5, 0.2]]], dtype=torch.float64)
+    last = OneEntryOff.apply if broken else torch.sin
+
+    def fn(t):
+        return last(torch.nn.functional.conv1d(t, w))
+
+    x = make(1, 1, 1500, seed=3)
+    r = run(fn, (x,))
+    assert ("coloured", "passed") in {(e.path, e.decision) for e in r.engine_log} or broken
+    assert r.verdict is (not broken) is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+    # a row's two stencil points are two copies
+    assert sizes and max(sizes) <= 2 * cost.MAX_BATCH
