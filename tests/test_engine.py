@@ -337,14 +337,13 @@ def plan(r) -> list:
     return [(e.path, e.decision, e.subject, e.detail, e.via, e.figures) for e in r.engine_log]
 
 
-@pytest.mark.parametrize("delay", ["busy", "waiting"])
-@pytest.mark.parametrize("call", ["rows", "columns"])
+@pytest.mark.parametrize("call, delay", [("rows", "busy"), ("rows", "waiting"), ("columns", "waiting")])
 @pytest.mark.parametrize("broken", [False, True])
 def test_slow_or_delayed_batched_calls_leave_the_plan_as_it_was(broken, call, delay, monkeypatch):
-    """The plan follows from the check, not from the time its calls take: batched rows or
-    batched VJPs that work 50 ms more per call (a pathologically slow batched form), or
-    wait that long (a process on a busy machine), get the plan of the same check without
-    the delay, and the reference's verdict."""
+    """The plan follows from the check, not from the time its calls take: batched rows
+    that work 50 ms more per call (a pathologically slow batched form), or batched rows or
+    VJPs that wait that long (a process on a busy machine), get the plan of the same check
+    without the delay, and the reference's verdict."""
     from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
@@ -359,6 +358,26 @@ def test_slow_or_delayed_batched_calls_leave_the_plan_as_it_was(broken, call, de
     assert delayed.verdict is torch.autograd.gradcheck(fn, (make(64),), raise_exception=False)
     if not broken:
         assert "batched" in paths(delayed) and ("vjp", "batched") in {(e.path, e.decision) for e in delayed.engine_log}
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_batched_vjps_dearer_than_one_per_column_give_way_to_the_loop(broken, monkeypatch):
+    """Batched VJPs that work 50 ms more per call (as a batched backward of a 3-D
+    convolution costs 2.5 times the loop's per column) give way to one VJP per column at
+    the second batch, priced against one VJP timed right after it on the same clock; time
+    spent waiting counts for nothing (above). The verdict is the reference's."""
+    from agcheck.engine import cost
+
+    monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
+    fn = _sines(broken, dense=True)
+    quiet = run(fn, (make(64),), engine="batched")
+    _delayed(monkeypatch, "batched_columns", lambda: busy(0.05))
+    slow = run(fn, (make(64),), engine="batched")
+    looped = [e.detail for e in slow.engine_log if (e.path, e.decision) == ("vjp", "looped")]
+    assert looped == ["one VJP per column costs less than batched ones"]
+    assert ("vjp", "looped") not in {(e.path, e.decision) for e in quiet.engine_log}
+    assert slow.verdict is quiet.verdict is (not broken)
+    assert slow.verdict is torch.autograd.gradcheck(fn, (make(64),), raise_exception=False)
 
 
 def test_rows_and_columns_are_batched_as_the_memory_budget_allows(monkeypatch):

@@ -1,8 +1,9 @@
 """The engine's plan is a function of the check, not of the machine's load: the same checks
 run with and without two busy processes beside them make the same decisions (every event
-of their engine logs, figures included) and reach the same verdicts. Within the engine, one
-choice is timed (an input's samples moved together against a batched chunk of them): a
-ratio of two CPU times taken in one moment, which the load leaves as it is."""
+of their engine logs, figures included) and reach the same verdicts. Within the engine, two
+choices are timed (an input's samples moved together against a batched chunk of them, one
+VJP per column against a batch of them): each a ratio of two CPU times taken in one
+moment, which the load leaves as it is."""
 import importlib.util
 from pathlib import Path
 

@@ -2,6 +2,8 @@
 (batched, or one per column), a first pass by samples, and the reentrancy pass."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from agcheck.core.outcome import EngineEvent
@@ -23,6 +25,9 @@ _MIN_COLOURED_OUTPUTS = 64
 #: the pass by samples saves ``m - m / B`` VJPs on a pass; a failure may pay ``m / B`` more,
 #: with two samples and a coloured second pass about the ``2 m`` VJPs of torch's checker
 MIN_VJP_SAMPLES = 2
+#: batched VJPs give way to one per column where those cost under this share of them
+#: (:func:`_price_batched_vjps`): away from a tie noise could flip
+LOOPED_VJP_MARGIN = 0.7
 #: the coloured reentrancy pass is taken when it needs at most this many thirds of the VJPs
 #: of the column-by-column pass (a CNN on a small image needs about half)
 _MAX_COLOUR_SHARE = 2
@@ -48,13 +53,29 @@ def columns_and_how(p, k, c0, c1, inputs, cotangents=None):
     """:func:`analytical_columns`, and whether they were computed one VJP per column (as the
     reference engine computes them, bit for bit); ``cotangents(c0, c1)`` replaces one-hots."""
     if p._vjp_batched is not False:
+        started = time.thread_time()
         cols = unless_batching_fails(p, batched_columns, p, k, c0, c1, inputs, cotangents)
         if cols is not None:
             if p._vjp_batched is None:
                 p._vjp_batched = True
                 p.run.engine_log.append(EngineEvent("vjp", "batched", None, figures={"columns_per_batch": c1 - c0}))
+            elif not p.vjps_priced and c1 - c0 > 1:  # the second batch: the first may pay one-time imports
+                p.vjps_priced = True
+                _price_batched_vjps(p, k, c0, c1, inputs, cotangents, time.thread_time() - started)
             return cols, False
     return looped_columns(p, k, c0, c1, inputs, cotangents), True
+
+
+def _price_batched_vjps(p, k, c0, c1, inputs, cotangents, batched_seconds) -> None:
+    """VJPs one per column from now on where one of them, timed on this thread's CPU clock
+    right after the batch, costs under ``LOOPED_VJP_MARGIN`` of the batch's share per column
+    (a batched backward of a matrix-vector product or a 3-D convolution: 2.5 to 5 times the
+    loop's)."""
+    started = time.thread_time()
+    looped_columns(p, k, c0, c0 + 1, inputs, cotangents)
+    if (time.thread_time() - started) * (c1 - c0) < LOOPED_VJP_MARGIN * batched_seconds:
+        p._vjp_batched = False
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, "one VJP per column costs less than batched ones"))
 
 
 def batched_columns(p, k, c0, c1, inputs, cotangents=None):

@@ -65,6 +65,7 @@ class Problem(SampleRows):
         #: batched VJPs, for a short loop of cheap calls, or after a batched VJP failed
         self._vjp_batched = None if self.be.supports(Capability.BATCHED_GRAD) and (
             2 * self.out_numel >= cost.BATCHED_VJPS_FROM_CALLS) else False
+        self.vjps_priced = False  # batched VJPs timed against one per column (columns.py)
         jacobian_bytes = n_in_total(self.be, args, checked) * self.out_numel * self.itemsize
         #: whether whole numerical Jacobians fit the budget, and so are kept for reuse
         self.keep_rows = jacobian_bytes <= self.budget // 2
