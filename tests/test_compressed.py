@@ -795,3 +795,39 @@ def test_the_coloured_pass_batches_at_most_max_batch_copies_a_call(broken, monke
     assert r.verdict is (not broken) is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
     # a row's two stencil points are two copies
     assert sizes and max(sizes) <= 2 * cost.MAX_BATCH
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_coloured_pass_calls_fn_plainly_where_batched_copies_cost_more(broken, monkeypatch):
+    # a batched form that works 20 ms more per call (as a 3-D convolution costs 7.4 ms a
+    # copy in a batch of 32, 3-4 ms alone): after the first chunk the coloured pass calls
+    # fn once per move, priced against the probe's plain call; the verdict is the reference's
+    from agcheck.engine.rows import Problem
+
+    from .helpers import OneEntryOff, busy, make
+
+    plain = []
+    looped = Problem.evaluate_looped
+    monkeypatch.setattr(Problem, "evaluate_looped", lambda self, *a: (plain.append(len(a[1])), looped(self, *a))[1])
+    w = torch.tensor([[[0.3, -0.5, 0.2]]], dtype=torch.float64)
+    last = OneEntryOff.apply if broken else torch.sin
+
+    def fn(t):
+        return last(torch.nn.functional.conv1d(t, w))
+
+    x = make(1, 1, 1500, seed=3)
+    assert run(fn, (x,)).verdict is (not broken) and not plain  # batched copies cost less here
+    be = type(agcheck.get_backend("torch"))
+    for name in ("evaluate_batch", "evaluate_stacked"):
+        original = getattr(be, name)
+
+        def slow(self, *args, _original=original, **kw):
+            busy(0.02)
+            return _original(self, *args, **kw)
+
+        monkeypatch.setattr(be, name, slow)
+    r = run(fn, (x,))
+    assert r.verdict is (not broken) is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
+    if not broken:
+        assert ("coloured", "passed") in {(e.path, e.decision) for e in r.engine_log}
+        assert sum(plain) > 0

@@ -9,6 +9,8 @@ Jacobian's pattern. These paths only pass checks: the exact engines decide the r
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from agcheck.core.outcome import EngineEvent
@@ -102,12 +104,16 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
     per_row = (be.numel(x) + p.out_numel) * p.itemsize * _COPY_FACTOR
     size = max(group, p.chunk_rows(per_row, n_rows) // group * group)  # MAX_BATCH copies at most
     parts = {k: [] for k in outputs}
+    batched = p.batched_ok(q)
     for start in range(0, n_rows, size):
         stop = min(n_rows, start + size)
-        if p.batched_ok(q):
+        if batched:
+            began = time.thread_time()
             stacked = be.array_like(move_rows(start, stop, False).reshape(stop - start, *x.shape), x)
             outs = p.evaluators[q](stacked)
             outs = {k: be.to_numpy(outs[k]).reshape(stop - start, -1) for k in outputs}
+            # after the first chunk, plain calls where they cost less than batched copies
+            batched = start > 0 or not p.plain_calls_cheaper(q, time.thread_time() - began, stop - start)
         else:
             outs = p.evaluate_looped(q, move_rows(start, stop, True), outputs)
         for k in outputs:

@@ -68,12 +68,15 @@ def columns_and_how(p, k, c0, c1, inputs, cotangents=None):
 
 def _price_batched_vjps(p, k, c0, c1, inputs, cotangents, batched_seconds) -> None:
     """VJPs one per column from now on where one of them, timed on this thread's CPU clock
-    right after the batch, costs under ``LOOPED_VJP_MARGIN`` of the batch's share per column
-    (a batched backward of a matrix-vector product or a 3-D convolution: 2.5 to 5 times the
-    loop's)."""
-    started = time.thread_time()
-    looped_columns(p, k, c0, c0 + 1, inputs, cotangents)
-    if (time.thread_time() - started) * (c1 - c0) < LOOPED_VJP_MARGIN * batched_seconds:
+    right after the batch (the faster of two: the first may meet the batch's freed memory),
+    costs under ``LOOPED_VJP_MARGIN`` of the batch's share per column (a batched backward
+    of a matrix-vector product or a 3-D convolution: 2.5 to 5 times the loop's)."""
+    one = []
+    for _ in range(2):
+        started = time.thread_time()
+        looped_columns(p, k, c0, c0 + 1, inputs, cotangents)
+        one.append(time.thread_time() - started)
+    if min(one) * (c1 - c0) < LOOPED_VJP_MARGIN * batched_seconds:
         p._vjp_batched = False
         p.run.engine_log.append(EngineEvent("vjp", "looped", None, "one VJP per column costs less than batched ones"))
 

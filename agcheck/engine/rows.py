@@ -4,7 +4,8 @@
 calls?), computes the rows in chunks (batched, sized by :mod:`~agcheck.engine.cost`; or
 element by element, samples moved together where independent: :mod:`~agcheck.engine.samples`)
 and keeps them in the run's rows where whole Jacobians fit. Choices follow from shapes, the
-traced graph and the backend's forms; the one timing is a ratio (:meth:`Problem._samples_pay`).
+traced graph and the backend's forms; the timings are ratios of two CPU times taken a moment
+apart (:meth:`Problem._samples_pay`, :meth:`Problem.plain_calls_cheaper`).
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ MIN_BATCHED_NUMEL = 16
 PROBE_SEED = 5113
 #: one batched call may always take this many bytes (see Problem.batch_bytes)
 MIN_BATCH_BYTES = 8 << 20
-#: the rows after a first batched chunk move by samples where that costs under this share
-#: of the batched calls (:meth:`Problem._samples_pay`): away from a tie noise could flip
+#: after a first batched chunk, the rest move by samples, or plain calls, where that costs
+#: under this share of the batched calls (:meth:`Problem._samples_pay`,
+#: :meth:`Problem.plain_calls_cheaper`): away from a tie noise could flip
 SAMPLES_MARGIN = 0.7
 #: how :meth:`Problem._disagreement` says that the batched form, or the plain calls, raised
 _RAISED = "raised"
@@ -379,6 +381,14 @@ class Problem(SampleRows):
                     yield block
                 return
             samples = None
+
+    def plain_calls_cheaper(self, pos, seconds, copies) -> bool:
+        """Whether ``copies`` plain calls (at the probe's faster one) cost under
+        ``SAMPLES_MARGIN`` of a batched call of as many copies of ``args[pos]`` that took
+        ``seconds``, CPU times a moment apart (a 3-D convolution: 7.4 ms a copy in a batch
+        of 32, 3-4 ms alone)."""
+        plain = self._plain_seconds.get(pos)
+        return plain is not None and plain * copies < SAMPLES_MARGIN * seconds
 
     def _samples_pay(self, pos, b, chunk_seconds, chunk_rows, rest) -> bool:
         """Whether the ``rest`` rows of ``args[pos]`` cost less by samples (a call per
