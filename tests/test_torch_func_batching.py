@@ -221,7 +221,12 @@ def test_batched_cotangent_moves_take_the_kept_forward(detached, monkeypatch):
     # the cotangents' batches run on fn's forward at the unmoved inputs, kept since the
     # check's first evaluation: no forward of their own (xitorch's small gradgradchecks
     # paid one call of fn more than before for a probe whose backward then raised)
+    from agcheck.backends import torch_forward_memo
+
     monkeypatch.setattr(EinsumProduct, "detached", detached)
+    # the memo's digest rule is timed: a loaded machine could close it (its own tests)
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_SHARE_LIMIT", float("inf"))
+    monkeypatch.setattr(torch_forward_memo, "DIGEST_NEVER_PAYS", float("inf"))
     fn = lambda a, b: torch.tanh(CountedProduct.apply(a, b))  # noqa: E731
     a, b = make(6, 5), make(5, 6, seed=1)
     be = agcheck.get_backend("torch")
