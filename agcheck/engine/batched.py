@@ -12,7 +12,6 @@ costs (:mod:`~agcheck.engine.failure`).
 """
 from __future__ import annotations
 
-
 from agcheck.core.outcome import PASSED, Outcome, undecided
 from agcheck.engine import coloured, columns, failure, forward_jacobian
 from agcheck.engine.columns import EngineFallback

@@ -382,13 +382,12 @@ class Problem(SampleRows):
                 return
             samples = None
 
-    def plain_calls_cheaper(self, pos, seconds, copies) -> bool:
-        """Whether ``copies`` plain calls (at the probe's faster one) cost under
-        ``SAMPLES_MARGIN`` of a batched call of as many copies of ``args[pos]`` that took
-        ``seconds``, CPU times a moment apart (a 3-D convolution: 7.4 ms a copy in a batch
-        of 32, 3-4 ms alone)."""
+    def plain_calls_cheaper(self, pos, seconds, calls) -> bool:
+        """Whether ``calls`` plain calls (at the probe's faster one) cost under
+        ``SAMPLES_MARGIN`` of batched work on ``args[pos]`` that took ``seconds``, CPU times
+        a moment apart (a 3-D convolution: 7.4 ms a copy in a batch of 32, 3-4 ms alone)."""
         plain = self._plain_seconds.get(pos)
-        return plain is not None and plain * copies < SAMPLES_MARGIN * seconds
+        return plain is not None and plain * calls < SAMPLES_MARGIN * seconds
 
     def _samples_pay(self, pos, b, chunk_seconds, chunk_rows, rest) -> bool:
         """Whether the ``rest`` rows of ``args[pos]`` cost less by samples (a call per
@@ -398,11 +397,9 @@ class Problem(SampleRows):
         evaluates all ``B`` samples: where fn computes much per sample, batching does not
         repay that ``B``-fold work (``b``: the candidate samples, :meth:`_sample_candidate`)."""
         points = len(self.run.stencil.offsets)
-        per_copy = chunk_seconds / (chunk_rows * points)
-        plain = self._plain_seconds[pos]
-        calls = min(self.be.numel(self.args[pos]) // b, rest) * points  # an element of each sample a call
-        by_samples = (calls + b + 1) * plain
-        return by_samples < SAMPLES_MARGIN * rest * points * per_copy and bool(self.samples(pos))
+        calls = min(self.be.numel(self.args[pos]) // b, rest) * points + b + 1  # an element of each sample a call
+        batched_seconds = chunk_seconds * rest / chunk_rows
+        return self.plain_calls_cheaper(pos, batched_seconds, calls) and bool(self.samples(pos))
 
     def _element_moves(self, pos, start, stop, step):
         """Every stencil point of elements ``start:stop`` of ``args[pos]``, stacked."""
