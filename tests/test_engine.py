@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import agcheck
-from agcheck.engine import forward_jacobian
+from agcheck.engine import cost, forward_jacobian
 from agcheck.core.outcome import EngineEvent
 
 from .helpers import OneEntryOff, ScaledSin, SinWithJvp, busy, first_paragraph, make, reference_takes, run_check as run, \
@@ -16,7 +16,6 @@ from .helpers import OneEntryOff, ScaledSin, SinWithJvp, busy, first_paragraph, 
 def _engine_always_runs(monkeypatch):
     """These tests are about the engine's paths: it runs however little the loop would
     cost (the plan that sends such checks to the reference engine is tested on its own)."""
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 0)
 
@@ -47,7 +46,6 @@ def test_an_input_is_probed_only_when_its_rows_are_reached(moved_raises, vjps_ma
     # paid before them: on the engine's numerical-first path (VJPs worth batching), and
     # where the engine asks whether any input can be batched at all (an input that
     # cannot has its rows computed before the next is probed)
-    from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0 if vjps_may_batch else float("inf"))
@@ -86,7 +84,6 @@ def test_rows_computed_before_no_input_is_found_batchable_are_not_computed_again
     # end): each input's rows are computed before the next is probed, and the reference
     # engine, which then decides, takes them instead of moving every element again
     import agcheck.checks.jacobian as reference
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 1 << 62)  # not the numerical-first path
     monkeypatch.setattr(ScaledSin, "factor", factor)
@@ -116,7 +113,6 @@ def test_rows_computed_before_no_input_is_found_batchable_are_not_computed_again
 
 @pytest.mark.parametrize("factor", [1.0, 1.1])
 def test_a_check_whose_loop_makes_few_calls_goes_to_the_reference_at_once(factor, monkeypatch):
-    from agcheck.engine import cost
 
     monkeypatch.setattr(ScaledSin, "factor", factor)
     monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 10_000)
@@ -137,7 +133,6 @@ def test_a_check_whose_loop_makes_few_calls_goes_to_the_reference_at_once(factor
 def test_as_shipped_a_few_elements_go_to_the_loop_and_a_few_hundred_to_the_engine(monkeypatch):
     # the reference loop costs less than the engine's probes below some 200 calls: 8
     # elements (32 calls) take the loop, 256 (1,024 calls) the engine
-    from agcheck.engine import cost
 
     monkeypatch.undo()  # the limit as shipped, not the module fixture's
     assert 4 * 8 < cost.ENGINE_FROM_CALLS <= 4 * 256
@@ -156,7 +151,6 @@ def test_as_shipped_a_few_elements_go_to_the_loop_and_a_few_hundred_to_the_engin
 def test_the_plan_follows_from_the_shapes_however_slow_fn_is(factor, monkeypatch):
     """A function slow on its first call, or on every call, gets the plan its shapes give
     (no call is timed): the verdict is the reference's either way."""
-    from agcheck.engine import cost
 
     monkeypatch.undo()  # the limit as shipped, not the module fixture's
     monkeypatch.setattr(ScaledSin, "factor", factor)
@@ -344,7 +338,6 @@ def test_slow_or_delayed_batched_calls_leave_the_plan_as_it_was(broken, call, de
     that work 50 ms more per call (a pathologically slow batched form), or batched rows or
     VJPs that wait that long (a process on a busy machine), get the plan of the same check
     without the delay, and the reference's verdict."""
-    from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # the VJPs of 64 outputs batched too
@@ -366,7 +359,6 @@ def test_batched_vjps_dearer_than_one_per_column_give_way_to_the_loop(broken, mo
     convolution costs 2.5 times the loop's per column) give way to one VJP per column at
     the second batch, priced against one VJP timed right after it on the same clock; time
     spent waiting counts for nothing (above). The verdict is the reference's."""
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     fn = _sines(broken, dense=True)
@@ -385,7 +377,6 @@ def test_rows_and_columns_are_batched_as_the_memory_budget_allows(monkeypatch):
     budget holds at the bytes the shapes imply (input and outputs, ``INTERMEDIATES`` times
     over, per stencil point), at most ``MAX_BATCH``; the last one takes the rest."""
     import agcheck.engine.columns as engine
-    from agcheck.engine import cost
     from agcheck.engine.rows import Problem as _Problem
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
@@ -420,7 +411,6 @@ def test_vjps_are_batched_where_their_loop_makes_many_calls(monkeypatch):
     """Batched VJPs are used where the loop of VJPs makes ``BATCHED_VJPS_FROM_CALLS`` calls
     or more (two per output element): a first batched backward may import code that a
     shorter loop would not repay. Either way the verdict is the reference's."""
-    from agcheck.engine import cost
 
     for broken in (False, True):
         fn = _sines(broken, dense=True)
@@ -538,7 +528,6 @@ def test_a_backward_that_cannot_be_batched_is_looped_and_the_engine_still_decide
     # it used to hand the whole check back to the reference engine (roma's Procrustes
     # functions: torch's time, where the numerical side batches and the second VJP pass
     # is coloured)
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # batched VJPs tried, however few
     monkeypatch.setattr(_TanhMatmulThroughLists, "scale", scale)
@@ -593,7 +582,6 @@ class _OuterSinThroughLists(torch.autograd.Function):
 def test_forward_mode_projections_loop_a_backward_that_cannot_be_batched(scale, monkeypatch):
     # the projections that tie forward mode to the backward used to give up on a batching
     # failure, and the Jacobian then cost one looped VJP per output element (1,600 here)
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)  # batched VJPs tried, however few
     monkeypatch.setattr(_OuterSinThroughLists, "scale", scale)
@@ -621,7 +609,6 @@ def test_a_dense_cnn_is_batched_in_calls_the_memory_budget_sizes(factor, monkeyp
     # torch's float64 CPU convolution runs a batch sample by sample: batched rows cost
     # about what looped ones do, and the plan batches them all the same, in calls of the
     # size the shapes and the budget give (no batch is timed)
-    from agcheck.engine import cost
 
     conv = torch.nn.Conv2d(1, 2, 3, padding=1).double()
     monkeypatch.setattr(ScaledSin, "factor", factor)
@@ -659,7 +646,6 @@ W16 = torch.randn(16, 16, dtype=torch.float64, generator=torch.Generator().manua
 def test_a_fn_of_independent_samples_is_evaluated_stacked_even_without_a_vmap_rule(factor, monkeypatch):
     # ScaledSin has no vmap rule; the samples (rows of x) are independent, so the moved
     # copies can be laid end to end along the first dimension and evaluated in one call
-    from agcheck.engine import cost
 
     monkeypatch.setattr(ScaledSin, "factor", factor)
     fn = lambda x: ScaledSin.apply(x @ W16)  # noqa: E731
@@ -817,12 +803,13 @@ def _written_into_zeros(inner):
 
 
 def _functional_calls(monkeypatch) -> list:
-    """One entry per call of the torch backend's functionalized batched evaluation from now on."""
+    """The copies of each call of the torch backend's functionalized batched evaluation
+    from now on."""
     calls = []
     backend = type(agcheck.get_backend("torch"))
     original = backend.evaluate_batch_functional
     monkeypatch.setattr(backend, "evaluate_batch_functional",
-                        lambda self, *a: calls.append(1) or original(self, *a))
+                        lambda self, *a: calls.append(a[3].shape[0]) or original(self, *a))
     return calls
 
 
@@ -842,6 +829,8 @@ def test_a_loss_that_writes_into_a_tensor_it_creates_is_vmapped_functionalized(b
     functional = _functional_calls(monkeypatch)
     r = run(fn, (make(5, 8),), engine="batched")
     assert _via(r) == {"functional"} and len(functional) >= 2  # the probe, then the rows
+    # vmap's per-sample fallback copies the whole batch per sample: small calls
+    assert functional[1:] == [cost.FUNCTIONAL_MAX_COPIES] * (80 // cost.FUNCTIONAL_MAX_COPIES)
     assert r.verdict is (not broken)
     assert r.verdict is torch.autograd.gradcheck(fn, (make(5, 8),), raise_exception=False)
 
@@ -1065,7 +1054,6 @@ def test_a_failing_check_reuses_the_analytical_columns_computed_one_by_one(monke
     # VJP, as the reference engine computes it, and checked for reentrancy by the engine's
     # second pass: on the mismatch, the reference engine computes no column again, and its
     # message is the one it gives alone
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 1 << 62)
     backward_calls = []
@@ -1130,7 +1118,6 @@ def test_a_small_check_makes_no_more_backward_calls_than_torchs(vjps_from, facto
     # VJP is spent on anything but the Jacobian's columns, so the check makes no more
     # backward calls than torch's (torchdiffeq's adjoint checks, whose backward costs 8
     # evaluations, once paid 2 VJPs of 22 to time the loop)
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", vjps_from)
     monkeypatch.setattr(ScaledSin, "factor", factor)
@@ -1179,7 +1166,6 @@ def test_the_reentrancy_pass_computes_each_block_as_the_first_pass_did(factor, m
     # ulp), which nondet_tol = 0 takes for a backward that is not reentrant: the check
     # went back to the reference engine, at 0.9x torch's time
     from agcheck.backends import torch_backend
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     batched_vjp = torch_backend.TorchTrace.vjp_many
@@ -1266,7 +1252,6 @@ def test_an_evaluation_that_raises_on_the_numerical_side_raises_before_the_analy
 def test_a_backward_both_wrong_and_not_reentrant_is_reported_as_not_reentrant_first(monkeypatch):
     # torch's checker runs the reentrancy check before it compares the Jacobians; the
     # deferred pass runs before a mismatch is reported, so the first error is the same
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     gen = torch.Generator().manual_seed(18)
@@ -1363,7 +1348,6 @@ def test_a_mismatch_stops_before_the_later_outputs_vjps_as_far_as_the_report_all
 
 
 def test_a_wrong_later_output_fails_when_compared_output_by_output(monkeypatch):
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "BATCHED_VJPS_FROM_CALLS", 0)
     x = make(12, seed=3)
@@ -1387,7 +1371,6 @@ def test_a_wrong_later_output_fails_when_compared_output_by_output(monkeypatch):
 def test_a_forward_check_is_planned_from_its_calls_however_dear_a_jvp(jvp_seconds, factor, monkeypatch):
     # forward mode's loop makes two evaluations and one JVP per input element: 18 calls
     # for 6 elements, the same plan whatever a JVP costs
-    from agcheck.engine import cost
 
     monkeypatch.setattr(cost, "ENGINE_FROM_CALLS", 18)
     monkeypatch.setattr(SinWithJvp, "factor", factor)

@@ -102,9 +102,9 @@ def _evaluate(p, q, move_rows, n_rows, outputs, reduce=None, group=1) -> dict:
     plain call each where ``args[q]`` cannot be batched."""
     be, x = p.be, p.args[q]
     per_row = (be.numel(x) + p.out_numel) * p.itemsize * _COPY_FACTOR
-    size = max(group, p.chunk_rows(per_row, n_rows) // group * group)  # MAX_BATCH copies at most
-    parts = {k: [] for k in outputs}
     batched = p.batched_ok(q)
+    size = max(group, p.chunk_rows(per_row, n_rows, q) // group * group)  # MAX_BATCH copies at most
+    parts = {k: [] for k in outputs}
     for start in range(0, n_rows, size):
         stop = min(n_rows, start + size)
         if batched:

@@ -8,7 +8,7 @@ shapes imply (:func:`rows_per_chunk`).
 """
 from __future__ import annotations
 
-__all__ = ["CHUNK_SHARE", "MAX_BATCH", "ENGINE_FROM_CALLS", "COMPILED_ENGINE_FACTOR",
+__all__ = ["CHUNK_SHARE", "MAX_BATCH", "FUNCTIONAL_MAX_COPIES", "ENGINE_FROM_CALLS", "COMPILED_ENGINE_FACTOR",
            "INTERMEDIATES", "BATCHED_VJPS_FROM_CALLS",
            "loop_calls", "engine_from_calls", "rows_per_chunk", "batch_cap"]
 
@@ -22,6 +22,11 @@ CHUNK_SHARE = 4
 #: complex 2.1 times slower at 8, 1.17 times faster at 64); tanh(a @ b) of 48x48 matrices
 #: took no less at 64 or uncapped
 MAX_BATCH = 32
+#: the most moved copies one call of the ``functional`` batched form takes: its in-place
+#: writes go through vmap's per-sample fallback, which copies the whole batch for each
+#: sample, so a copy costs more the more copies a call holds (a torch-harmonics SHT on
+#: 15x30: 0.08 ms a copy at 16 copies, 0.13 at 32, 0.25 at 64; a plain call 0.21 ms)
+FUNCTIONAL_MAX_COPIES = 16
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 INTERMEDIATES = 4
 #: checks whose loop makes fewer calls go to the reference engine: the engine's probes

@@ -86,10 +86,14 @@ class Problem(SampleRows):
         self._samples = {}
         self._sample_base = {}  # per input found to hold samples: fn's floating outputs unmoved (NumPy)
 
-    def chunk_rows(self, bytes_per_row: int, n_rows: int) -> int:
+    def chunk_rows(self, bytes_per_row: int, n_rows: int, pos=None, copies_per_row: int = 1) -> int:
         """Rows (or columns) one batched call takes within :attr:`batch_bytes`, at most
-        ``n_rows`` and :attr:`max_batch`."""
-        return cost.rows_per_chunk(bytes_per_row, self.batch_bytes, n_rows, self.max_batch)
+        ``n_rows`` and :attr:`max_batch`; moving ``args[pos]`` through the ``functional``
+        form, at most ``FUNCTIONAL_MAX_COPIES`` copies of ``copies_per_row`` a row."""
+        cap = self.max_batch
+        if pos is not None and self._via.get(pos) == "functional":
+            cap = min(cap or n_rows, max(1, cost.FUNCTIONAL_MAX_COPIES // copies_per_row))
+        return cost.rows_per_chunk(bytes_per_row, self.batch_bytes, n_rows, cap)
 
     # -- numerical side -----------------------------------------------------------------
     def batched_ok(self, pos) -> bool:
@@ -141,7 +145,7 @@ class Problem(SampleRows):
 
     def _log_batching(self, pos) -> None:
         if self._batched[pos]:
-            figures = {"rows_per_batch": self.chunk_rows(self._row_bytes(pos), self.be.numel(self.args[pos]))}
+            figures = {"rows_per_batch": self._numerical_chunk_rows(pos)}
             if pos in self._tiled:
                 figures["tiled"] = len(self._tiled[pos])
             event = EngineEvent("numerical", "batched", pos, via=self._via[pos], figures=figures)
@@ -264,9 +268,10 @@ class Problem(SampleRows):
         outputs, ``INTERMEDIATES`` times over."""
         return max(self.be.numel(self.args[pos]) + self.out_numel, 1) * self.itemsize * INTERMEDIATES
 
-    def _row_bytes(self, pos) -> int:
-        """Bytes one batched row of ``args[pos]`` is taken to hold: a copy per stencil point."""
-        return self.copy_bytes(pos) * len(self.run.stencil.offsets)
+    def _numerical_chunk_rows(self, pos) -> int:
+        """Numerical rows of ``args[pos]`` one batched call takes: a copy per stencil point."""
+        points = len(self.run.stencil.offsets)
+        return self.chunk_rows(self.copy_bytes(pos) * points, self.be.numel(self.args[pos]), pos, points)
 
     def vjps(self, k, stacked, count, batched: bool) -> list:
         """Per checked input, the stacked VJPs of output ``k`` with ``count`` stacked
@@ -360,7 +365,7 @@ class Problem(SampleRows):
             return
         # batched: every stencil point of every row of a chunk in one call (a complex
         # input: its real moves, then its imaginary ones), called from this frame
-        size = self.chunk_rows(self._row_bytes(pos), n)
+        size = self._numerical_chunk_rows(pos)
         samples = self._sample_candidate(pos) if pos in self._plain_seconds else None
         for start in range(0, n, size):
             stop = min(n, start + size)
