@@ -287,13 +287,10 @@ def _compressed_vjps(p, k, checked, pat, signs) -> list:
         if e in p.run.user_errors:
             raise
         raise Declined(f"not compressible: {e}") from None
-    result = []
-    for g, x in zip(grads, (p.args[q] for q in checked)):
-        if g is not None and (tuple(g.shape) != (count, *x.shape) or g.dtype != x.dtype):
-            raise Declined("not compressible: gradient of unexpected shape or dtype")
-        shape = (n_patterns, pat.n_colours, be.numel(x))
-        result.append(np.zeros(shape, be.to_numpy(x).dtype) if g is None else be.to_numpy(be.to_dense(g)).reshape(shape))
-    return result
+    flat = p.flat_gradients(grads, [p.args[q] for q in checked], count)
+    if flat is None:
+        raise Declined("not compressible: gradient of unexpected shape or dtype")
+    return [f.reshape(n_patterns, pat.n_colours, -1) for f in flat]
 
 
 def try_compressed_forward(p, checked, diff, jvp_signed) -> bool:

@@ -7,7 +7,6 @@ import time
 import numpy as np
 
 from agcheck.core.outcome import EngineEvent
-from agcheck.core.row_block import RowBlock
 from agcheck.engine import coloured, colouring
 from agcheck.engine.rows import INTERMEDIATES
 
@@ -82,38 +81,34 @@ def _price_batched_vjps(p, k, c0, c1, inputs, cotangents, batched_seconds) -> No
 
 
 def batched_columns(p, k, c0, c1, inputs, cotangents=None):
-    be = p.be
-    out = p.outputs[k]
-    stacked = be.one_hots(out, list(range(c0, c1))) if cotangents is None else cotangents(c0, c1)
-    grads = p.trace.vjp_many(k, stacked)
-    cols = []
-    for g, x in zip(grads, inputs):
-        if g is None:
-            cols.append(be.zeros((be.numel(x), c1 - c0), like=x))
-            continue
-        if tuple(g.shape) != (c1 - c0, *x.shape) or g.dtype != x.dtype:
-            raise EngineFallback("gradient of unexpected shape or dtype")
-        dense = be.to_dense(g)
-        cols.append(be.xp(dense).permute_dims(be.xp(dense).reshape(dense, (c1 - c0, be.numel(x))), (1, 0)))
-    return cols
+    """``J[:, c0:c1]`` of output ``k`` per input, by one batched VJP."""
+    return _vjp_columns(p, k, c0, c1, inputs, cotangents, batched=True)
 
 
 def looped_columns(p, k, c0, c1, inputs, cotangents=None):
-    be = p.be
-    out = p.outputs[k]
-    per_input = [RowBlock(be, c1 - c0, be.numel(x), x, x.dtype) for x in inputs]
-    stacked = None if cotangents is None else cotangents(c0, c1)
-    for j in range(c0, c1):
-        cot = be.one_hot(out, j) if stacked is None else stacked[j - c0]
-        grads = p.run.user_errors.call(p.trace.vjp, [k], [cot])
-        for i, (g, x) in enumerate(zip(grads, inputs)):
-            if g is None:
-                g = be.zeros(tuple(x.shape), like=x)
-            elif tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
-                raise EngineFallback("gradient of unexpected shape or dtype")
-            dense = be.to_dense(g)
-            per_input[i].add(be.xp(dense).reshape(dense, (-1,)))
-    return [be.xp(m).permute_dims(m, (1, 0)) for m in (block.result() for block in per_input)]
+    """``J[:, c0:c1]`` of output ``k`` per input, by one VJP per column."""
+    return _vjp_columns(p, k, c0, c1, inputs, cotangents, batched=False)
+
+
+def _vjp_columns(p, k, c0, c1, inputs, cotangents, batched):
+    be, count = p.be, c1 - c0
+    stacked = be.one_hots(p.outputs[k], list(range(c0, c1))) if cotangents is None else cotangents(c0, c1)
+    try:
+        grads = p.vjps(k, stacked, count, batched)
+    except ValueError as e:  # the looped VJPs of one input differ in shape
+        if batched or e in p.run.user_errors:
+            raise
+        raise EngineFallback("gradient of unexpected shape or dtype") from None
+    cols = []
+    for g, x in zip(grads, inputs):
+        if g is None:
+            cols.append(be.zeros((be.numel(x), count), like=x))
+            continue
+        if tuple(g.shape) != (count, *x.shape) or g.dtype != x.dtype:
+            raise EngineFallback("gradient of unexpected shape or dtype")
+        dense = be.to_dense(g)
+        cols.append(be.xp(dense).permute_dims(be.xp(dense).reshape(dense, (count, be.numel(x))), (1, 0)))
+    return cols
 
 
 def analytical_first_pass(p, k, inputs):
@@ -317,15 +312,11 @@ def coloured_chunk_matches(p, k, inputs, blocks, members, colour, signs, c0, c1)
     cot[colour[chosen] - c0, chosen] = signs[chosen]
     stacked = be.array_like(cot.astype(be.to_numpy(out).dtype).reshape(count, *out.shape), out)
     grads = vjps_of(p, k, stacked, count)
-    for i in members:
-        g, block = grads[i], blocks[i]
-        n = block.by_output.shape[1]
-        if g is None:
-            got = np.zeros((count, n), dtype=block.by_output.dtype)
-        else:
-            if tuple(g.shape) != (count, *inputs[i].shape) or g.dtype != inputs[i].dtype:
-                return False
-            got = be.to_numpy(be.to_dense(g)).reshape(count, n)
+    flat = p.flat_gradients([grads[i] for i in members], [inputs[i] for i in members], count)
+    if flat is None:
+        return False
+    for i, got in zip(members, flat):
+        block = blocks[i]
         out_idx, in_idx = block.pattern()
         here = (colour[out_idx] >= c0) & (colour[out_idx] < c1)
         out_idx, in_idx = out_idx[here], in_idx[here]

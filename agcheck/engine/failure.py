@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from agcheck.core import jacobian as jac
+from agcheck.core.numerical_rows import runs
 from agcheck.engine.coloured import allclose_like_torch
 from agcheck.core.outcome import EngineEvent, Outcome, undecided
 
@@ -62,7 +63,7 @@ def decide(p, diff, analytical, where, exact_columns) -> Outcome | None:
     rows = sorted(set(_printed(a.shape[0], edge)) | {r})
     cols = sorted(set(_printed(a.shape[1], edge)) | {c})
     _compute_exact_rows(p, q, rows, numerical, exact_rows)
-    for c0, c1 in _runs([x for x in cols if not exact_cols[k][x]]):
+    for c0, c1 in _unset(cols, exact_cols[k]):
         for block, computed in zip(analytical[k], exact_columns(k, c0, c1)):
             block.by_output[c0:c1] = be.to_numpy(computed).T
         exact_cols[k][c0:c1] = True
@@ -135,7 +136,7 @@ def _worst_entry(p, a, n, where, block) -> tuple[int, int]:
 
 def _compute_exact_rows(p, q, rows, numerical, exact_rows) -> None:
     """Input ``q``'s ``rows`` not yet exact, computed exactly into ``numerical``."""
-    for start, stop in _runs([x for x in rows if not exact_rows[q][x]]):
+    for start, stop in _unset(rows, exact_rows[q]):
         for s, e, computed in p.rows_element_by_element(q, start, stop):
             for k in p.floats:
                 numerical[q][k][s:e] = p.be.to_numpy(computed[k])
@@ -146,7 +147,7 @@ def _compute_exact_jvps(p, j, rows, analytical, exact_jvps) -> bool:
     """Input ``p.checked[j]``'s JVP ``rows``, computed exactly into ``analytical``; False
     where the outputs changed."""
     be, opts = p.be, p.run.opts
-    for s, e in _runs(rows):
+    for s, e in _unset(rows, exact_jvps[j]):
         exact = p.run.user_errors.call(jac.analytical_rows_forward, be, p.fn, p.args, p.checked, j, range(s, e),
                                        check_grad_dtypes=opts.check_grad_dtypes)
         if exact is None or len(exact) != len(p.floats):
@@ -229,12 +230,8 @@ def _printed(size: int, edge: int | None) -> range | list:
     return list(range(edge)) + list(range(size - edge, size))
 
 
-def _runs(indices) -> list[tuple[int, int]]:
-    """Sorted indices as ``(start, stop)`` runs of consecutive ones."""
-    runs = []
-    for x in indices:
-        if runs and runs[-1][1] == x:
-            runs[-1] = (runs[-1][0], x + 1)
-        else:
-            runs.append((x, x + 1))
-    return runs
+def _unset(indices, flags) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` runs of ``indices`` whose ``flags`` are not set."""
+    mask = np.zeros(flags.shape, dtype=bool)
+    mask[indices] = ~flags[indices]
+    return runs(mask)

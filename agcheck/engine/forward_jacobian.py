@@ -106,22 +106,14 @@ def _projections(p, diff, inputs, vjps) -> dict:
 
 
 def _flat_vjps(p, vjps, k, stacked, inputs) -> list:
-    be = p.be
     try:
-        grads = vjps(k, stacked, ROUNDS)
+        flat = p.flat_gradients(vjps(k, stacked, ROUNDS), inputs, ROUNDS)
     except Exception as e:  # noqa: BLE001 - the VJP path meets it again, and reports it
         if e in p.run.user_errors:
             raise
         raise _Declined(f"{type(e).__name__}: {e}") from None
-    flat = []
-    for g, x in zip(grads, inputs):
-        n = be.numel(x)
-        if g is None:
-            flat.append(np.zeros((ROUNDS, n)))
-            continue
-        if tuple(g.shape) != (ROUNDS, *x.shape) or g.dtype != x.dtype:
-            raise _Declined("gradient of unexpected shape or dtype")
-        flat.append(be.to_numpy(be.to_dense(g)).reshape(ROUNDS, n))
+    if flat is None:
+        raise _Declined("gradient of unexpected shape or dtype")
     return flat
 
 

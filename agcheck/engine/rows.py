@@ -282,7 +282,8 @@ class Problem(SampleRows):
         be = self.be
         per_input, shapes = None, None
         for c in range(count):
-            grads = self.run.user_errors.call(self.trace.vjp, [k], [stacked[c]])
+            grads = [None if g is None else be.to_dense(g)
+                     for g in self.run.user_errors.call(self.trace.vjp, [k], [stacked[c]])]
             if per_input is None:
                 shapes = [None if g is None else tuple(g.shape) for g in grads]
                 per_input = [None if g is None else RowBlock(be, count, be.numel(g), g, g.dtype) for g in grads]
@@ -295,6 +296,20 @@ class Problem(SampleRows):
                     per_input[i].add(be.xp(g).reshape(g, (-1,)))
         results = [None if block is None else block.result() for block in per_input]
         return [None if r is None else be.xp(r).reshape(r, (count, *shape)) for r, shape in zip(results, shapes)]
+
+    def flat_gradients(self, grads, inputs, count) -> list | None:
+        """Per input, its ``count`` stacked gradients in ``grads`` as one ``(count, n)``
+        NumPy array (zeros where undefined); ``None`` where one has another shape or dtype
+        than its input."""
+        be, flat = self.be, []
+        for g, x in zip(grads, inputs):
+            if g is None:
+                flat.append(np.zeros((count, be.numel(x)), be.to_numpy(x).dtype))
+            elif tuple(g.shape) != (count, *x.shape) or g.dtype != x.dtype:
+                return None
+            else:
+                flat.append(be.to_numpy(be.to_dense(g)).reshape(count, be.numel(x)))
+        return flat
 
     def evaluate_looped(self, pos, deltas, outputs) -> dict:
         """``{k: (len(deltas), m) NumPy array}``: fn with ``args[pos]`` moved by each row of
