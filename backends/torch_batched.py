@@ -7,6 +7,8 @@ with its batched JVPs and the obstacles that rule a form out before any call.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from agcheck.backends import torch_perturber
@@ -18,11 +20,12 @@ __all__ = ["TorchBatched", "VMAPPED_VJP_FROM_ELEMENTS", "VMAPPED_COTANGENTS_FROM
 
 
 #: a VJP function (gradgradcheck's) is vmapped only where its checked inputs hold at least
-#: this many elements: vmapping it goes through torch.func, whose first use in a process
-#: imports torch._dynamo (about 1.2 s), which the loop of a smaller check does not repay
+#: this many elements, until the process has imported torch._dynamo: vmapping it goes
+#: through torch.func, whose first use imports it (about 1.2 s, with sympy), which the
+#: loop of a smaller check does not repay
 VMAPPED_VJP_FROM_ELEMENTS = 2000
-#: the same for its cotangents, which move by a vmapped backward pass alone: from as many
-#: elements as the engine's batched VJPs ask calls (``agcheck.engine.cost.BATCHED_VJPS_FROM_CALLS``)
+#: the same for its cotangents, which move by a vmapped backward pass alone (whose first
+#: use imports sympy, 0.3-0.7 s)
 VMAPPED_COTANGENTS_FROM_ELEMENTS = 128
 
 
@@ -147,9 +150,10 @@ class TorchBatched(BatchedForms):
         if vjp_fn is not None:
             # a vmapped VJP is a batched backward (its first use in a process imports
             # sympy: 0.3-0.7 s); moving a primal also goes through torch.func, whose first
-            # use imports torch._dynamo (about 1.2 s): a smaller check's loop does not repay them
+            # use imports torch._dynamo (about 1.2 s): a smaller check's loop does not repay
+            # them, unless the process has paid them already (torch._dynamo brings sympy)
             least = VMAPPED_VJP_FROM_ELEMENTS if position < vjp_fn.n_inputs else VMAPPED_COTANGENTS_FROM_ELEMENTS
-            if sum(x.numel() for x in trace.inputs) < least:
+            if "torch._dynamo" not in sys.modules and sum(x.numel() for x in trace.inputs) < least:
                 return f"a VJP of fewer than {least} elements is not vmapped"
         if vjp_fn is not None and position >= vjp_fn.n_inputs:
             return None  # fn's forward runs plainly there: only its backward pass is vmapped

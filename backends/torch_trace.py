@@ -6,6 +6,8 @@ input's ``.data`` in place.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from agcheck.backends import torch_engine, torch_graph, torch_perturber
@@ -29,6 +31,9 @@ def _fresh(t):
 
 #: a graph property not yet looked up (``None`` is an answer)
 _UNSEARCHED = object()
+#: batched VJPs that would first import torch._dynamo are refused for outputs of fewer
+#: elements: their loop of VJPs (two per element) costs less than the import
+IMPORT_FROM_ELEMENTS = 128
 
 class TorchTrace(Trace):
     """Outputs carrying torch's autograd graph, differentiated by its engine (``torch_engine``)."""
@@ -36,7 +41,7 @@ class TorchTrace(Trace):
     def __init__(self, outputs: tuple, inputs):
         super().__init__(outputs)
         self.inputs = tuple(inputs)
-        self._obstacle = _UNSEARCHED
+        self._obstacle = self._importing = _UNSEARCHED
         self._vjps_by = None  # how vjp_many batches: "is_grads_batched" or "torch.func", once seen
 
     def vjp(self, output_positions, cotangents) -> list:
@@ -80,6 +85,12 @@ class TorchTrace(Trace):
         # every later call too, so that a block computed again (the reentrancy pass) is
         # computed as it was. Where is_grads_batched has worked, a later failure is that
         # block's (a backward that branches on its cotangents' values): raised
+        out = self.outputs[output_position]
+        if out.numel() < IMPORT_FROM_ELEMENTS and "torch._dynamo" not in sys.modules:
+            if self._importing is _UNSEARCHED:
+                self._importing = torch_graph.importing_node(self.outputs)
+            if self._importing:  # the engine loops instead
+                raise NotImplementedError(f"{self._importing}'s batched backward would import torch._dynamo")
         if self._vjps_by != "torch.func":
             try:
                 grads = self.vjp_batched(output_position, stacked_cotangents)
@@ -90,7 +101,7 @@ class TorchTrace(Trace):
             else:
                 self._vjps_by = "is_grads_batched"
                 return grads
-        return _vmapped_vjps((self.outputs[output_position],), self.inputs, stacked_cotangents)
+        return _vmapped_vjps((out,), self.inputs, stacked_cotangents)
 
     def batching_obstacle(self) -> str | None:
         if self._obstacle is _UNSEARCHED:  # the graph is searched once

@@ -30,15 +30,16 @@ def _sines(broken=False, work=0.0):
 def test_the_plan_follows_from_the_loops_calls_not_from_their_cost(broken, work):
     limit = {"engine_from_calls": cost.ENGINE_FROM_CALLS}
     fn = _sines(broken, work)
-    # 30 elements: 60 evaluations and 60 VJPs, below ENGINE_FROM_CALLS
-    x = make(30, seed=4)
+    # n elements: 2n evaluations and 2n VJPs; one element short of ENGINE_FROM_CALLS, then at it
+    at = cost.ENGINE_FROM_CALLS // 4
+    assert 4 * at == cost.ENGINE_FROM_CALLS
+    x = make(at - 1, seed=4)
     r = run_check(fn, (x,))
-    assert _plans(r) == [("reference", "the loop makes few calls", {"loop_calls": 120, **limit})]
+    assert _plans(r) == [("reference", "the loop makes few calls", {"loop_calls": 4 * (at - 1), **limit})]
     assert r.verdict is (not broken) is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
-    # 50 elements: 200 calls
-    x = make(50, seed=4)
+    x = make(at, seed=4)
     r = run_check(fn, (x,))
-    assert _plans(r) == [("engine", "the loop makes many calls", {"loop_calls": 200, **limit})]
+    assert _plans(r) == [("engine", "the loop makes many calls", {"loop_calls": 4 * at, **limit})]
     assert r.verdict is (not broken) is torch.autograd.gradcheck(fn, (x,), raise_exception=False)
 
 

@@ -30,17 +30,18 @@ FUNCTIONAL_MAX_COPIES = 16
 #: bytes per element a batched evaluation keeps alive, relative to its inputs and outputs
 INTERMEDIATES = 4
 #: checks whose loop makes fewer calls go to the reference engine: the engine's probes
-#: cost about what they would save (a small function's loop call: 30-40 µs on torch's
-#: CPU; ``bench/engine_threshold.py`` put the crossing at 6-8 ms over 38 small checks)
-ENGINE_FROM_CALLS = 200
+#: cost about what they would save (``bench/engine_threshold.py``, 41 small checks in four
+#: modes: at 100, 1.78x torch's checker in total, 1.04x the lowest; at 200, 1.70x and
+#: 0.82x; at 50, 1.77x and 0.78x)
+ENGINE_FROM_CALLS = 100
 #: on a backend that compiles per shape (JAX) the engine runs from this many times
 #: ``ENGINE_FROM_CALLS``: its programs compile in 0.1-0.5 s each, a loop call ~0.5 ms
 COMPILED_ENGINE_FACTOR = 10
-#: VJPs are batched where their loop makes this many calls: some ops' batched backward
-#: imports torch._dynamo on first use (sgn: about 1 s; tests/test_torch_graph.py), which a
-#: short loop of cheap VJPs does not repay (at 16, bench case gradgrad_abs took 0.74 s
-#: against 0.05 s)
-BATCHED_VJPS_FROM_CALLS = 256
+#: VJPs are batched where their loop makes this many calls: below it the first batch's
+#: setup costs about what it saves (a backend refuses batched VJPs that would first import
+#: much: torch's, sgn's batched backward importing torch._dynamo, about 1 s); roma's suite
+#: (``bench/real_suites.py --suite roma``): 1.03 s at 64, 1.14-1.17 s at 256
+BATCHED_VJPS_FROM_CALLS = 64
 
 
 def loop_calls(n_moved: int, n_in: int, n_out: int, *, forward: bool) -> int:
