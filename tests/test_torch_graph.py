@@ -137,3 +137,51 @@ def test_a_small_check_through_sgn_does_not_import_dynamo_for_its_batched_vjps(f
     verdict, torch_verdict, imported = _fresh_process(_SMALL_CHECK_WITH_SGN.format(factor=factor))
     assert verdict == torch_verdict == str(factor == 1.0)
     assert imported == "False"
+
+
+_SMALL_GRADGRADCHECK = """
+import sys, torch, agcheck
+from agcheck.core.run import CheckRun
+from agcheck.gradcheck import all_checks
+from agcheck.gradgradcheck import _vjp_problem
+from agcheck.options import GradcheckOptions
+class Square(torch.autograd.Function):
+    generate_vmap_rule = True
+    @staticmethod
+    def forward(t):
+        return t * t
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+    @staticmethod
+    def backward(ctx, g):
+        t, = ctx.saved_tensors
+        return 2 * g * (t.detach() if {broken} else t)
+fn = lambda t: Square.apply(t).sin()
+x = torch.randn(30, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+be = agcheck.get_backend("torch")
+for loaded in (False, True):
+    if loaded:
+        import torch._dynamo
+    assert ("torch._dynamo" in sys.modules) is loaded
+    vjp_fn, args = _vjp_problem(be, fn, (x,), None, False, 0)
+    run = CheckRun(vjp_fn, args, be, GradcheckOptions(raise_exception=False))
+    try:
+        all_checks(run)
+        verdict = True
+    except agcheck.GradcheckError:
+        verdict = False
+    via = [e.via or e.decision for e in run.engine_log if e.path == "numerical" and e.subject == 1]
+    print(verdict, torch.autograd.gradgradcheck(fn, (x,), raise_exception=False), ",".join(via))
+"""
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_small_vjp_functions_cotangents_are_vmapped_once_dynamo_is_loaded(broken):
+    # 30 cotangent elements, below VMAPPED_COTANGENTS_FROM_ELEMENTS: looped while vmapping
+    # them would first import torch._dynamo, vmapped once the process has imported it
+    out = _fresh_process(_SMALL_GRADGRADCHECK.format(broken=broken))
+    before, after = out[:3], out[3:]
+    for verdict, torch_verdict, _ in (before, after):
+        assert verdict == torch_verdict == str(not broken)
+    assert before[2] == "looped" and after[2] == "vmap"
