@@ -1,9 +1,12 @@
 """The engine's plan is a function of the check, not of the machine's load: the same checks
 run with and without two busy processes beside them make the same decisions (every event
-of their engine logs, figures included) and reach the same verdicts. Within the engine, two
-choices are timed (an input's samples moved together against a batched chunk of them, one
-VJP per column against a batch of them): each a ratio of two CPU times taken in one
-moment, which the load leaves as it is."""
+of their engine logs, figures included) and reach the same verdicts. Within the engine, three
+choices are timed (plain calls, or an input's samples moved together, against a batched
+chunk; one VJP per column against a batch of them): each a ratio of two CPU times taken in
+one moment, which the load leaves as it is, but whose plain side is a call of tens of
+microseconds: a ratio within a factor of two of its margin (several of these checks' are)
+can flip once under load. A check whose plans differ is therefore run again, quiet and
+loaded; a plan that follows the load differs again, and fails."""
 import importlib.util
 from pathlib import Path
 
@@ -46,8 +49,9 @@ def _checks():
     ]
 
 
-def _plans(monkeypatch) -> dict:
-    """Per check: its verdict and every event of its runs' engine logs."""
+def _plans(monkeypatch, names=None) -> dict:
+    """Per check (those ``names``, or all): its verdict and every event of its runs' engine
+    logs."""
     from agcheck.core.run import CheckRun
 
     runs = []
@@ -61,6 +65,8 @@ def _plans(monkeypatch) -> dict:
     with monkeypatch.context() as m:
         m.setattr(CheckRun, "__init__", recorded)
         for name, checker, fn, inputs, options in _checks():
+            if names is not None and name not in names:
+                continue
             runs.clear()
             verdict = checker(fn, inputs, raise_exception=False, **options)
             plans[name] = (verdict, [[(e.path, e.decision, e.subject, e.detail, e.via, e.figures)
@@ -79,6 +85,11 @@ def test_the_same_checks_make_the_same_plans_on_a_busy_machine(monkeypatch):
         quiet = _plans(monkeypatch)
         with _busy_loops()(2, niceness=0):
             loaded = _plans(monkeypatch)
+        flipped = [name for name in quiet if loaded[name] != quiet[name]]
+        if flipped:  # once more: a timed ratio near its margin flips by chance, not twice
+            quiet.update(_plans(monkeypatch, flipped))
+            with _busy_loops()(2, niceness=0):
+                loaded.update(_plans(monkeypatch, flipped))
     finally:
         torch.set_num_threads(threads)
     assert loaded == quiet
