@@ -131,7 +131,7 @@ def test_a_check_whose_loop_makes_few_calls_goes_to_the_reference_at_once(factor
 
 
 def test_as_shipped_a_few_elements_go_to_the_loop_and_a_few_hundred_to_the_engine(monkeypatch):
-    # the reference loop costs less than the engine's probes below some 200 calls: 8
+    # the reference loop costs less than the engine's probes below some 100 calls: 8
     # elements (32 calls) take the loop, 256 (1,024 calls) the engine
 
     monkeypatch.undo()  # the limit as shipped, not the module fixture's
