@@ -346,7 +346,8 @@ def unless_batching_fails(p, call, *args):
         if e in p.run.user_errors:
             raise
         p._vjp_batched = False
-        p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({type(e).__name__})"))
+        why = f"{type(e).__name__}: {e}" if isinstance(e, NotImplementedError) else type(e).__name__  # a refusal says why
+        p.run.engine_log.append(EngineEvent("vjp", "looped", None, f"batched VJPs failed ({why})"))
         return None
 
 
