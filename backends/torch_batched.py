@@ -7,11 +7,9 @@ with its batched JVPs and the obstacles that rule a form out before any call.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 
-from agcheck.backends import torch_perturber
+from agcheck.backends import torch_graph, torch_perturber
 from agcheck.backends.batched_forms import BatchedForms
 from agcheck.backends.torch_batching import _quiet_batching
 from agcheck.backends.torch_second_order import _vjp_function
@@ -153,7 +151,7 @@ class TorchBatched(BatchedForms):
             # use imports torch._dynamo (about 1.2 s): a smaller check's loop does not repay
             # them, unless the process has paid them already (torch._dynamo brings sympy)
             least = VMAPPED_VJP_FROM_ELEMENTS if position < vjp_fn.n_inputs else VMAPPED_COTANGENTS_FROM_ELEMENTS
-            if "torch._dynamo" not in sys.modules and sum(x.numel() for x in trace.inputs) < least:
+            if torch_graph.dynamo_pending() and sum(x.numel() for x in trace.inputs) < least:
                 return f"a VJP of fewer than {least} elements is not vmapped"
         if vjp_fn is not None and position >= vjp_fn.n_inputs:
             return None  # fn's forward runs plainly there: only its backward pass is vmapped

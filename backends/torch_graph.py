@@ -9,9 +9,11 @@ batched call is made.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
-__all__ = ["vmap_obstacle", "importing_node"]
+__all__ = ["vmap_obstacle", "importing_node", "dynamo_pending"]
 
 #: nodes visited at most: a graph larger than this is not searched to its end
 MAX_NODES = 100_000
@@ -47,6 +49,11 @@ def vmap_obstacle(outputs) -> str | None:
         if reason is not None:
             return reason
     return None
+
+
+def dynamo_pending() -> bool:
+    """Whether this process has yet to import torch._dynamo (about 1 s; it brings sympy)."""
+    return "torch._dynamo" not in sys.modules
 
 
 def importing_node(outputs) -> str | None:

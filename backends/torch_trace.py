@@ -6,8 +6,6 @@ input's ``.data`` in place.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from agcheck.backends import torch_engine, torch_graph, torch_perturber
@@ -86,7 +84,7 @@ class TorchTrace(Trace):
         # computed as it was. Where is_grads_batched has worked, a later failure is that
         # block's (a backward that branches on its cotangents' values): raised
         out = self.outputs[output_position]
-        if out.numel() < IMPORT_FROM_ELEMENTS and "torch._dynamo" not in sys.modules:
+        if out.numel() < IMPORT_FROM_ELEMENTS and torch_graph.dynamo_pending():
             if self._importing is _UNSEARCHED:
                 self._importing = torch_graph.importing_node(self.outputs)
             if self._importing:  # the engine loops instead
